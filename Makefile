@@ -1,0 +1,41 @@
+# `make test` and `make demo` build .venv from nothing when it is missing, and are quick when
+# it is current (the stamp tracks pyproject.toml).
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.gfcr-installed
+export HF_HUB_OFFLINE := 1
+PIPELINES := $(wildcard pipelines/*.yaml pipelines/examples/*.yaml)
+
+.PHONY: test demo lint sysdeps clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $@
+
+# Graphviz's `dot` draws PNG and SVG; DOT output needs nothing. Installed when we can (root + apt).
+sysdeps:
+	@command -v dot >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  (apt-get update -qq && apt-get install -y -qq graphviz >/dev/null) || \
+	  echo "note: Graphviz's dot is missing; PNG/SVG drawing is off (apt-get install graphviz)"; }
+
+lint: $(STAMP)
+	$(BIN)/lint-imports
+
+test: $(STAMP) sysdeps lint
+	$(BIN)/python -m pytest -q
+
+demo: $(STAMP) sysdeps
+	$(BIN)/gfcr validate $(PIPELINES)
+	@mkdir -p out
+	@for f in $(PIPELINES); do \
+	  n=$$(basename $$f .yaml); \
+	  if command -v dot >/dev/null; then $(BIN)/gfcr graph $$f --out out/$$n.svg; \
+	  else $(BIN)/gfcr graph $$f --out out/$$n.dot; fi || exit 1; \
+	done
+	$(BIN)/gfcr run pipelines/examples/fake_dapo.yaml
+
+clean:
+	rm -rf $(VENV) out .pytest_cache

@@ -1,0 +1,1 @@
+"""The ``gfcr`` command line."""

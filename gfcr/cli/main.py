@@ -1,0 +1,139 @@
+"""``gfcr``: validate, draw, list and run pipelines.
+
+Commands import only what they need: ``gfcr validate`` never imports torch, prefect,
+mlflow or vllm, so it stays fast enough for an editor's save hook.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from gfcr.errors import GfcrError, RegistryError
+from gfcr.graph import CompiledPipeline, compile_pipeline
+from gfcr.spec import load_spec
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="gfcr: compose, check and run rollout pipelines for LLM RL.")
+# tables stay readable when piped: at least 120 columns
+_WIDTH = max(shutil.get_terminal_size((120, 24)).columns, 120)
+out = Console(highlight=False, soft_wrap=True, width=_WIDTH)
+err = Console(stderr=True, highlight=False, soft_wrap=True, width=_WIDTH)
+
+SetOption = Annotated[Optional[list[str]], typer.Option("--set", "-s", metavar="KEY=VALUE",
+                                                        help="override a spec key, e.g. run.steps=20")]
+
+
+def _compile(file: Path, overrides: list[str] | None) -> CompiledPipeline:
+    return compile_pipeline(load_spec(file, overrides or []))
+
+
+def _fail(exc: GfcrError) -> None:
+    problems = getattr(exc, "problems", None)
+    if problems is None:
+        err.print(f"[red]error:[/] {escape(str(exc))}", markup=True)
+        return
+    for p in problems:
+        path = escape(p.path + ": ") if p.path else ""
+        err.print(f"[bold]{escape(str(p.where))}[/]: {path}[red]{escape(p.message)}[/]", markup=True)
+        if p.fix:
+            err.print(f"    [green]fix:[/] {escape(p.fix)}", markup=True)
+
+
+@app.command()
+def validate(files: Annotated[list[Path], typer.Argument(help="pipeline YAML files")],
+             set_: SetOption = None) -> None:
+    """Parse, validate, resolve, compile and type-check pipelines. Exit 2 on any problem."""
+    failed = 0
+    for file in files:
+        try:
+            pipeline = _compile(file, set_)
+        except GfcrError as exc:
+            failed += 1
+            _fail(exc)
+            count = len(getattr(exc, "problems", [exc]))
+            err.print(f"[red]✗[/] {escape(str(file))}: {count} problem{'s' if count != 1 else ''}", markup=True)
+            continue
+        out.print(f"[green]✓[/] {escape(str(file))}: {len(pipeline.nodes)} stages, {len(pipeline.loops)} loop block(s); "
+                  f"plan: {escape(pipeline.describe_plan())}", markup=True)
+    if failed:
+        raise typer.Exit(2)
+
+
+@app.command()
+def graph(file: Path, out_path: Annotated[Path, typer.Option("--out", "-o", help="a .png, .svg or .dot file")],
+          set_: SetOption = None) -> None:
+    """Draw the compiled pipeline: stages coloured by family, loop blocks as boxes."""
+    from gfcr.graph.draw import render
+
+    try:
+        written = render(_compile(file, set_), out_path)
+    except GfcrError as exc:
+        _fail(exc)
+        raise typer.Exit(2)
+    out.print(f"wrote {written}")
+
+
+@app.command()
+def stages(family: Annotated[Optional[str], typer.Option(help="only this family")] = None,
+           as_json: Annotated[bool, typer.Option("--json", help="machine-readable, with Config schemas")] = False) -> None:
+    """List every registered stage: alias, family, ports, Config fields and origin package."""
+    from gfcr.registry import FAMILIES, stage_infos
+
+    if family is not None and family not in FAMILIES:
+        err.print(f"unknown family `{family}`; families are {', '.join(FAMILIES)}")
+        raise typer.Exit(2)
+    try:
+        infos = stage_infos(family=family)
+    except RegistryError as exc:
+        _fail(exc)
+        raise typer.Exit(2)
+    if as_json:
+        sys.stdout.write(json.dumps([i.to_json() for i in infos], indent=2) + "\n")
+        return
+    table = Table("alias", "inputs", "output", "config", "origin", title="gfcr stages")
+    for info in infos:
+        fields = ", ".join(f"{name}: {_type_name(f.annotation)}" + ("" if f.is_required() else f" = {f.default!r}")
+                           for name, f in info.config.model_fields.items())
+        inputs = ", ".join(f"{p.name}: {p.type.__name__}" + ("" if p.required else "?") for p in info.inputs)
+        tags = (" [dim](test stage)[/]" if info.testing else "") + (" [dim](can end loop)[/]" if info.can_end_loop else "")
+        table.add_row(escape(info.alias) + tags, escape(inputs), info.output.__name__, escape(fields), info.origin)
+    out.print(table)
+
+
+def _type_name(annotation: object) -> str:
+    return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
+
+
+@app.command()
+def run(file: Path, set_: SetOption = None,
+        steps: Annotated[Optional[int], typer.Option(help="override run.steps")] = None) -> None:
+    """Run a pipeline with the in-process runner and print a line per step."""
+    from gfcr.runtime import LocalRunner
+
+    try:
+        pipeline = _compile(file, set_)
+        runner = LocalRunner(pipeline)
+        table = Table("step", "version", "prompts", "rollouts", "kept groups", "zero-var", "rounds", "seconds",
+                      title=f"{pipeline.spec.name}")
+        for _ in range(steps or pipeline.spec.run.steps):
+            r = runner.run_step()
+            rounds = ", ".join(f"{k}={v}" for k, v in r.loop_rounds.items()) or "-"
+            table.add_row(str(r.step), str(r.policy_version), str(r.prompts_sampled), str(r.rollouts_generated),
+                          str(r.groups_kept), str(r.zero_variance_groups), rounds, f"{sum(r.stage_seconds.values()):.3f}")
+    except GfcrError as exc:
+        _fail(exc)
+        raise typer.Exit(1)
+    out.print(table)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,229 @@
+"""Compile a ``PipelineSpec`` into a type-checked graph and an execution plan.
+
+Every problem is collected and raised together as one ``GraphError``: unknown stages,
+stage configs that do not validate, inputs left unbound, edges whose types do not match,
+cycles outside loop blocks, loop blocks that cannot end, outputs nobody reads.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import networkx as nx
+from pydantic import BaseModel, ValidationError
+
+from gfcr.errors import GraphError, Problem, RegistryError, did_you_mean, known
+from gfcr.graph.model import Binding, CompiledPipeline, DataBinding, LoopBlock, Node, PlanItem
+from gfcr.registry import DATA_SOURCES, STAGES, Registry, StageInfo, stage_info
+from gfcr.spec import UPDATE_ID, PipelineSpec, StageSpec
+from gfcr.spec.problems import dotted, problems_from_validation
+
+LOOP_FIX = ("pipelines are acyclic; to repeat stages within a step, list them in a loop block "
+            "(`loops: {name: {stages: [...], until: <stage>, max_rounds: N}}`), "
+            "where only the until stage may feed back")
+
+
+class _Compiler:
+    def __init__(self, spec: PipelineSpec, stages: Registry[type], data_sources: Registry[type]):
+        self.spec, self.stages, self.data_sources = spec, stages, data_sources
+        self.problems: list[Problem] = []
+        self.loop_of = {m: name for name, loop in spec.loops.items() for m in loop.stages}
+        self.order = {sid: i for i, sid in enumerate(spec.all_stages())}
+
+    def problem(self, path: tuple, message: str, fix: str | None) -> None:
+        self.problems.append(Problem(self.spec.source.locate(path), dotted(path), message, fix))
+
+    @staticmethod
+    def base(sid: str) -> tuple:
+        return (UPDATE_ID,) if sid == UPDATE_ID else ("stages", sid)
+
+    # -- stages and configs -------------------------------------------------------------
+    def resolve(self, sid: str, stage: StageSpec) -> tuple[StageInfo, BaseModel | None] | None:
+        path = self.base(sid) + ("use",)
+        try:
+            info = stage_info(stage.use, self.stages)
+        except RegistryError as exc:
+            self.problem(path, exc.message, exc.fix)
+            return None
+        if sid == UPDATE_ID and info.family != "update":
+            self.problem(path, f"`{stage.use}` is a {info.family} stage, but `update:` needs an update stage",
+                         f"use one of {known(i for i in self.stages.names() if i.startswith('update.'))}")
+        elif sid != UPDATE_ID and info.family == "update":
+            self.problem(path, f"`{stage.use}` is an update stage, which belongs under the top-level `update:` key",
+                         "move it to `update:`; a pipeline has one update, at its end")
+        return info, self.validate_config(info.config, stage.with_, self.base(sid) + ("with",))
+
+    def validate_config(self, config: type[BaseModel], values: dict[str, Any], path: tuple) -> BaseModel | None:
+        try:
+            return config.model_validate_json(json.dumps(values), strict=True)
+        except ValidationError as exc:
+            self.problems += problems_from_validation(exc, config, values, self.spec.source, path)
+        except TypeError as exc:
+            self.problem(path, f"config values must be plain data: {exc}", "use numbers, strings, lists and mappings")
+        return None
+
+    def resolve_data(self, key: str) -> DataBinding | None:
+        data = getattr(self.spec, key)
+        if data is None:
+            return None
+        try:
+            cls = self.data_sources.get(data.source)
+        except RegistryError as exc:
+            self.problem((key, "source"), exc.message, exc.fix)
+            return None
+        config = self.validate_config(cls.Config, data.with_, (key, "with"))
+        return DataBinding(data.source, cls, config) if config is not None else None
+
+    # -- wiring --------------------------------------------------------------------------
+    def bind(self, sid: str, stage: StageSpec, info: StageInfo, infos: dict[str, StageInfo]) -> list[Binding]:
+        inputs = info.edge_inputs
+        path = self.base(sid) + ("from",)
+        names = [p.name for p in inputs]
+        if isinstance(stage.from_, dict):
+            pairs = []
+            for name, ref in stage.from_.items():
+                port = next((p for p in inputs if p.name == name), None)
+                if port is None:
+                    self.problem(path + (name,), f"`{stage.use}` has no input `{name}`",
+                                 did_you_mean(name, names) or f"its inputs are {known(names) or 'none'}")
+                else:
+                    pairs.append((port, ref, path + (name,)))
+        else:
+            refs = stage.sources()
+            ordered = sorted(inputs, key=lambda p: not p.required) if isinstance(stage.from_, str) else list(inputs)
+            if len(refs) > len(inputs):
+                self.problem(path, f"`{stage.use}` takes {len(inputs)} input(s) ({known(names) or 'none'}), "
+                                   f"`from` lists {len(refs)}", "remove the extra upstream stages")
+            pairs = [(p, r, path + ((i,) if isinstance(stage.from_, list) else ()))
+                     for i, (p, r) in enumerate(zip(ordered, refs))]
+        bindings = []
+        for port, ref, where in pairs:
+            source = self.spec.loops[ref].until if ref in self.spec.loops else ref
+            binding = self.check_edge(sid, port, source, infos, where) if source in infos else None
+            if binding is not None:
+                bindings.append(binding)
+        bound = {p.name for p, _, _ in pairs}
+        for port in inputs:
+            if port.required and port.name not in bound:
+                producers = [s for s, i in infos.items() if issubclass(i.output, port.type) and s != sid]
+                self.problem(path if stage.from_ is not None else self.base(sid),
+                             f"input `{port.name}: {port.type.__name__}` of `{sid}` ({stage.use}) is not connected",
+                             f"add `from: {{{port.name}: <stage>}}` naming a stage that outputs {port.type.__name__}"
+                             + (f" ({known(producers)})" if producers else ""))
+        return bindings
+
+    def check_edge(self, sid: str, port, source: str, infos: dict[str, StageInfo], where: tuple) -> Binding | None:
+        src_info, dst_use = infos[source], infos[sid].alias
+        if not issubclass(src_info.output, port.type):
+            producers = [s for s, i in infos.items() if issubclass(i.output, port.type) and s != sid]
+            self.problem(where,
+                         f"type mismatch: `{sid}` ({dst_use}) reads input `{port.name}` of type {port.type.__name__}, "
+                         f"but `{source}` ({src_info.alias}) outputs {src_info.output.__name__}",
+                         f"read `{port.name}` from a stage that outputs {port.type.__name__}"
+                         + (f" ({known(producers)})" if producers else ""))
+            return None
+        src_loop, dst_loop = self.loop_of.get(source), self.loop_of.get(sid)
+        feedback = False
+        if src_loop is not None and src_loop != dst_loop:
+            until = self.spec.loops[src_loop].until
+            if source != until:
+                self.problem(where, f"`{sid}` reads `{source}`, which is inside loop block `{src_loop}`; "
+                                    f"outside a loop only its until stage `{until}` is visible",
+                             f"read `from: {src_loop}` (the loop's output) instead")
+                return None
+        elif src_loop is not None and src_loop == dst_loop and source == self.spec.loops[src_loop].until:
+            feedback = True
+        return Binding(port.name, source, port.type, feedback)
+
+    # -- structure -----------------------------------------------------------------------
+    def check_loops(self, infos: dict[str, StageInfo]) -> None:
+        for name, loop in self.spec.loops.items():
+            info = infos.get(loop.until)
+            if info is not None and not info.can_end_loop:
+                self.problem(("loops", name, "until"),
+                             f"`{loop.until}` ({info.alias}) cannot end a loop: it has no `done()` method",
+                             "make the until stage one that decides when enough is collected, "
+                             "e.g. `filter.dynamic_sampling` (`gfcr stages` lists them under can_end_loop)")
+
+    def check_cycles(self, graph: nx.MultiDiGraph) -> bool:
+        forward = nx.DiGraph([(u, v) for u, v, fb in graph.edges(data="feedback") if not fb])
+        forward.add_nodes_from(graph)
+        ok = True
+        for component in nx.strongly_connected_components(forward):
+            if len(component) < 2:
+                continue
+            ok = False
+            members = sorted(component, key=self.order.get)
+            cycle = nx.find_cycle(forward.subgraph(component), source=members[0])
+            chain = " -> ".join([cycle[0][0]] + [v for _, v in cycle])
+            loops = {self.loop_of.get(m) for m in members}
+            if len(loops) == 1 and None not in loops:
+                message = f"cycle inside loop block `{loops.pop()}` that does not pass through its until stage: {chain}"
+            else:
+                message = f"cycle outside a loop block: {chain}"
+            self.problem(self.base(members[0]) + ("from",), message, LOOP_FIX)
+        return ok
+
+    def check_outputs(self, graph: nx.MultiDiGraph) -> None:
+        for sid in graph:
+            readers = [v for _, v, fb in graph.out_edges(sid, data="feedback") if not fb]
+            if sid != UPDATE_ID and not readers:
+                self.problem(self.base(sid), f"the output of `{sid}` is not read by any stage",
+                             f"connect it (`from: {sid}` on a later stage, or the update) or remove the stage")
+
+    def plan(self, graph: nx.MultiDiGraph) -> tuple[PlanItem, ...] | None:
+        unit = {sid: self.loop_of.get(sid, sid) for sid in graph}
+        condensed = nx.DiGraph()
+        condensed.add_nodes_from(set(unit.values()))
+        condensed.add_edges_from((unit[u], unit[v]) for u, v, fb in graph.edges(data="feedback")
+                                 if not fb and unit[u] != unit[v])
+        first = {u: min(self.order[s] for s in graph if unit[s] == u) for u in condensed}
+        if not nx.is_directed_acyclic_graph(condensed):
+            for name in self.spec.loops:
+                if any(name in c and len(c) > 1 for c in nx.strongly_connected_components(condensed)):
+                    self.problem(("loops", name), f"loop block `{name}` depends on its own output through "
+                                                  "stages outside it", LOOP_FIX)
+            return None
+        items: list[PlanItem] = []
+        for u in nx.lexicographical_topological_sort(condensed, key=first.get):
+            if u in self.spec.loops:
+                loop = self.spec.loops[u]
+                body = graph.subgraph(loop.stages)
+                forward = nx.DiGraph([(a, b) for a, b, fb in body.edges(data="feedback") if not fb])
+                forward.add_nodes_from(loop.stages)
+                order = tuple(nx.lexicographical_topological_sort(forward, key=self.order.get))
+                items.append(LoopBlock(u, order, loop.until, loop.max_rounds))
+            else:
+                items.append(u)
+        return tuple(items)
+
+    def compile(self) -> CompiledPipeline:
+        all_stages = self.spec.all_stages()
+        resolved = {sid: self.resolve(sid, s) for sid, s in all_stages.items()}
+        infos = {sid: r[0] for sid, r in resolved.items() if r is not None}
+        data, eval_data = self.resolve_data("data"), self.resolve_data("eval")
+        bindings = {sid: self.bind(sid, all_stages[sid], info, infos) for sid, info in infos.items()}
+        self.check_loops(infos)
+        graph = nx.MultiDiGraph()
+        for sid, info in infos.items():
+            graph.add_node(sid, family=info.family, use=info.alias, loop=self.loop_of.get(sid))
+        for sid, bs in bindings.items():
+            for b in bs:
+                graph.add_edge(b.source, sid, param=b.param, type=b.type.__name__, feedback=b.feedback)
+        plan = None
+        if len(infos) == len(all_stages) and self.check_cycles(graph):
+            self.check_outputs(graph)
+            plan = self.plan(graph)
+        if self.problems or plan is None or data is None:
+            raise GraphError(self.problems)
+        order = [s for item in plan for s in (item.body if isinstance(item, LoopBlock) else (item,))]
+        nodes = {sid: Node(sid, infos[sid], resolved[sid][1], all_stages[sid], self.loop_of.get(sid),
+                           tuple(bindings[sid])) for sid in order}
+        return CompiledPipeline(self.spec, nodes, plan, graph, data, eval_data)
+
+
+def compile_pipeline(spec: PipelineSpec, stages: Registry[type] = STAGES,
+                     data_sources: Registry[type] = DATA_SOURCES) -> CompiledPipeline:
+    """Resolve, validate, wire and type-check ``spec``; raise GraphError with every problem."""
+    return _Compiler(spec, stages, data_sources).compile()

@@ -1,0 +1,86 @@
+"""The compiled pipeline: nodes with validated configs, typed bindings and an execution plan."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import networkx as nx
+from pydantic import BaseModel
+
+from gfcr.registry import Port, StageInfo
+from gfcr.spec import PipelineSpec, StageSpec
+
+
+@dataclass(frozen=True)
+class Binding:
+    """Input ``param`` of a stage reads the output of ``source``. A feedback binding (inside a
+    loop block, from its until stage) reads the previous round's output, empty in round 0."""
+
+    param: str
+    source: str
+    type: type
+    feedback: bool = False
+
+
+@dataclass(frozen=True)
+class Node:
+    id: str
+    info: StageInfo
+    config: BaseModel
+    spec: StageSpec
+    loop: str | None
+    bindings: tuple[Binding, ...]
+
+    @property
+    def runtime_inputs(self) -> tuple[Port, ...]:
+        return tuple(p for p in self.info.inputs if p.from_runtime)
+
+
+@dataclass(frozen=True)
+class LoopBlock:
+    """Stages repeated, in ``body`` order, until ``until`` is done or ``max_rounds`` have run."""
+
+    name: str
+    body: tuple[str, ...]
+    until: str
+    max_rounds: int
+
+
+PlanItem = str | LoopBlock
+
+
+@dataclass(frozen=True)
+class DataBinding:
+    """A data source resolved from the spec: its class and validated config."""
+
+    name: str
+    cls: type
+    config: BaseModel
+
+    def load(self) -> Any:
+        return self.cls(self.config).load()
+
+
+@dataclass(frozen=True)
+class CompiledPipeline:
+    spec: PipelineSpec
+    nodes: dict[str, Node]  # in plan order
+    plan: tuple[PlanItem, ...]
+    graph: nx.MultiDiGraph  # stage ids; edges carry param, type and feedback
+    data: DataBinding
+    eval: DataBinding | None
+
+    @property
+    def loops(self) -> dict[str, LoopBlock]:
+        return {item.name: item for item in self.plan if isinstance(item, LoopBlock)}
+
+    def describe_plan(self) -> str:
+        """``pick -> budget -> [collect x<=3: rollout -> keep -> enough] -> update``."""
+        parts = []
+        for item in self.plan:
+            if isinstance(item, LoopBlock):
+                parts.append(f"[{item.name} x<={item.max_rounds}: {' -> '.join(item.body)}]")
+            else:
+                parts.append(item)
+        return " -> ".join(parts)

@@ -1,0 +1,24 @@
+"""The records of DESIGN.md section 2: the only things that travel between stages.
+
+Port types, the values on the pipeline graph's edges, are ``Allocation``, ``RolloutGroups``
+and ``UpdateReport``; ``PromptPool`` is fed to stages by the runtime.
+"""
+
+from gfcr.records.allocation import Allocation, AllocationEntry, Budget
+from gfcr.records.group import GroupStats, RolloutGroup, RolloutGroups, TreeIndex, Verdict
+from gfcr.records.ids import group_id, prompt_id, rollout_id
+from gfcr.records.prompt import Prompt, PromptPool, VerifierSpec
+from gfcr.records.report import StepContext, StepReport, UpdateReport
+from gfcr.records.rollout import Origin, Rollout, RolloutStatus, Segment, SegmentOrigin
+from gfcr.records.stats import Lifecycle, Observation, ObservationSource, PromptStats
+
+PORT_TYPES = (Allocation, RolloutGroups, UpdateReport)
+RUNTIME_INPUTS = (PromptPool,)
+
+__all__ = [
+    "Allocation", "AllocationEntry", "Budget", "GroupStats", "Lifecycle", "Observation",
+    "ObservationSource", "Origin", "PORT_TYPES", "Prompt", "PromptPool", "PromptStats",
+    "RUNTIME_INPUTS", "Rollout", "RolloutGroup", "RolloutGroups", "RolloutStatus", "Segment",
+    "SegmentOrigin", "StepContext", "StepReport", "TreeIndex", "UpdateReport", "Verdict",
+    "VerifierSpec", "group_id", "prompt_id", "rollout_id",
+]

@@ -1,0 +1,119 @@
+"""Groups of rollouts of one prompt, and ``RolloutGroups``, the port type that carries them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+
+from gfcr.records.ids import check_id
+from gfcr.records.rollout import Rollout, RolloutStatus
+
+FINISHED = (RolloutStatus.COMPLETED, RolloutStatus.TRUNCATED)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupStats:
+    """Summary of a group's rewards; derived from the rollouts, never stored separately."""
+
+    n: int
+    n_scored: int
+    n_correct: int
+    reward_mean: float
+    reward_std: float  # population std (ddof=0), as GRPO uses
+    reward_median: float
+    mean_length: float
+    truncated_fraction: float
+
+    @classmethod
+    def of(cls, rollouts: list[Rollout]) -> "GroupStats":
+        rewards = np.array([r.reward for r in rollouts if r.reward is not None], dtype=np.float64)
+        lengths = np.array([len(r) for r in rollouts], dtype=np.float64)
+        nan = float("nan")
+        return cls(
+            n=len(rollouts),
+            n_scored=len(rewards),
+            n_correct=sum(1 for r in rollouts if r.correct),
+            reward_mean=float(rewards.mean()) if len(rewards) else nan,
+            reward_std=float(rewards.std()) if len(rewards) else nan,
+            reward_median=float(np.median(rewards)) if len(rewards) else nan,
+            mean_length=float(lengths.mean()) if len(lengths) else 0.0,
+            truncated_fraction=(
+                sum(r.status == RolloutStatus.TRUNCATED for r in rollouts) / len(rollouts) if rollouts else 0.0
+            ),
+        )
+
+
+@dataclass(slots=True)
+class TreeIndex:
+    """Tree topology of a group (TreeRL, BranchGRPO): node -> children, node -> leaf rollouts."""
+
+    children: dict[str, list[str]] = field(default_factory=dict)
+    leaves: dict[str, list[str]] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Verdict:
+    """What the filters decided about a group. A dropped group records who dropped it and why."""
+
+    included: bool = True
+    dropped_by: str | None = None
+    reason: str | None = None
+
+
+@dataclass(slots=True)
+class RolloutGroup:
+    """The rollouts of one prompt in one sampling event (a step, or a loop round of a step)."""
+
+    group_id: str
+    prompt_id: str
+    step: int
+    target_size: int
+    rollouts: list[Rollout] = field(default_factory=list)
+    tree: TreeIndex | None = None
+    verdict: Verdict = field(default_factory=Verdict)
+    sample_weight: float = 1.0  # propagated from the Allocation (Prompt-GDRO)
+
+    def __post_init__(self) -> None:
+        check_id(self.group_id, "RolloutGroup.group_id")
+        check_id(self.prompt_id, "RolloutGroup.prompt_id")
+        for r in self.rollouts:
+            if r.prompt_id != self.prompt_id:
+                raise ValueError(f"rollout {r.rollout_id} is for prompt {r.prompt_id}, not {self.prompt_id}")
+
+    @property
+    def stats(self) -> GroupStats:
+        return GroupStats.of(self.rollouts)
+
+    @property
+    def complete(self) -> bool:
+        """All target rollouts finished (the unit of completion of APRIL and CoPRIS)."""
+        return sum(r.status in FINISHED for r in self.rollouts) >= self.target_size
+
+    @property
+    def rewards(self) -> np.ndarray:  # [n] float64; NaN where unscored
+        return np.array([np.nan if r.reward is None else r.reward for r in self.rollouts], dtype=np.float64)
+
+    def drop(self, by: str, reason: str) -> None:
+        self.verdict = Verdict(included=False, dropped_by=by, reason=reason)
+
+
+@dataclass(slots=True)
+class RolloutGroups:
+    """The port type between Generate, Filter, Replay and Update stages: a batch of groups."""
+
+    groups: list[RolloutGroup] = field(default_factory=list)
+
+    def __iter__(self) -> Iterator[RolloutGroup]:
+        return iter(self.groups)
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+    def rollouts(self) -> Iterator[Rollout]:
+        for g in self.groups:
+            yield from g.rollouts
+
+    def included(self) -> "RolloutGroups":
+        return RolloutGroups([g for g in self.groups if g.verdict.included])

@@ -1,0 +1,73 @@
+"""What a step did: the context stages see during it, the update's report and the step report
+every stage observes after it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gfcr.records.group import RolloutGroup
+
+
+@dataclass(slots=True)
+class StepContext:
+    """Handed to a stage's ``before_step``. The runtime updates ``round`` in place as a loop
+    block repeats, so a stage holding the context sees the current round."""
+
+    run_id: str
+    step: int
+    seed: int
+    policy_version: int
+    round: int | None = None  # None outside loop blocks
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateReport:
+    """The output of the Update stage: what went into the update and what came out."""
+
+    policy_version: int  # after this update
+    rollouts_in_update: int = 0
+    tokens_in_update: int = 0
+    skipped: bool = False
+    skip_reason: str | None = None
+    loss: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class StepReport:
+    """Everything a step did. Fed to every stage's ``observe`` and to tracking.
+
+    ``groups`` holds every group produced in the step, kept or dropped, each with its
+    verdict; ``stage_seconds`` sums a stage's time over loop rounds.
+    """
+
+    run_id: str
+    step: int
+    policy_version: int  # after the step's update
+    groups: tuple[RolloutGroup, ...]
+    update: UpdateReport | None
+    stage_seconds: dict[str, float]
+    loop_rounds: dict[str, int]
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def prompts_sampled(self) -> int:
+        """Distinct prompts that got rollouts this step (over all loop rounds)."""
+        return len({g.prompt_id for g in self.groups})
+
+    @property
+    def rollouts_generated(self) -> int:
+        return sum(len(g.rollouts) for g in self.groups)
+
+    @property
+    def tokens_generated(self) -> int:
+        return sum(len(r) for g in self.groups for r in g.rollouts)
+
+    @property
+    def groups_kept(self) -> int:
+        return sum(g.verdict.included for g in self.groups)
+
+    @property
+    def zero_variance_groups(self) -> int:
+        return sum(1 for g in self.groups if g.stats.n_scored > 1 and g.stats.reward_std == 0.0)

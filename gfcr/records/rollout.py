@@ -1,0 +1,159 @@
+"""Rollouts: the token-level record of one sampled response.
+
+A rollout's response is split into ``segments``; each segment was produced by one policy
+version and carries that policy's per-token behaviour log-probabilities. Invariant: the
+segments tile ``response_token_ids`` exactly (contiguous, in order, no gaps), so every
+token has exactly one policy version and one behaviour log-probability, and a token's
+staleness is ``current_version - segment.policy_version``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import numpy as np
+
+from gfcr.records.ids import check_id
+
+
+class RolloutStatus(StrEnum):
+    RUNNING = "running"
+    COMPLETED = "completed"
+    TRUNCATED = "truncated"  # hit max_new_tokens
+    ABORTED_PARTIAL = "aborted_partial"  # stopped in flight, may be resumed (APRIL, CoPRIS)
+    PRUNED = "pruned"  # stopped in flight for good (ARRoL)
+    FAILED = "failed"
+
+
+class Origin(StrEnum):
+    """Why a rollout exists; group baselines may need to tell these apart."""
+
+    FRESH = "fresh"
+    PILOT = "pilot"
+    COMMIT = "commit"
+    RESUMED = "resumed"
+    DRAFT_ACCEPTED = "draft_accepted"
+    REPLAYED = "replayed"
+    CACHED_CORRECT = "cached_correct"
+
+
+class SegmentOrigin(StrEnum):
+    SAMPLED = "sampled"
+    DRAFT_ACCEPTED = "draft_accepted"
+    REPLAYED_TEXT = "replayed_text"
+    SEEDED_CONTEXT = "seeded_context"
+
+
+@dataclass(slots=True)
+class Segment:
+    """A maximal span ``[start, end)`` of response tokens produced by one policy version."""
+
+    start: int
+    end: int
+    policy_version: int
+    behavior_logprobs: np.ndarray  # [end - start] float32, log mu(y_t) at generation time
+    origin: SegmentOrigin = SegmentOrigin.SAMPLED
+
+    def __post_init__(self) -> None:
+        self.behavior_logprobs = np.asarray(self.behavior_logprobs, dtype=np.float32)
+        if not 0 <= self.start <= self.end:
+            raise ValueError(f"segment [{self.start}, {self.end}) is not a valid span")
+        if self.behavior_logprobs.shape != (self.end - self.start,):
+            raise ValueError(
+                f"segment [{self.start}, {self.end}) has {self.behavior_logprobs.shape} logprobs; "
+                f"it needs one per token, shape ({self.end - self.start},)"
+            )
+
+    def __len__(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(slots=True)
+class Rollout:
+    """One response to one prompt, with everything the later stages write onto it."""
+
+    rollout_id: str
+    group_id: str
+    prompt_id: str
+    response_token_ids: list[int]
+    segments: list[Segment]
+    status: RolloutStatus = RolloutStatus.COMPLETED
+    origin: Origin = Origin.FRESH
+    finish_reason: str = ""
+    created_step: int = 0
+    text: str | None = None  # decoded response, for verifiers and reading; never re-tokenized
+    context_token_ids: list[int] | None = None  # set only when the context differs from the prompt's
+    replica: str | None = None  # which engine replica produced it
+    # topology, for tree rollouts
+    tree_id: str | None = None
+    node_id: str | None = None
+    parent_node_id: str | None = None
+    branch_token_idx: int | None = None
+    # outcome, written by verifiers
+    reward: float | None = None
+    reward_components: dict[str, float] = field(default_factory=dict)
+    correct: bool | None = None
+    reward_reason: str = ""
+    token_entropy: np.ndarray | None = None  # [T] float32
+    # update-time fields, written only by Filter and Update stages
+    loss_mask: np.ndarray | None = None  # [T] bool
+    sample_weight: float = 1.0
+    advantage: float | np.ndarray | None = None  # scalar, or [T] for per-token estimators
+    old_logprobs: np.ndarray | None = None  # [T] float32, pi_old at update start
+
+    def __post_init__(self) -> None:
+        check_id(self.rollout_id, "Rollout.rollout_id")
+        check_id(self.group_id, "Rollout.group_id")
+        check_id(self.prompt_id, "Rollout.prompt_id")
+        self.check_segments()
+
+    def check_segments(self) -> None:
+        """Raise ValueError unless the segments tile the response tokens exactly."""
+        position = 0
+        for seg in self.segments:
+            if seg.start != position:
+                raise ValueError(
+                    f"rollout {self.rollout_id}: segment starts at {seg.start}, expected {position} "
+                    "(segments must be contiguous and in order)"
+                )
+            position = seg.end
+        if position != len(self.response_token_ids):
+            raise ValueError(
+                f"rollout {self.rollout_id}: segments cover {position} tokens, "
+                f"the response has {len(self.response_token_ids)}"
+            )
+
+    def __len__(self) -> int:
+        return len(self.response_token_ids)
+
+    @property
+    def behavior_logprobs(self) -> np.ndarray:  # [T] float32
+        if not self.segments:
+            return np.zeros(0, dtype=np.float32)
+        return np.concatenate([s.behavior_logprobs for s in self.segments])
+
+    def policy_versions(self) -> np.ndarray:  # [T] int64
+        return np.concatenate(
+            [np.full(len(s), s.policy_version, dtype=np.int64) for s in self.segments]
+            or [np.zeros(0, dtype=np.int64)]
+        )
+
+    def staleness(self, current_version: int) -> np.ndarray:  # [T] int64
+        return current_version - self.policy_versions()
+
+    def append(self, token_ids: list[int], logprobs: np.ndarray, policy_version: int,
+               origin: SegmentOrigin = SegmentOrigin.SAMPLED) -> None:
+        """Extend the response (resume, continuation), merging into the last segment when the
+        policy version and origin are unchanged."""
+        logprobs = np.asarray(logprobs, dtype=np.float32)
+        if len(token_ids) != len(logprobs):
+            raise ValueError(f"{len(token_ids)} tokens but {len(logprobs)} logprobs")
+        start = len(self.response_token_ids)
+        last = self.segments[-1] if self.segments else None
+        if last is not None and last.policy_version == policy_version and last.origin == origin:
+            self.segments[-1] = Segment(last.start, start + len(token_ids), policy_version,
+                                        np.concatenate([last.behavior_logprobs, logprobs]), origin)
+        else:
+            self.segments.append(Segment(start, start + len(token_ids), policy_version, logprobs, origin))
+        self.response_token_ids.extend(token_ids)

@@ -1,0 +1,14 @@
+"""Registries: stages and data sources by alias, built-in, registered in code or by plugins."""
+
+from gfcr.registry.catalog import (
+    BUILTIN_DATA_SOURCES, BUILTIN_STAGES, DATA_SOURCES, STAGES, make_data_registry, make_stage_registry,
+    stage_info, stage_infos,
+)
+from gfcr.registry.contract import FAMILIES, Port, StageConfig, StageInfo, describe_stage
+from gfcr.registry.core import Registry
+
+__all__ = [
+    "BUILTIN_DATA_SOURCES", "BUILTIN_STAGES", "DATA_SOURCES", "FAMILIES", "Port", "Registry", "STAGES",
+    "StageConfig", "StageInfo", "describe_stage", "make_data_registry", "make_stage_registry",
+    "stage_info", "stage_infos",
+]

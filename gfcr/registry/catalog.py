@@ -1,0 +1,49 @@
+"""The registries gfcr ships: stages (entry-point group ``gfcr.stages``) and data sources
+(``gfcr.data``), with the built-ins registered lazily by ``module:attr``."""
+
+from __future__ import annotations
+
+from gfcr.registry.contract import StageInfo, describe_stage
+from gfcr.registry.core import Registry
+
+BUILTIN_STAGES = {
+    "control.uniform": "gfcr.stages.control.uniform:UniformControl",
+    "control.fixed_n": "gfcr.stages.control.fixed_n:FixedN",
+    "filter.nonzero_variance": "gfcr.stages.filter.nonzero_variance:NonzeroVariance",
+    "filter.dynamic_sampling": "gfcr.stages.filter.dynamic_sampling:DynamicSampling",
+    "generate.fake": "gfcr.stages.testing:FakeGenerate",
+    "update.fake": "gfcr.stages.testing:FakeUpdate",
+}
+
+BUILTIN_DATA_SOURCES = {
+    "arithmetic": "gfcr.stages.data.arithmetic:ArithmeticSource",
+}
+
+
+def make_stage_registry(builtins: bool = True, entry_points: bool = True) -> Registry[type]:
+    registry: Registry[type] = Registry("stage", "gfcr.stages" if entry_points else None)
+    if builtins:
+        for alias, target in BUILTIN_STAGES.items():
+            registry.register_lazy(alias, target, origin="gfcr")
+    return registry
+
+
+def make_data_registry() -> Registry[type]:
+    registry: Registry[type] = Registry("data source", "gfcr.data")
+    for name, target in BUILTIN_DATA_SOURCES.items():
+        registry.register_lazy(name, target, origin="gfcr")
+    return registry
+
+
+STAGES = make_stage_registry()
+DATA_SOURCES = make_data_registry()
+
+
+def stage_info(alias: str, registry: Registry[type] = STAGES) -> StageInfo:
+    """Look up ``alias`` and describe it (RegistryError if unknown or not a valid stage)."""
+    return describe_stage(alias, registry.get(alias), registry.origin(alias))
+
+
+def stage_infos(registry: Registry[type] = STAGES, family: str | None = None) -> list[StageInfo]:
+    infos = [stage_info(alias, registry) for alias in registry.names()]
+    return [i for i in infos if family is None or i.family == family]

@@ -1,0 +1,162 @@
+"""The stage contract: what a class must look like to be registered as a stage.
+
+A stage is a class with
+
+- ``Config``: a frozen pydantic model with ``extra="forbid"`` (subclass ``StageConfig``);
+- ``__init__(self, config)``;
+- ``run(self, ...) -> T``: every parameter and the return annotated with a port type
+  (``Allocation``, ``RolloutGroups``, ``UpdateReport``) or, for inputs only, ``PromptPool``
+  (fed by the runtime, not by an edge). A parameter whose default is ``None`` is optional.
+
+and optionally ``before_step(ctx)``, ``observe(report)``, ``state_dict()`` /
+``load_state_dict(state)``, and ``done() -> bool`` (needed to end a loop block as its
+``until`` stage). The family is the alias's prefix; composition, not a base class, is how
+stages share code.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from gfcr.errors import RegistryError
+from gfcr.records import PORT_TYPES, RUNTIME_INPUTS, Allocation, RolloutGroups, UpdateReport
+
+FAMILIES = ("control", "generate", "filter", "replay", "update")
+FAMILY_OUTPUTS: dict[str, tuple[type, ...]] = {
+    "control": (Allocation,),
+    "generate": (RolloutGroups,),
+    "filter": (RolloutGroups,),
+    "replay": (Allocation, RolloutGroups),
+    "update": (UpdateReport,),
+}
+
+
+class StageConfig(BaseModel):
+    """Base for stage configs: frozen, strict, unknown keys rejected."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+@dataclass(frozen=True)
+class Port:
+    name: str
+    type: type
+    required: bool
+
+    @property
+    def from_runtime(self) -> bool:
+        return self.type in RUNTIME_INPUTS
+
+
+@dataclass(frozen=True)
+class StageInfo:
+    """A registered stage as the compiler and the CLI see it."""
+
+    alias: str
+    family: str
+    cls: type
+    inputs: tuple[Port, ...]
+    output: type
+    origin: str
+
+    @property
+    def config(self) -> type[BaseModel]:
+        return self.cls.Config
+
+    @property
+    def edge_inputs(self) -> tuple[Port, ...]:
+        """Inputs that come from other stages (not from the runtime)."""
+        return tuple(p for p in self.inputs if not p.from_runtime)
+
+    @property
+    def can_end_loop(self) -> bool:
+        return callable(getattr(self.cls, "done", None))
+
+    @property
+    def testing(self) -> bool:
+        return bool(getattr(self.cls, "testing", False))
+
+    @property
+    def summary(self) -> str:
+        return (inspect.getdoc(self.cls) or "").split("\n\n")[0].replace("\n", " ")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "alias": self.alias,
+            "family": self.family,
+            "summary": self.summary,
+            "inputs": [{"name": p.name, "type": p.type.__name__, "required": p.required,
+                        "from_runtime": p.from_runtime} for p in self.inputs],
+            "output": self.output.__name__,
+            "can_end_loop": self.can_end_loop,
+            "stateful": callable(getattr(self.cls, "state_dict", None)),
+            "observes": callable(getattr(self.cls, "observe", None)),
+            "testing": self.testing,
+            "origin": self.origin,
+            "config": self.config.model_json_schema(),
+        }
+
+
+def _port_type(annotation: Any) -> tuple[type | None, bool]:
+    """(port type, optional) of an annotation such as ``RolloutGroups | None``."""
+    args = typing.get_args(annotation)
+    if args and type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        return (rest[0] if len(rest) == 1 else None), True
+    return (annotation if isinstance(annotation, type) else None), False
+
+
+@functools.lru_cache(maxsize=None)
+def _ports(cls: type) -> tuple[tuple[Port, ...], type]:
+    where = f"{cls.__module__}.{cls.__qualname__}"
+    run = getattr(cls, "run", None)
+    if not callable(run):
+        raise RegistryError(f"stage class {where} has no `run` method", "define `def run(self, ...) -> PortType`")
+    try:
+        hints = typing.get_type_hints(run)
+    except Exception as exc:  # unresolvable forward references
+        raise RegistryError(f"the annotations of {where}.run cannot be resolved: {exc}",
+                            "import the record types the annotations name") from exc
+    allowed = ", ".join(t.__name__ for t in PORT_TYPES)
+    inputs = []
+    for name, param in list(inspect.signature(run).parameters.items())[1:]:
+        if name not in hints:
+            raise RegistryError(f"{where}.run: parameter `{name}` has no type annotation",
+                                f"annotate it with a port type ({allowed}) or PromptPool")
+        ptype, optional = _port_type(hints[name])
+        if ptype not in PORT_TYPES + RUNTIME_INPUTS:
+            raise RegistryError(f"{where}.run: parameter `{name}` is annotated {hints[name]!r}, not a port type",
+                                f"use one of {allowed}, or PromptPool")
+        inputs.append(Port(name, ptype, required=not (optional and param.default is None)))
+    output = hints.get("return")
+    if output not in PORT_TYPES:
+        raise RegistryError(f"{where}.run must be annotated to return a port type, not {output!r}",
+                            f"annotate the return with one of {allowed}")
+    return tuple(inputs), output
+
+
+def describe_stage(alias: str, cls: type, origin: str) -> StageInfo:
+    """Check ``cls`` against the stage contract and describe it; RegistryError if it breaks it."""
+    family = alias.partition(".")[0]
+    if family not in FAMILIES or "." not in alias:
+        raise RegistryError(f"stage alias `{alias}` must be `<family>.<name>` with a family in {FAMILIES}",
+                            "rename the alias, e.g. `filter.my_filter`")
+    config = getattr(cls, "Config", None)
+    if not (isinstance(config, type) and issubclass(config, BaseModel)):
+        raise RegistryError(f"stage `{alias}` ({cls.__qualname__}) has no pydantic `Config` class",
+                            "add `class Config(StageConfig): ...` inside the stage class")
+    if config.model_config.get("extra") != "forbid" or not config.model_config.get("frozen"):
+        raise RegistryError(f"stage `{alias}`: its Config must be frozen and forbid unknown keys",
+                            "subclass gfcr.registry.StageConfig")
+    inputs, output = _ports(cls)
+    if output not in FAMILY_OUTPUTS[family]:
+        expected = " or ".join(t.__name__ for t in FAMILY_OUTPUTS[family])
+        raise RegistryError(f"stage `{alias}` returns {output.__name__}, but {family} stages return {expected}",
+                            "fix the return annotation, or register the class under the right family")
+    return StageInfo(alias, family, cls, inputs, output, origin)

@@ -1,0 +1,127 @@
+"""Loading specs: YAML file or Python data -> overrides -> schema -> references.
+
+Every problem found is collected and raised together as one ``SpecError``. Stage names
+(``use``) and stage configs (``with``) need the registry and are checked one layer up, by
+``gfcr.graph.compile_pipeline``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable
+
+from pydantic import ValidationError
+
+from gfcr.errors import Location, Problem, SpecError, did_you_mean, known
+from gfcr.spec.models import UPDATE_ID, PipelineSpec
+from gfcr.spec.overrides import apply_overrides
+from gfcr.spec.problems import dotted, problems_from_validation
+from gfcr.spec.yaml_source import SourceMap, parse_yaml
+
+
+def load_spec(path: str | Path, overrides: Iterable[str] = ()) -> PipelineSpec:
+    """Read a pipeline YAML file, apply ``--set`` overrides and validate it."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecError([Problem(Location(str(path)), "", f"cannot read the file: {exc.strerror}",
+                                 "check the path")]) from None
+    return load_spec_text(text, str(path), overrides)
+
+
+def load_spec_text(text: str, file: str | None = None, overrides: Iterable[str] = ()) -> PipelineSpec:
+    data, source, problems = parse_yaml(text, file)
+    if data is None and not problems:
+        problems.append(Problem(Location(file, 1, 1), "", "the file is empty",
+                                "a pipeline needs at least `name`, `data`, `stages` and `update`"))
+    elif data is not None and not isinstance(data, dict):
+        problems.append(Problem(source.locate(()), "", "a pipeline file must be a mapping of keys",
+                                "start with `name: ...` at the top level"))
+    if problems:
+        raise SpecError(problems)
+    return build_spec(data, source, overrides)
+
+
+def build_spec(data: dict[str, Any], source: SourceMap | None = None, overrides: Iterable[str] = ()) -> PipelineSpec:
+    """Validate plain data (from YAML or Python) into a ``PipelineSpec``.
+
+    >>> spec = build_spec({"name": "demo", "data": {"source": "arithmetic"},
+    ...     "stages": {"pick": {"use": "control.uniform", "with": {"batch_size": 4}}},
+    ...     "update": {"use": "update.fake", "from": "pick"}})
+    >>> spec.stages["pick"].use
+    'control.uniform'
+    """
+    source = source or SourceMap()
+    data = _copy(data)
+    problems = apply_overrides(PipelineSpec, data, source, list(overrides))
+    try:
+        spec = PipelineSpec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(problems + problems_from_validation(exc, PipelineSpec, data, source)) from None
+    problems += check_references(spec, source)
+    if problems:
+        raise SpecError(problems)
+    spec._source = source
+    return spec
+
+
+def _copy(data: Any) -> Any:
+    if isinstance(data, dict):
+        return {k: _copy(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_copy(v) for v in data]
+    return data
+
+
+def check_references(spec: PipelineSpec, source: SourceMap) -> list[Problem]:
+    """Every ``from`` names a stage or loop; loops name their members; ids do not collide."""
+    problems: list[Problem] = []
+
+    def add(path: tuple, message: str, fix: str | None) -> None:
+        problems.append(Problem(source.locate(path), dotted(path), message, fix))
+
+    if UPDATE_ID in spec.stages:
+        add(("stages", UPDATE_ID), f"`{UPDATE_ID}` is reserved for the update node",
+            "rename this stage; the update goes under the top-level `update:` key")
+    readable = set(spec.stages) | set(spec.loops)
+    for sid, stage in spec.all_stages().items():
+        base = ("stages", sid) if sid != UPDATE_ID else (UPDATE_ID,)
+        for key, ref in _refs(stage.from_):
+            if ref == UPDATE_ID:
+                add(base + ("from",) + key, "no stage may read the update's output",
+                    "the update is the sink; stages learn from it through `observe`")
+            elif ref == sid:
+                add(base + ("from",) + key, f"stage `{sid}` reads its own output",
+                    "remove it; to iterate, use a loop block (`loops:`)")
+            elif ref not in readable:
+                add(base + ("from",) + key, f"`{ref}` is not a stage or loop of this pipeline",
+                    did_you_mean(ref, readable) or f"name one of {known(readable)}")
+    seen: dict[str, str] = {}
+    for name, loop in spec.loops.items():
+        if name in spec.stages:
+            add(("loops", name), f"loop `{name}` has the same name as a stage",
+                "give the loop a name of its own")
+        for i, member in enumerate(loop.stages):
+            if member not in spec.stages:
+                add(("loops", name, "stages", i), f"`{member}` is not a stage of this pipeline",
+                    did_you_mean(member, spec.stages) or f"name one of {known(spec.stages)}")
+            elif member in seen:
+                add(("loops", name, "stages", i), f"`{member}` is already in loop `{seen[member]}`",
+                    "a stage belongs to at most one loop block")
+            seen.setdefault(member, name)
+        if loop.until not in loop.stages:
+            add(("loops", name, "until"), f"the until stage `{loop.until}` is not in this loop's `stages`",
+                did_you_mean(loop.until, loop.stages) or f"name one of {known(loop.stages)}")
+    return problems
+
+
+def _refs(value: Any) -> list[tuple[tuple, str]]:
+    """(key path below `from`, referenced id) pairs."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [((), value)]
+    if isinstance(value, list):
+        return [((i,), v) for i, v in enumerate(value)]
+    return [((k,), v) for k, v in value.items()]

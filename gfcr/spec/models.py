@@ -1,0 +1,160 @@
+"""Pydantic models of the whole DSL (DESIGN.md section 4).
+
+Every model is frozen, strict (no silent coercion: ``"8"`` is not an int, ``1`` is not a
+bool) and forbids unknown keys. YAML and Python build the same ``PipelineSpec``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr
+
+from gfcr.spec.yaml_source import SourceMap
+
+NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+ALIAS = r"^[a-z][a-z0-9_]*\.[a-z][a-z0-9_]*$"
+
+StageId = Annotated[str, Field(pattern=NAME)]
+Alias = Annotated[str, Field(pattern=ALIAS, description="a registered alias, `<family>.<name>`")]
+_NAME_RE = re.compile(NAME)
+
+
+def _check_refs(value: Any) -> Any:
+    """`from:` is one upstream id, a list bound to the inputs in order, or a mapping input -> id."""
+    shape = "`from` takes a stage id, a list of stage ids, or a mapping of input name to stage id"
+    if value is None:
+        return value
+    if isinstance(value, str):
+        items = [value]
+    elif isinstance(value, list):
+        items = value
+    elif isinstance(value, dict):
+        items = list(value.values())
+    else:
+        raise ValueError(f"{shape}; got {type(value).__name__} {value!r}")
+    for item in items:
+        if not isinstance(item, str) or not _NAME_RE.match(item):
+            raise ValueError(f"{shape}; `{item!r}` is not a stage id")
+    return value
+
+
+StageRefs = Annotated[Any, AfterValidator(_check_refs), Field(json_schema_extra={
+    "anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}},
+              {"type": "object", "additionalProperties": {"type": "string"}}, {"type": "null"}]})]
+UPDATE_ID = "update"
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True)
+
+
+class Resources(StrictModel):
+    """What one replica of a stage needs, for placement on Ray (DESIGN.md section 6)."""
+
+    gpus: Annotated[int, Field(ge=0)] = 0
+    cpus: Annotated[float, Field(gt=0)] = 1.0
+    replicas: Annotated[int, Field(ge=1)] = 1
+
+
+class StageSpec(StrictModel):
+    """One node: a registered stage (``use``), its upstreams (``from``) and its config (``with``)."""
+
+    use: Alias
+    from_: StageRefs = Field(default=None, alias="from")
+    with_: dict[str, Any] = Field(default_factory=dict, alias="with")
+    resources: Resources = Field(default_factory=Resources)
+
+    def sources(self) -> list[str]:
+        """Upstream ids in binding order."""
+        if self.from_ is None:
+            return []
+        if isinstance(self.from_, str):
+            return [self.from_]
+        if isinstance(self.from_, list):
+            return list(self.from_)
+        return list(self.from_.values())
+
+
+class LoopSpec(StrictModel):
+    """A bounded sub-graph repeated within a step until its ``until`` stage is done."""
+
+    stages: Annotated[list[StageId], Field(min_length=1)]
+    until: StageId
+    max_rounds: Annotated[int, Field(ge=1)]
+
+
+class PolicySpec(StrictModel):
+    model: Annotated[str, Field(min_length=1, description="a model alias or a local Hugging Face folder")]
+    engine: Literal["hf", "vllm"] = "hf"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+
+
+class DataSpec(StrictModel):
+    source: Annotated[str, Field(pattern=NAME)]
+    with_: dict[str, Any] = Field(default_factory=dict, alias="with")
+    on_error: Literal["fail", "skip"] = "fail"
+
+
+class EvalSpec(DataSpec):
+    every: Annotated[int, Field(ge=1)] = 10
+
+
+class RunSpec(StrictModel):
+    steps: Annotated[int, Field(ge=1)] = 1
+    seed: int = 0
+    checkpoint_every: Annotated[int, Field(ge=1)] | None = None
+
+
+class ExecutorSpec(StrictModel):
+    kind: Literal["local", "prefect", "ray"] = "local"
+    address: str | None = None
+
+
+class TrackingSpec(StrictModel):
+    backend: Literal["mlflow", "none"] = "mlflow"
+    uri: str | None = None
+    experiment: str | None = None
+
+
+class PipelineSpec(StrictModel):
+    """A whole pipeline. ``stages`` keeps the author's order; ``update`` is the one sink."""
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")]
+    description: str = ""
+    policy: PolicySpec | None = None
+    data: DataSpec
+    eval: EvalSpec | None = None
+    stages: Annotated[dict[StageId, StageSpec], Field(min_length=1)]
+    loops: dict[StageId, LoopSpec] = Field(default_factory=dict)
+    update: StageSpec
+    run: RunSpec = Field(default_factory=RunSpec)
+    executor: ExecutorSpec = Field(default_factory=ExecutorSpec)
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec)
+
+    _source: SourceMap = PrivateAttr(default_factory=SourceMap)
+
+    @property
+    def source(self) -> SourceMap:
+        """Where each key was written (empty for specs built in Python)."""
+        return self._source
+
+    def all_stages(self) -> dict[str, StageSpec]:
+        """Every node, the update included (under the id ``update``)."""
+        return {**self.stages, UPDATE_ID: self.update}
+
+    def loop_of(self, stage_id: str) -> str | None:
+        for name, loop in self.loops.items():
+            if stage_id in loop.stages:
+                return name
+        return None
+
+    def to_data(self) -> dict[str, Any]:
+        """Plain data, by YAML key names, without defaults: what a user would write."""
+        return self.model_dump(by_alias=True, exclude_defaults=True, mode="json")
+
+    def to_yaml(self) -> str:
+        from gfcr.spec.dump import dump_yaml
+
+        return dump_yaml(self.to_data())

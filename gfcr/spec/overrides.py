@@ -1,0 +1,72 @@
+"""``--set KEY=VALUE`` overrides: typed, path-checked edits of the raw spec before validation.
+
+A path must name a key the schema knows (``run.steps``) or an existing stage or loop
+(``stages.pick.use``); any key may be set inside a ``with`` mapping, where the stage's own
+Config validates it later. The value is parsed as YAML (``--set update.with.clip=[0.2,0.28]``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gfcr.errors import Location, Problem, did_you_mean, known
+from gfcr.spec.problems import child_type, model_keys
+from gfcr.spec.yaml_source import KeyPath, SourceMap, parse_scalar
+
+
+def _open_mapping(annotation: Any) -> bool:
+    """True for ``dict[str, Any]`` (a `with` block): any key goes."""
+    import typing
+
+    return typing.get_origin(annotation) is dict and typing.get_args(annotation)[1] is Any
+
+
+def _walk(root_type: Any, data: dict, keys: list[str], where: Location, text: str) -> tuple[Any, str] | Problem:
+    """Find (container, last key) for ``keys``, creating empty mappings for absent model fields."""
+    current, annotation = data, root_type
+    for depth, key in enumerate(keys):
+        so_far = ".".join(keys[: depth + 1])
+        allowed = model_keys(annotation)
+        if allowed is not None and key not in allowed:
+            return Problem(where, so_far, f"`{key}` is not a key here",
+                           did_you_mean(key, allowed) or f"the keys allowed here are {known(allowed)}")
+        if allowed is None and not _open_mapping(annotation) and key not in current:
+            names = list(current)
+            return Problem(where, so_far, f"there is no `{key}` in `{'.'.join(keys[:depth]) or 'the spec'}`",
+                           did_you_mean(key, names) or f"existing entries are {known(names)}")
+        if depth == len(keys) - 1:
+            return current, key
+        annotation = child_type(annotation, key) if not _open_mapping(annotation) else Any
+        if key not in current or current[key] is None:
+            current[key] = {}
+        if not isinstance(current[key], dict):
+            return Problem(where, so_far, f"`{so_far}` is a value, not a mapping", f"set `{so_far}` itself")
+        current = current[key]
+    raise AssertionError("unreachable")
+
+
+def apply_overrides(root_type: Any, data: dict, source: SourceMap, overrides: list[str]) -> list[Problem]:
+    """Apply ``KEY=VALUE`` strings to ``data`` in place; return the problems found."""
+    problems: list[Problem] = []
+    for text in overrides:
+        where = Location(f"--set {text}")
+        key, sep, raw = text.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            problems.append(Problem(where, key, "an override must look like KEY=VALUE",
+                                    "e.g. --set run.steps=20 or --set stages.pick.use=control.greso"))
+            continue
+        try:
+            value = parse_scalar(raw) if raw.strip() else None
+        except ValueError as exc:
+            problems.append(Problem(where, key, f"the value `{raw}` is not valid YAML: {exc}",
+                                    "quote strings with special characters: --set 'KEY=\"value\"'"))
+            continue
+        found = _walk(root_type, data, key.split("."), where, text)
+        if isinstance(found, Problem):
+            problems.append(found)
+            continue
+        container, last = found
+        container[last] = value
+        source.replace_subtree(tuple(key.split(".")), where)
+    return problems

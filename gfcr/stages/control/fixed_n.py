@@ -1,0 +1,43 @@
+"""control.fixed_n: give every selected prompt the same number of rollouts (GRPO's group size G).
+
+Prompts an upstream control skipped (``n_rollouts == 0``) stay skipped.
+
+Example:
+
+>>> from gfcr.records import Allocation, AllocationEntry, Prompt
+>>> alloc = Allocation(0, (AllocationEntry(Prompt("p:0", text="0"), 1),
+...                        AllocationEntry(Prompt("p:1", text="1"), 0, reason="skip")))
+>>> [e.n_rollouts for e in FixedN(FixedN.Config(n=8)).run(alloc)]
+[8, 0]
+
+YAML:
+
+.. code-block:: yaml
+
+    budget: {use: control.fixed_n, from: pick, with: {n: 8}}
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Annotated
+
+from pydantic import Field
+
+from gfcr.records import Allocation
+from gfcr.registry import StageConfig
+
+
+class FixedN:
+    """A fixed group size for every prompt that is not skipped."""
+
+    class Config(StageConfig):
+        n: Annotated[int, Field(ge=1, description="rollouts per prompt (the group size)")]
+
+    def __init__(self, config: Config):
+        self.config = config
+
+    def run(self, allocation: Allocation) -> Allocation:
+        return allocation.with_entries(
+            [replace(e, n_rollouts=self.config.n) if e.n_rollouts > 0 else e for e in allocation]
+        )

@@ -1,0 +1,75 @@
+"""control.uniform: draw a batch of prompts uniformly, without replacement within an epoch.
+
+Each epoch is a fresh seeded permutation of the pool; a batch never spans two epochs: when
+fewer than ``batch_size`` prompts are left in an epoch, the next epoch starts (PyTorch's
+``DataLoader(drop_last=True)`` behaviour), so no prompt appears twice in one batch.
+
+Selection only: every chosen prompt gets ``n_rollouts`` (default 1); a budget stage such as
+``control.fixed_n`` downstream sets the real count.
+
+Example:
+
+>>> from gfcr.records import Prompt, PromptPool
+>>> pool = PromptPool([Prompt(f"p:{i}", text=str(i)) for i in range(10)])
+>>> stage = UniformControl(UniformControl.Config(batch_size=4, seed=0))
+>>> first, second = stage.run(pool), stage.run(pool)
+>>> len(first), len({e.prompt_id for e in first} | {e.prompt_id for e in second})
+(4, 8)
+
+YAML:
+
+.. code-block:: yaml
+
+    pick: {use: control.uniform, with: {batch_size: 16}}
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import numpy as np
+from pydantic import Field
+
+from gfcr.records import Allocation, AllocationEntry, PromptPool, StepContext
+from gfcr.registry import StageConfig
+
+
+class UniformControl:
+    """Uniform prompt selection without replacement within an epoch, seeded."""
+
+    class Config(StageConfig):
+        batch_size: Annotated[int, Field(ge=1, description="prompts per step")]
+        n_rollouts: Annotated[int, Field(ge=1, description="rollouts marked per chosen prompt")] = 1
+        seed: int | None = Field(None, description="permutation seed; default: the run's seed")
+
+    def __init__(self, config: Config):
+        self.config = config
+        self.epoch, self.cursor = 0, 0
+        self._step, self._run_seed = 0, 0
+
+    def before_step(self, ctx: StepContext) -> None:
+        self._step, self._run_seed = ctx.step, ctx.seed
+
+    def _order(self, size: int) -> np.ndarray:
+        seed = self._run_seed if self.config.seed is None else self.config.seed
+        return np.random.default_rng([seed, self.epoch]).permutation(size)
+
+    def run(self, pool: PromptPool) -> Allocation:
+        size = self.config.batch_size
+        if size > len(pool):
+            raise ValueError(f"batch_size {size} is larger than the pool ({len(pool)} prompts)")
+        if self.cursor + size > len(pool):
+            self.epoch, self.cursor = self.epoch + 1, 0
+        picked = self._order(len(pool))[self.cursor : self.cursor + size]
+        self.cursor += size
+        entries = tuple(
+            AllocationEntry(pool[int(i)], self.config.n_rollouts, reason=f"uniform(epoch={self.epoch})")
+            for i in picked
+        )
+        return Allocation(step=self._step, entries=entries)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "cursor": self.cursor}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])

@@ -1,0 +1,1 @@
+"""Data sources: where a run's prompt pool comes from."""

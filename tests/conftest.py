@@ -1,0 +1,48 @@
+"""Shared helpers: a valid base pipeline and a way to write spec files."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+BASE = textwrap.dedent("""\
+    name: golden
+    data: {source: arithmetic, with: {n: 50}}
+    stages:
+      pick:    {use: control.uniform, with: {batch_size: 4}}
+      budget:  {use: control.fixed_n, from: pick, with: {n: 4}}
+      rollout: {use: generate.fake, from: budget}
+      keep:    {use: filter.nonzero_variance, from: rollout}
+    update: {use: update.fake, from: keep}
+    run: {steps: 2}
+    tracking: {backend: none}
+    """)
+
+DAPO = textwrap.dedent("""\
+    name: loop
+    data: {source: arithmetic, with: {n: 50}}
+    stages:
+      pick:    {use: control.uniform, with: {batch_size: 4}}
+      budget:  {use: control.fixed_n, from: pick, with: {n: 4}}
+      rollout: {use: generate.fake, from: budget}
+      keep:    {use: filter.nonzero_variance, from: rollout}
+      enough:  {use: filter.dynamic_sampling, from: keep, with: {target_groups: 4}}
+    loops:
+      collect: {stages: [pick, budget, rollout, keep, enough], until: enough, max_rounds: 3}
+    update: {use: update.fake, from: collect}
+    tracking: {backend: none}
+    """)
+
+
+@pytest.fixture
+def write_spec(tmp_path):
+    def write(text: str, name: str = "pipeline.yaml") -> Path:
+        path = tmp_path / name
+        path.write_text(text, encoding="utf-8")
+        return path
+
+    return write

@@ -1,0 +1,161 @@
+"""The golden table of bad specs: each must fail with the right place, key path and fix, make
+`gfcr validate` exit 2, and run nothing."""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass, field
+
+import pytest
+from typer.testing import CliRunner
+
+from gfcr.cli.main import app
+from gfcr.errors import GraphError, SpecError
+from gfcr.graph import compile_pipeline
+from gfcr.spec import load_spec
+from tests.conftest import BASE, DAPO
+
+
+@dataclass
+class Case:
+    id: str
+    text: str
+    at: str  # a snippet on the offending line, or "--set ..." for an override
+    path: str
+    message: str
+    fix: str
+    overrides: list[str] = field(default_factory=list)
+
+
+def edit(base: str, old: str, new: str) -> str:
+    assert old in base, old
+    return base.replace(old, new, 1)
+
+
+CASES = [
+    Case("near-miss stage name", edit(BASE, "control.uniform", "control.unifrom"),
+         "control.unifrom", "stages.pick.use", "unknown stage `control.unifrom`", "did you mean `control.uniform`?"),
+    Case("unknown top-level key", BASE + "trackng: {backend: none}\n",
+         "trackng", "trackng", "unknown key `trackng`", "did you mean `tracking`?"),
+    Case("unknown key in a stage entry", edit(BASE, "from: pick,", "frm: pick,"),
+         "frm: pick", "stages.budget.frm", "unknown key `frm`", "did you mean `from`?"),
+    Case("unknown key in a stage config", edit(BASE, "batch_size: 4", "batch_sise: 4"),
+         "batch_sise", "stages.pick.with.batch_sise", "unknown key `batch_sise`", "did you mean `batch_size`?"),
+    Case("duplicate key", edit(BASE, "update:", "  keep:    {use: filter.nonzero_variance, from: rollout}\nupdate:"),
+         "keep:    {use: filter.nonzero_variance, from: rollout}\nupdate", "stages.keep",
+         "duplicate key `keep` (first written at line 7)", "delete the other"),
+    Case("wrong type", edit(BASE, "steps: 2", "steps: two"),
+         "steps: two", "run.steps", "expected an integer, got str `'two'`", "write an integer here"),
+    Case("quoted number in a stage config", edit(BASE, "with: {n: 4}", 'with: {n: "4"}'),
+         'n: "4"', "stages.budget.with.n", "expected an integer", "no quotes"),
+    Case("yes is not a boolean", edit(BASE, "update: {use: update.fake, from: keep}",
+                                      "update: {use: update.fake, from: keep, with: {skip_empty: yes}}"),
+         "skip_empty: yes", "update.with.skip_empty", "expected `true` or `false`", "write `true` or `false`"),
+    Case("from names a missing stage", edit(BASE, "from: rollout}", "from: rollot}"),
+         "from: rollot", "stages.keep.from", "`rollot` is not a stage or loop", "did you mean `rollout`?"),
+    Case("type mismatch between connected stages", edit(BASE, "from: rollout}", "from: budget}"),
+         "filter.nonzero_variance, from: budget", "stages.keep.from",
+         "`keep` (filter.nonzero_variance) reads input `groups` of type RolloutGroups, but `budget` "
+         "(control.fixed_n) outputs Allocation", "from a stage that outputs RolloutGroups (`rollout`)"),
+    Case("cycle outside a loop", edit(BASE, "update:", "  a: {use: filter.nonzero_variance, from: b}\n"
+                                                      "  b: {use: filter.nonzero_variance, from: a}\nupdate:"),
+         "a: {use", "stages.a.from", "cycle outside a loop block: a -> b -> a", "list them in a loop block"),
+    Case("loop without max_rounds", edit(DAPO, ", max_rounds: 3}", "}"),
+         "collect: {stages", "loops.collect.max_rounds", "required key `max_rounds` is missing", "add `max_rounds:`"),
+    Case("bad --set path", BASE, "--set run.stepz=3", "run.stepz", "`stepz` is not a key here",
+         "did you mean `steps`?", ["run.stepz=3"]),
+    Case("bad --set value", BASE, "--set run.steps=abc", "run.steps", "expected an integer, got str",
+         "write an integer here", ["run.steps=abc"]),
+    Case("--set names a missing stage", BASE, "--set stages.pik.use=control.uniform", "stages.pik",
+         "there is no `pik` in `stages`", "did you mean `pick`?", ["stages.pik.use=control.uniform"]),
+    Case("--set a near-miss stage alias", BASE, "--set stages.keep.use=filter.nonzero_varience", "stages.keep.use",
+         "unknown stage `filter.nonzero_varience`", "did you mean `filter.nonzero_variance`?",
+         ["stages.keep.use=filter.nonzero_varience"]),
+    Case("--set without a value separator", BASE, "--set run.steps", "run.steps", "must look like KEY=VALUE",
+         "--set run.steps=20", ["run.steps"]),
+    Case("until stage cannot end a loop", edit(DAPO, "until: enough", "until: keep"),
+         "until: keep", "loops.collect.until", "`keep` (filter.nonzero_variance) cannot end a loop",
+         "filter.dynamic_sampling"),
+    Case("until stage outside its loop", edit(DAPO, "keep, enough], until: enough", "keep], until: enough"),
+         "until: enough", "loops.collect.until", "the until stage `enough` is not in this loop's `stages`",
+         "name one of"),
+    Case("reading inside a loop from outside it", edit(DAPO, "from: collect}", "from: keep}"),
+         "update: {use", "update.from", "`update` reads `keep`, which is inside loop block `collect`",
+         "read `from: collect`"),
+    Case("config bound violated", edit(BASE, "batch_size: 4", "batch_size: 0"),
+         "batch_size: 0", "stages.pick.with.batch_size", "greater than or equal to 1", "satisfy the bound"),
+    Case("missing required config key", edit(BASE, ", with: {n: 4}}", "}"),
+         "budget:", "stages.budget.with.n", "required key `n` is missing", "add `n:` here"),
+    Case("update stage among the stages", edit(BASE, "control.fixed_n", "update.fake"),
+         "update.fake, from: pick", "stages.budget.use", "is an update stage", "move it to `update:`"),
+    Case("non-update stage as the update", edit(BASE, "{use: update.fake, from: keep}",
+                                                "{use: filter.nonzero_variance, from: keep}"),
+         "update: {use", "update.use", "is a filter stage, but `update:` needs an update stage", "update.fake"),
+    Case("output read by nobody", edit(BASE, "update:", "  extra: {use: filter.nonzero_variance, from: rollout}\nupdate:"),
+         "extra:", "stages.extra", "the output of `extra` is not read by any stage", "or remove the stage"),
+    Case("unknown data source", edit(BASE, "source: arithmetic", "source: arithmetc"),
+         "arithmetc", "data.source", "unknown data source `arithmetc`", "did you mean `arithmetic`?"),
+    Case("YAML syntax error", edit(BASE, "run: {steps: 2}", "run: {steps: 2"),
+         "tracking:", "", "YAML syntax error", "check indentation"),
+    Case("near-miss literal", BASE + "executor: {kind: prefekt}\n",
+         "prefekt", "executor.kind", "`prefekt` is not one of", "did you mean `prefect`?"),
+    Case("required input not connected", edit(BASE, "from: pick, ", ""),
+         "budget:", "stages.budget", "input `allocation: Allocation` of `budget` (control.fixed_n) is not connected",
+         "(`pick`)"),
+    Case("reserved stage id", edit(BASE, "  keep: ", "  update: ").replace("from: keep}", "from: rollout}"),
+         "  update: ", "stages.update", "`update` is reserved", "rename this stage"),
+    Case("near-miss input name", edit(BASE, "from: pick,", "from: {allocaton: pick},"),
+         "allocaton", "stages.budget.from.allocaton", "has no input `allocaton`", "did you mean `allocation`?"),
+    Case("invalid stage id", edit(BASE, "  keep: ", "  keep-it: ").replace("from: keep}", "from: rollout}"),
+         "keep-it", "stages.keep-it", "`keep-it` is not a valid name", "letters, digits and `_`"),
+    Case("from with a number", edit(BASE, "from: pick,", "from: [pick, 3],"),
+         "from: [pick, 3]", "stages.budget.from", "`3` is not a stage id", "`from: [pick, replay]`"),
+    Case("merge keys refused", BASE + "x: &a {steps: 1}\nrun2:\n  <<: *a\n",
+         "<<:", "run2", "merge keys (`<<`) are not supported", "write the keys out"),
+]
+
+
+def problems_of(path, overrides):
+    with pytest.raises((SpecError, GraphError)) as info:
+        compile_pipeline(load_spec(path, overrides))
+    return info.value.problems
+
+
+def expected_where(case: Case, file: str) -> str:
+    """``file:line:`` of the case's snippet; a multi-line snippet names its last occurrence."""
+    if case.at.startswith("--set"):
+        return case.at
+    first = case.at.split("\n")[0]
+    lines = [n for n, line in enumerate(case.text.split("\n"), start=1) if first in line]
+    assert lines, f"snippet {case.at!r} not in the spec"
+    return f"{file}:{lines[-1] if chr(10) in case.at else lines[0]}:"
+
+
+def test_the_table_is_big_enough():
+    assert len(CASES) >= 20
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_golden_error(case, write_spec):
+    path = write_spec(textwrap.dedent(case.text), "bad.yaml")
+    problems = problems_of(path, case.overrides)
+    where = expected_where(case, str(path))
+    rendered = "\n".join(map(str, problems))
+    matching = [p for p in problems if str(p.where).startswith(where) and p.path == case.path]
+    assert matching, f"no problem at {where} / {case.path} in:\n{rendered}"
+    assert any(case.message in p.message and case.fix in (p.fix or "") for p in matching), rendered
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_golden_error_cli_exits_2_and_runs_nothing(case, write_spec, monkeypatch):
+    from gfcr.stages import testing
+
+    made = []
+    for cls in (testing.FakeGenerate, testing.FakeUpdate):
+        monkeypatch.setattr(cls, "__init__", lambda self, config, _made=made: _made.append(self))
+    path = write_spec(textwrap.dedent(case.text), "bad.yaml")
+    args = ["validate", str(path)] + [a for o in case.overrides for a in ("--set", o)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert case.path.split(".")[0] in result.output
+    assert made == []
