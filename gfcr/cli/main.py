@@ -18,8 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from gfcr.errors import GfcrError, RegistryError
-from gfcr.graph import CompiledPipeline, compile_pipeline
-from gfcr.spec import load_spec
+from gfcr.graph import CompiledPipeline, load_pipeline
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="gfcr: compose, check and run rollout pipelines for LLM RL.")
@@ -33,7 +32,7 @@ SetOption = Annotated[Optional[list[str]], typer.Option("--set", "-s", metavar="
 
 
 def _compile(file: Path, overrides: list[str] | None) -> CompiledPipeline:
-    return compile_pipeline(load_spec(file, overrides or []))
+    return load_pipeline(file, overrides or [])
 
 
 def _fail(exc: GfcrError) -> None:

@@ -7,8 +7,11 @@ cycles outside loop blocks, loop blocks that cannot end, outputs nobody reads.
 
 from __future__ import annotations
 
+import functools
 import json
-from typing import Any
+import re
+from pathlib import Path
+from typing import Any, Iterable
 
 import networkx as nx
 from pydantic import BaseModel, ValidationError
@@ -16,7 +19,9 @@ from pydantic import BaseModel, ValidationError
 from gfcr.errors import GraphError, Problem, RegistryError, did_you_mean, known
 from gfcr.graph.model import Binding, CompiledPipeline, DataBinding, LoopBlock, Node, PlanItem
 from gfcr.registry import DATA_SOURCES, STAGES, Registry, StageInfo, stage_info
-from gfcr.spec import UPDATE_ID, PipelineSpec, StageSpec
+from gfcr.spec import UPDATE_ID, PipelineSpec, SourceMap, StageSpec, load_spec
+from gfcr.spec.loader import check_references
+from gfcr.spec.models import ALIAS
 from gfcr.spec.problems import dotted, problems_from_validation
 
 LOOP_FIX = ("pipelines are acyclic; to repeat stages within a step, list them in a loop block "
@@ -24,56 +29,92 @@ LOOP_FIX = ("pipelines are acyclic; to repeat stages within a step, list them in
             "where only the until stage may feed back")
 
 
-class _Compiler:
-    def __init__(self, spec: PipelineSpec, stages: Registry[type], data_sources: Registry[type]):
-        self.spec, self.stages, self.data_sources = spec, stages, data_sources
+class _Checker:
+    """Checks that need the registries but not a valid spec: stage aliases, stage configs and
+    data sources. Shared by the compiler and by ``entry_problems`` (schema-failed files)."""
+
+    def __init__(self, source: SourceMap, stages: Registry[type], data_sources: Registry[type]):
+        self.source, self.stages, self.data_sources = source, stages, data_sources
         self.problems: list[Problem] = []
-        self.loop_of = {m: name for name, loop in spec.loops.items() for m in loop.stages}
-        self.order = {sid: i for i, sid in enumerate(spec.all_stages())}
 
     def problem(self, path: tuple, message: str, fix: str | None) -> None:
-        self.problems.append(Problem(self.spec.source.locate(path), dotted(path), message, fix))
+        self.problems.append(Problem(self.source.locate(path), dotted(path), message, fix))
+
+    def stage(self, sid: str, use: str, values: dict[str, Any]) -> tuple[StageInfo, BaseModel | None] | None:
+        base = (UPDATE_ID,) if sid == UPDATE_ID else ("stages", sid)
+        try:
+            info = stage_info(use, self.stages)
+        except RegistryError as exc:
+            self.problem(base + ("use",), exc.message, exc.fix)
+            return None
+        if sid == UPDATE_ID and info.family != "update":
+            self.problem(base + ("use",), f"`{use}` is a {info.family} stage, but `update:` needs an update stage",
+                         f"use one of {known(i for i in self.stages.names() if i.startswith('update.'))}")
+        elif sid != UPDATE_ID and info.family == "update":
+            self.problem(base + ("use",), f"`{use}` is an update stage, which belongs under the top-level "
+                                          "`update:` key", "move it to `update:`; a pipeline has one update, at its end")
+        return info, self.config(info.config, values, base + ("with",))
+
+    def config(self, config: type[BaseModel], values: dict[str, Any], path: tuple) -> BaseModel | None:
+        try:
+            return config.model_validate_json(json.dumps(values), strict=True)
+        except ValidationError as exc:
+            self.problems += problems_from_validation(exc, config, values, self.source, path)
+        except TypeError as exc:
+            self.problem(path, f"config values must be plain data: {exc}", "use numbers, strings, lists and mappings")
+        return None
+
+    def data(self, key: str, name: str, values: dict[str, Any]) -> DataBinding | None:
+        try:
+            cls = self.data_sources.get(name)
+        except RegistryError as exc:
+            self.problem((key, "source"), exc.message, exc.fix)
+            return None
+        config = self.config(cls.Config, values, (key, "with"))
+        return DataBinding(name, cls, config) if config is not None else None
+
+
+def entry_problems(data: Any, source: SourceMap, stages: Registry[type] = STAGES,
+                   data_sources: Registry[type] = DATA_SOURCES) -> list[Problem]:
+    """Alias, config and data-source problems of raw spec data whose schema did not validate,
+    so that they are reported together with the schema's problems."""
+    checker = _Checker(source, stages, data_sources)
+    if not isinstance(data, dict):
+        return []
+    entries = dict(data["stages"]) if isinstance(data.get("stages"), dict) else {}
+    if "update" in data:
+        entries[UPDATE_ID] = data["update"]
+    for sid, entry in entries.items():
+        if isinstance(entry, dict) and isinstance(entry.get("use"), str) and re.match(ALIAS, entry["use"]):
+            values = entry.get("with", {})
+            checker.stage(str(sid), entry["use"], values if isinstance(values, dict) else {})
+    for key in ("data", "eval"):
+        entry = data.get(key)
+        if isinstance(entry, dict) and isinstance(entry.get("source"), str):
+            values = entry.get("with", {})
+            checker.data(key, entry["source"], values if isinstance(values, dict) else {})
+    return checker.problems
+
+
+class _Compiler:
+    def __init__(self, spec: PipelineSpec, stages: Registry[type], data_sources: Registry[type]):
+        self.spec, self.stages = spec, stages
+        self.checker = _Checker(spec.source, stages, data_sources)
+        self.problems = self.checker.problems
+        self.problem = self.checker.problem
+        self.loop_of = {m: name for name, loop in spec.loops.items() for m in loop.stages}
+        self.order = {sid: i for i, sid in enumerate(spec.all_stages())}
+        # every resolved reference, also those with a type or visibility problem, so that
+        # one bad edge does not cascade into "nobody reads this" errors
+        self.references: list[tuple[str, str, Binding]] = []
 
     @staticmethod
     def base(sid: str) -> tuple:
         return (UPDATE_ID,) if sid == UPDATE_ID else ("stages", sid)
 
-    # -- stages and configs -------------------------------------------------------------
-    def resolve(self, sid: str, stage: StageSpec) -> tuple[StageInfo, BaseModel | None] | None:
-        path = self.base(sid) + ("use",)
-        try:
-            info = stage_info(stage.use, self.stages)
-        except RegistryError as exc:
-            self.problem(path, exc.message, exc.fix)
-            return None
-        if sid == UPDATE_ID and info.family != "update":
-            self.problem(path, f"`{stage.use}` is a {info.family} stage, but `update:` needs an update stage",
-                         f"use one of {known(i for i in self.stages.names() if i.startswith('update.'))}")
-        elif sid != UPDATE_ID and info.family == "update":
-            self.problem(path, f"`{stage.use}` is an update stage, which belongs under the top-level `update:` key",
-                         "move it to `update:`; a pipeline has one update, at its end")
-        return info, self.validate_config(info.config, stage.with_, self.base(sid) + ("with",))
-
-    def validate_config(self, config: type[BaseModel], values: dict[str, Any], path: tuple) -> BaseModel | None:
-        try:
-            return config.model_validate_json(json.dumps(values), strict=True)
-        except ValidationError as exc:
-            self.problems += problems_from_validation(exc, config, values, self.spec.source, path)
-        except TypeError as exc:
-            self.problem(path, f"config values must be plain data: {exc}", "use numbers, strings, lists and mappings")
-        return None
-
     def resolve_data(self, key: str) -> DataBinding | None:
         data = getattr(self.spec, key)
-        if data is None:
-            return None
-        try:
-            cls = self.data_sources.get(data.source)
-        except RegistryError as exc:
-            self.problem((key, "source"), exc.message, exc.fix)
-            return None
-        config = self.validate_config(cls.Config, data.with_, (key, "with"))
-        return DataBinding(data.source, cls, config) if config is not None else None
+        return None if data is None else self.checker.data(key, data.source, data.with_)
 
     # -- wiring --------------------------------------------------------------------------
     def bind(self, sid: str, stage: StageSpec, info: StageInfo, infos: dict[str, StageInfo]) -> list[Binding]:
@@ -100,9 +141,13 @@ class _Compiler:
         bindings = []
         for port, ref, where in pairs:
             source = self.spec.loops[ref].until if ref in self.spec.loops else ref
-            binding = self.check_edge(sid, port, source, infos, where) if source in infos else None
+            if source not in infos:
+                continue
+            binding = self.check_edge(sid, port, source, infos, where)
             if binding is not None:
                 bindings.append(binding)
+            self.references.append((source, sid, binding or Binding(port.name, source, port.type,
+                                                                    self.is_feedback(source, sid))))
         bound = {p.name for p, _, _ in pairs}
         for port in inputs:
             if port.required and port.name not in bound:
@@ -123,18 +168,20 @@ class _Compiler:
                          f"read `{port.name}` from a stage that outputs {port.type.__name__}"
                          + (f" ({known(producers)})" if producers else ""))
             return None
-        src_loop, dst_loop = self.loop_of.get(source), self.loop_of.get(sid)
-        feedback = False
-        if src_loop is not None and src_loop != dst_loop:
+        src_loop = self.loop_of.get(source)
+        if src_loop is not None and src_loop != self.loop_of.get(sid):
             until = self.spec.loops[src_loop].until
             if source != until:
                 self.problem(where, f"`{sid}` reads `{source}`, which is inside loop block `{src_loop}`; "
                                     f"outside a loop only its until stage `{until}` is visible",
                              f"read `from: {src_loop}` (the loop's output) instead")
                 return None
-        elif src_loop is not None and src_loop == dst_loop and source == self.spec.loops[src_loop].until:
-            feedback = True
-        return Binding(port.name, source, port.type, feedback)
+        return Binding(port.name, source, port.type, self.is_feedback(source, sid))
+
+    def is_feedback(self, source: str, sid: str) -> bool:
+        """An edge from a loop's until stage back into the same loop reads the previous round."""
+        loop = self.loop_of.get(source)
+        return loop is not None and loop == self.loop_of.get(sid) and source == self.spec.loops[loop].until
 
     # -- structure -----------------------------------------------------------------------
     def check_loops(self, infos: dict[str, StageInfo]) -> None:
@@ -199,8 +246,12 @@ class _Compiler:
         return tuple(items)
 
     def compile(self) -> CompiledPipeline:
+        # specs built in Python skip the loader: check their references here too
+        self.problems += [p for p in check_references(self.spec, self.spec.source) if p not in self.problems]
+        if self.problems:
+            raise GraphError(self.problems)
         all_stages = self.spec.all_stages()
-        resolved = {sid: self.resolve(sid, s) for sid, s in all_stages.items()}
+        resolved = {sid: self.checker.stage(sid, s.use, s.with_) for sid, s in all_stages.items()}
         infos = {sid: r[0] for sid, r in resolved.items() if r is not None}
         data, eval_data = self.resolve_data("data"), self.resolve_data("eval")
         bindings = {sid: self.bind(sid, all_stages[sid], info, infos) for sid, info in infos.items()}
@@ -208,9 +259,8 @@ class _Compiler:
         graph = nx.MultiDiGraph()
         for sid, info in infos.items():
             graph.add_node(sid, family=info.family, use=info.alias, loop=self.loop_of.get(sid))
-        for sid, bs in bindings.items():
-            for b in bs:
-                graph.add_edge(b.source, sid, param=b.param, type=b.type.__name__, feedback=b.feedback)
+        for source, sid, b in self.references:
+            graph.add_edge(source, sid, param=b.param, type=b.type.__name__, feedback=b.feedback)
         plan = None
         if len(infos) == len(all_stages) and self.check_cycles(graph):
             self.check_outputs(graph)
@@ -227,3 +277,14 @@ def compile_pipeline(spec: PipelineSpec, stages: Registry[type] = STAGES,
                      data_sources: Registry[type] = DATA_SOURCES) -> CompiledPipeline:
     """Resolve, validate, wire and type-check ``spec``; raise GraphError with every problem."""
     return _Compiler(spec, stages, data_sources).compile()
+
+
+def load_pipeline(path: str | Path, overrides: Iterable[str] = (), stages: Registry[type] = STAGES,
+                  data_sources: Registry[type] = DATA_SOURCES) -> CompiledPipeline:
+    """Read, validate and compile a pipeline file: what ``gfcr validate`` does.
+
+    When the schema fails, stage names and configs are checked too, so one run of
+    ``gfcr validate`` shows both kinds of problems; wiring is checked once the schema holds.
+    """
+    raw_checks = functools.partial(entry_problems, stages=stages, data_sources=data_sources)
+    return compile_pipeline(load_spec(path, overrides, raw_checks=raw_checks), stages, data_sources)

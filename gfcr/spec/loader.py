@@ -8,7 +8,7 @@ Every problem found is collected and raised together as one ``SpecError``. Stage
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from pydantic import ValidationError
 
@@ -19,7 +19,10 @@ from gfcr.spec.problems import dotted, problems_from_validation
 from gfcr.spec.yaml_source import SourceMap, parse_yaml
 
 
-def load_spec(path: str | Path, overrides: Iterable[str] = ()) -> PipelineSpec:
+RawChecks = Callable[[Any, SourceMap], list[Problem]]
+
+
+def load_spec(path: str | Path, overrides: Iterable[str] = (), raw_checks: RawChecks | None = None) -> PipelineSpec:
     """Read a pipeline YAML file, apply ``--set`` overrides and validate it."""
     path = Path(path)
     try:
@@ -27,10 +30,11 @@ def load_spec(path: str | Path, overrides: Iterable[str] = ()) -> PipelineSpec:
     except OSError as exc:
         raise SpecError([Problem(Location(str(path)), "", f"cannot read the file: {exc.strerror}",
                                  "check the path")]) from None
-    return load_spec_text(text, str(path), overrides)
+    return load_spec_text(text, str(path), overrides, raw_checks)
 
 
-def load_spec_text(text: str, file: str | None = None, overrides: Iterable[str] = ()) -> PipelineSpec:
+def load_spec_text(text: str, file: str | None = None, overrides: Iterable[str] = (),
+                   raw_checks: RawChecks | None = None) -> PipelineSpec:
     data, source, problems = parse_yaml(text, file)
     if data is None and not problems:
         problems.append(Problem(Location(file, 1, 1), "", "the file is empty",
@@ -40,11 +44,15 @@ def load_spec_text(text: str, file: str | None = None, overrides: Iterable[str] 
                                 "start with `name: ...` at the top level"))
     if problems:
         raise SpecError(problems)
-    return build_spec(data, source, overrides)
+    return build_spec(data, source, overrides, raw_checks)
 
 
-def build_spec(data: dict[str, Any], source: SourceMap | None = None, overrides: Iterable[str] = ()) -> PipelineSpec:
+def build_spec(data: dict[str, Any], source: SourceMap | None = None, overrides: Iterable[str] = (),
+               raw_checks: RawChecks | None = None) -> PipelineSpec:
     """Validate plain data (from YAML or Python) into a ``PipelineSpec``.
+
+    ``raw_checks`` (given by the graph layer, which knows the registries) adds its problems
+    when the schema fails, so that all of a file's problems are reported together.
 
     >>> spec = build_spec({"name": "demo", "data": {"source": "arithmetic"},
     ...     "stages": {"pick": {"use": "control.uniform", "with": {"batch_size": 4}}},
@@ -58,7 +66,8 @@ def build_spec(data: dict[str, Any], source: SourceMap | None = None, overrides:
     try:
         spec = PipelineSpec.model_validate(data)
     except ValidationError as exc:
-        raise SpecError(problems + problems_from_validation(exc, PipelineSpec, data, source)) from None
+        problems += problems_from_validation(exc, PipelineSpec, data, source)
+        raise SpecError(problems + (raw_checks(data, source) if raw_checks else [])) from None
     problems += check_references(spec, source)
     if problems:
         raise SpecError(problems)

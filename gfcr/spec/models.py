@@ -140,6 +140,12 @@ class PipelineSpec(StrictModel):
         """Where each key was written (empty for specs built in Python)."""
         return self._source
 
+    def __eq__(self, other: object) -> bool:
+        """Specs are equal when they say the same thing, wherever they were written."""
+        return isinstance(other, PipelineSpec) and self.model_dump() == other.model_dump()
+
+    __hash__ = None  # type: ignore[assignment]
+
     def all_stages(self) -> dict[str, StageSpec]:
         """Every node, the update included (under the id ``update``)."""
         return {**self.stages, UPDATE_ID: self.update}

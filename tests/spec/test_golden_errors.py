@@ -11,8 +11,7 @@ from typer.testing import CliRunner
 
 from gfcr.cli.main import app
 from gfcr.errors import GraphError, SpecError
-from gfcr.graph import compile_pipeline
-from gfcr.spec import load_spec
+from gfcr.graph import load_pipeline
 from tests.conftest import BASE, DAPO
 
 
@@ -117,7 +116,7 @@ CASES = [
 
 def problems_of(path, overrides):
     with pytest.raises((SpecError, GraphError)) as info:
-        compile_pipeline(load_spec(path, overrides))
+        load_pipeline(path, overrides)
     return info.value.problems
 
 
@@ -159,3 +158,9 @@ def test_golden_error_cli_exits_2_and_runs_nothing(case, write_spec, monkeypatch
     assert result.exit_code == 2, result.output
     assert case.path.split(".")[0] in result.output
     assert made == []
+
+
+def test_schema_and_stage_problems_are_reported_together(write_spec):
+    text = edit(edit(BASE, "steps: 2", "steps: two"), "control.uniform", "control.unifrom")
+    problems = problems_of(write_spec(text), [])
+    assert {p.path for p in problems} >= {"run.steps", "stages.pick.use"}

@@ -2,6 +2,8 @@
 
 Prompts an upstream control skipped (``n_rollouts == 0``) stay skipped.
 
+Deviations: none; this is GRPO's fixed group size (Shao et al., 2024, arXiv 2402.03300).
+
 Example:
 
 >>> from gfcr.records import Allocation, AllocationEntry, Prompt

@@ -7,6 +7,10 @@ fewer than ``batch_size`` prompts are left in an epoch, the next epoch starts (P
 Selection only: every chosen prompt gets ``n_rollouts`` (default 1); a budget stage such as
 ``control.fixed_n`` downstream sets the real count.
 
+Deviations: none from the usual trainer data loader (verl, TRL: a shuffled sampler with
+``drop_last=True``); the permutation comes from numpy seeded by ``(seed, epoch)``, so the
+order is reproducible from the step alone after a restart.
+
 Example:
 
 >>> from gfcr.records import Prompt, PromptPool

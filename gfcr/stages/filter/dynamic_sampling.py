@@ -26,20 +26,19 @@ False
 >>> stage.done(), [g.prompt_id for g in out]
 (True, ['p:0', 'p:1'])
 
-YAML (a DAPO loop block):
+YAML (a DAPO loop block; on the labelled fake engine until the real engine lands):
 
 .. code-block:: yaml
 
     stages:
       pick:    {use: control.uniform, with: {batch_size: 16}}
       budget:  {use: control.fixed_n, from: pick, with: {n: 8}}
-      rollout: {use: generate.sample, from: budget}
-      reward:  {use: filter.verify, from: rollout}
-      keep:    {use: filter.nonzero_variance, from: reward}
+      rollout: {use: generate.fake, from: budget}
+      keep:    {use: filter.nonzero_variance, from: rollout}
       enough:  {use: filter.dynamic_sampling, from: keep, with: {target_groups: 16}}
     loops:
-      collect: {stages: [pick, budget, rollout, reward, keep, enough], until: enough, max_rounds: 3}
-    update: {use: update.grpo, from: collect}
+      collect: {stages: [pick, budget, rollout, keep, enough], until: enough, max_rounds: 3}
+    update: {use: update.fake, from: collect}
 """
 
 from __future__ import annotations
