@@ -91,13 +91,21 @@ def stages(family: Annotated[Optional[str], typer.Option(help="only this family"
         err.print(f"unknown family `{family}`; families are {', '.join(FAMILIES)}")
         raise typer.Exit(2)
     try:
-        infos = stage_infos(family=family)
-    except RegistryError as exc:
+        infos, broken = stage_infos(family=family)
+    except RegistryError as exc:  # e.g. two packages register the same alias
         _fail(exc)
         raise typer.Exit(2)
+    for alias, exc in broken.items():
+        err.print(f"[red]error:[/] stage `{escape(alias)}` cannot be loaded: {escape(str(exc))}", markup=True)
     if as_json:
         sys.stdout.write(json.dumps([i.to_json() for i in infos], indent=2) + "\n")
-        return
+    else:
+        _print_stage_table(infos)
+    if broken:
+        raise typer.Exit(2)
+
+
+def _print_stage_table(infos: list) -> None:
     table = Table("alias", "inputs", "output", "config", "origin", title="gfcr stages")
     for info in infos:
         fields = ", ".join(f"{name}: {_type_name(f.annotation)}" + ("" if f.is_required() else f" = {f.default!r}")

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from gfcr.errors import GraphError, Problem, RegistryError, did_you_mean, known
 from gfcr.graph.model import Binding, CompiledPipeline, DataBinding, LoopBlock, Node, PlanItem
-from gfcr.registry import DATA_SOURCES, STAGES, Registry, StageInfo, stage_info
+from gfcr.registry import DATA_SOURCES, STAGES, Port, Registry, StageInfo, stage_info
 from gfcr.spec import UPDATE_ID, PipelineSpec, SourceMap, StageSpec, load_spec
 from gfcr.spec.loader import check_references
 from gfcr.spec.models import ALIAS
@@ -117,65 +117,71 @@ class _Compiler:
         return None if data is None else self.checker.data(key, data.source, data.with_)
 
     # -- wiring --------------------------------------------------------------------------
-    def bind(self, sid: str, stage: StageSpec, info: StageInfo, infos: dict[str, StageInfo]) -> list[Binding]:
-        inputs = info.edge_inputs
-        path = self.base(sid) + ("from",)
+    def producers(self, port_type: type, infos: dict[str, StageInfo], exclude: str) -> str:
+        names = [s for s, i in infos.items() if issubclass(i.output, port_type) and s != exclude]
+        return f" ({known(names)})" if names else ""
+
+    def pair_inputs(self, sid: str, stage: StageSpec, info: StageInfo) -> list[tuple[Port, str, tuple]]:
+        """(input port, upstream id, key path) for each entry of ``from``."""
+        inputs, path = info.edge_inputs, self.base(sid) + ("from",)
         names = [p.name for p in inputs]
         if isinstance(stage.from_, dict):
             pairs = []
             for name, ref in stage.from_.items():
                 port = next((p for p in inputs if p.name == name), None)
-                if port is None:
+                if port is not None:
+                    pairs.append((port, ref, path + (name,)))
+                elif any(p.name == name for p in info.inputs):
+                    self.problem(path + (name,), f"input `{name}` of `{stage.use}` is fed by the runtime from `data`",
+                                 f"remove `{name}` from `from`")
+                else:
                     self.problem(path + (name,), f"`{stage.use}` has no input `{name}`",
                                  did_you_mean(name, names) or f"its inputs are {known(names) or 'none'}")
-                else:
-                    pairs.append((port, ref, path + (name,)))
-        else:
-            refs = stage.sources()
-            ordered = sorted(inputs, key=lambda p: not p.required) if isinstance(stage.from_, str) else list(inputs)
-            if len(refs) > len(inputs):
-                self.problem(path, f"`{stage.use}` takes {len(inputs)} input(s) ({known(names) or 'none'}), "
-                                   f"`from` lists {len(refs)}", "remove the extra upstream stages")
-            pairs = [(p, r, path + ((i,) if isinstance(stage.from_, list) else ()))
-                     for i, (p, r) in enumerate(zip(ordered, refs))]
+            return pairs
+        refs = stage.sources()
+        if len(refs) > len(inputs):
+            self.problem(path, f"`{stage.use}` takes {len(inputs)} input(s) ({known(names) or 'none'}), "
+                               f"`from` lists {len(refs)}", "remove the extra upstream stages")
+        if isinstance(stage.from_, str):  # one upstream: the first required input
+            return [(p, r, path) for p, r in zip(sorted(inputs, key=lambda p: not p.required), refs)]
+        return [(p, r, path + (i,)) for i, (p, r) in enumerate(zip(inputs, refs))]
+
+    def bind(self, sid: str, stage: StageSpec, info: StageInfo, infos: dict[str, StageInfo]) -> list[Binding]:
+        pairs = self.pair_inputs(sid, stage, info)
         bindings = []
         for port, ref, where in pairs:
             source = self.spec.loops[ref].until if ref in self.spec.loops else ref
-            if source not in infos:
+            if source not in infos:  # unknown upstream: reported by check_references
                 continue
             binding = self.check_edge(sid, port, source, infos, where)
             if binding is not None:
                 bindings.append(binding)
             self.references.append((source, sid, binding or Binding(port.name, source, port.type,
                                                                     self.is_feedback(source, sid))))
-        bound = {p.name for p, _, _ in pairs}
-        for port in inputs:
+        bound = {port.name for port, _, _ in pairs}
+        for port in info.edge_inputs:
             if port.required and port.name not in bound:
-                producers = [s for s, i in infos.items() if issubclass(i.output, port.type) and s != sid]
-                self.problem(path if stage.from_ is not None else self.base(sid),
+                self.problem(self.base(sid) + (("from",) if stage.from_ is not None else ()),
                              f"input `{port.name}: {port.type.__name__}` of `{sid}` ({stage.use}) is not connected",
                              f"add `from: {{{port.name}: <stage>}}` naming a stage that outputs {port.type.__name__}"
-                             + (f" ({known(producers)})" if producers else ""))
+                             + self.producers(port.type, infos, sid))
         return bindings
 
-    def check_edge(self, sid: str, port, source: str, infos: dict[str, StageInfo], where: tuple) -> Binding | None:
-        src_info, dst_use = infos[source], infos[sid].alias
-        if not issubclass(src_info.output, port.type):
-            producers = [s for s, i in infos.items() if issubclass(i.output, port.type) and s != sid]
+    def check_edge(self, sid: str, port: Port, source: str, infos: dict[str, StageInfo], where: tuple) -> Binding | None:
+        src = infos[source]
+        if not issubclass(src.output, port.type):
             self.problem(where,
-                         f"type mismatch: `{sid}` ({dst_use}) reads input `{port.name}` of type {port.type.__name__}, "
-                         f"but `{source}` ({src_info.alias}) outputs {src_info.output.__name__}",
+                         f"type mismatch: `{sid}` ({infos[sid].alias}) reads input `{port.name}` of type "
+                         f"{port.type.__name__}, but `{source}` ({src.alias}) outputs {src.output.__name__}",
                          f"read `{port.name}` from a stage that outputs {port.type.__name__}"
-                         + (f" ({known(producers)})" if producers else ""))
+                         + self.producers(port.type, infos, sid))
             return None
         src_loop = self.loop_of.get(source)
-        if src_loop is not None and src_loop != self.loop_of.get(sid):
-            until = self.spec.loops[src_loop].until
-            if source != until:
-                self.problem(where, f"`{sid}` reads `{source}`, which is inside loop block `{src_loop}`; "
-                                    f"outside a loop only its until stage `{until}` is visible",
-                             f"read `from: {src_loop}` (the loop's output) instead")
-                return None
+        if src_loop is not None and src_loop != self.loop_of.get(sid) and source != self.spec.loops[src_loop].until:
+            self.problem(where, f"`{sid}` reads `{source}`, which is inside loop block `{src_loop}`; outside a "
+                                f"loop only its until stage `{self.spec.loops[src_loop].until}` is visible",
+                         f"read `from: {src_loop}` (the loop's output) instead")
+            return None
         return Binding(port.name, source, port.type, self.is_feedback(source, sid))
 
     def is_feedback(self, source: str, sid: str) -> bool:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from gfcr.registry.contract import StageInfo, describe_stage
+from gfcr.errors import RegistryError
 from gfcr.registry.core import Registry
 
 BUILTIN_STAGES = {
@@ -44,6 +45,16 @@ def stage_info(alias: str, registry: Registry[type] = STAGES) -> StageInfo:
     return describe_stage(alias, registry.get(alias), registry.origin(alias))
 
 
-def stage_infos(registry: Registry[type] = STAGES, family: str | None = None) -> list[StageInfo]:
-    infos = [stage_info(alias, registry) for alias in registry.names()]
-    return [i for i in infos if family is None or i.family == family]
+def stage_infos(registry: Registry[type] = STAGES, family: str | None = None
+                ) -> tuple[list[StageInfo], dict[str, RegistryError]]:
+    """Every stage of ``family`` (or all), and the aliases that failed to load, with why: one
+    broken plugin does not hide the others."""
+    infos, broken = [], {}
+    for alias in registry.names():
+        if family is not None and alias.partition(".")[0] != family:
+            continue
+        try:
+            infos.append(stage_info(alias, registry))
+        except RegistryError as exc:
+            broken[alias] = exc
+    return infos, broken

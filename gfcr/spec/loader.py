@@ -70,7 +70,7 @@ def build_spec(data: dict[str, Any], source: SourceMap | None = None, overrides:
         raise SpecError(problems + (raw_checks(data, source) if raw_checks else [])) from None
     problems += check_references(spec, source)
     if problems:
-        raise SpecError(problems)
+        raise SpecError(problems + (raw_checks(data, source) if raw_checks else []))
     spec._source = source
     return spec
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -33,10 +34,10 @@ run: {steps: 2}
 @pytest.fixture(scope="module")
 def plugin_env(tmp_path_factory):
     target = tmp_path_factory.mktemp("site")
-    build = tmp_path_factory.mktemp("build")
+    source = tmp_path_factory.mktemp("src") / "plugin"
+    shutil.copytree(PLUGIN, source)  # setuptools builds in the source tree; keep the repo clean
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                    "--no-index", "--target", str(target), str(PLUGIN)],
-                   check=True, cwd=build, capture_output=True)
+                    "--no-index", "--target", str(target), str(source)], check=True, capture_output=True)
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(target), str(REPO)])}
 
 

@@ -117,3 +117,13 @@ def test_soft_configs_are_refused():
 
     with pytest.raises(RegistryError, match="frozen and forbid unknown keys"):
         describe_stage("control.soft", Soft, "tests")
+
+
+def test_one_broken_stage_does_not_hide_the_others():
+    from gfcr.registry import stage_infos
+
+    reg = make_stage_registry(entry_points=False)
+    reg.register_lazy("filter.broken", "tests.no_such_module:Thing", origin="some-plugin")
+    infos, broken = stage_infos(reg, family="filter")
+    assert {i.alias for i in infos} == {"filter.nonzero_variance", "filter.dynamic_sampling"}
+    assert list(broken) == ["filter.broken"] and "cannot be imported" in str(broken["filter.broken"])

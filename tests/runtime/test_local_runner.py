@@ -181,3 +181,26 @@ def test_state_dict_round_trip():
     assert second.step == 2 and second.stages["pick"].state_dict() == first.stages["pick"].state_dict()
     a, b = first.run_step(), second.run_step()
     assert [g.group_id for g in a.groups] == [g.group_id for g in b.groups]
+
+
+def test_hooks_see_every_step_and_stage():
+    from tests.conftest import DAPO
+
+    class Recorder:
+        def __init__(self):
+            self.events = []
+
+        def before_step(self, ctx):
+            self.events.append(("before_step", ctx.step))
+
+        def after_stage(self, stage_id, ctx, output, seconds):
+            self.events.append((stage_id, ctx.round))
+
+        def after_step(self, report):
+            self.events.append(("after_step", report.step))
+
+    hook = Recorder()
+    LocalRunner(compile_pipeline(load_spec_text(DAPO)), hooks=(hook,)).run(steps=1)
+    assert hook.events[0] == ("before_step", 0) and hook.events[-1] == ("after_step", 0)
+    assert hook.events[1:6] == [("pick", 0), ("budget", 0), ("rollout", 0), ("keep", 0), ("enough", 0)]
+    assert hook.events[-2] == ("update", None)

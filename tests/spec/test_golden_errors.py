@@ -12,6 +12,8 @@ from typer.testing import CliRunner
 from gfcr.cli.main import app
 from gfcr.errors import GraphError, SpecError
 from gfcr.graph import load_pipeline
+from gfcr.registry import STAGES
+from gfcr.stages.data.arithmetic import ArithmeticSource
 from tests.conftest import BASE, DAPO
 
 
@@ -147,16 +149,15 @@ def test_golden_error(case, write_spec):
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_golden_error_cli_exits_2_and_runs_nothing(case, write_spec, monkeypatch):
-    from gfcr.stages import testing
-
     made = []
-    for cls in (testing.FakeGenerate, testing.FakeUpdate):
-        monkeypatch.setattr(cls, "__init__", lambda self, config, _made=made: _made.append(self))
+    for alias in STAGES.names():
+        monkeypatch.setattr(STAGES.get(alias), "__init__", lambda self, *a, _made=made, **k: _made.append(self))
+    monkeypatch.setattr(ArithmeticSource, "load", lambda self, _made=made: _made.append("data loaded"))
     path = write_spec(textwrap.dedent(case.text), "bad.yaml")
     args = ["validate", str(path)] + [a for o in case.overrides for a in ("--set", o)]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2, result.output
-    assert case.path.split(".")[0] in result.output
+    assert case.message.split("`")[0] in result.output
     assert made == []
 
 
@@ -164,3 +165,9 @@ def test_schema_and_stage_problems_are_reported_together(write_spec):
     text = edit(edit(BASE, "steps: 2", "steps: two"), "control.uniform", "control.unifrom")
     problems = problems_of(write_spec(text), [])
     assert {p.path for p in problems} >= {"run.steps", "stages.pick.use"}
+
+
+def test_reference_and_config_problems_are_reported_together(write_spec):
+    text = edit(edit(BASE, "from: rollout}", "from: rollot}"), "batch_size: 4", "batch_size: 0")
+    problems = problems_of(write_spec(text), [])
+    assert {p.path for p in problems} >= {"stages.keep.from", "stages.pick.with.batch_size"}

@@ -90,3 +90,9 @@ def test_build_spec_reports_problems_with_key_paths():
         build_spec({"name": "x", "data": {"source": "arithmetic"}, "stages": {}, "update": {"use": "update.fake"},
                     "run": {"steps": 0}})
     assert {p.path for p in info.value.problems} == {"stages", "run.steps"}
+
+
+def test_override_creates_a_missing_with_block_and_replaces_lists(write_spec):
+    spec = load_spec(write_spec(DAPO), ["stages.rollout.with.length=4", "loops.collect.stages=[pick, budget, rollout, keep, enough]"])
+    assert spec.stages["rollout"].with_ == {"length": 4}
+    compile_pipeline(spec)
