@@ -204,3 +204,17 @@ def test_hooks_see_every_step_and_stage():
     assert hook.events[0] == ("before_step", 0) and hook.events[-1] == ("after_step", 0)
     assert hook.events[1:6] == [("pick", 0), ("budget", 0), ("rollout", 0), ("keep", 0), ("enough", 0)]
     assert hook.events[-2] == ("update", None)
+
+
+def test_pinned_numbers_of_a_seeded_fake_dapo_run():
+    """The fake engine and every built-in stage are deterministic: pin a run's numbers so an
+    unintended change of order, seeding or ids shows up."""
+    from tests.conftest import REPO
+    from gfcr.graph import load_pipeline
+
+    reports = LocalRunner(load_pipeline(REPO / "pipelines/examples/fake_dapo.yaml")).run()
+    assert [r.zero_variance_groups for r in reports] == [4, 3, 4, 5, 2]
+    assert [r.groups_kept for r in reports] == [8] * 5
+    assert [r.loop_rounds["collect"] for r in reports] == [2] * 5
+    assert [r.update.rollouts_in_update for r in reports] == [64] * 5
+    assert reports[0].groups[0].group_id == "arithmetic:train-0:105@s0"
