@@ -60,8 +60,9 @@ class PromptStats:
     history: deque[Observation] = field(default_factory=deque)
     easy_streak: int = 0
     hard_streak: int = 0
-    beta_alpha: float = 1.0
+    beta_alpha: float = 1.0  # Beta posterior over the success rate (VADE, MoPPS)
     beta_beta: float = 1.0
+    bin_id: str | None = None  # difficulty bin (Prompt-/Rollout-GDRO)
     lifecycle: Lifecycle = Lifecycle.ACTIVE
     deferred_until: int | None = None
     times_selected: int = 0
