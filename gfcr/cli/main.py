@@ -64,7 +64,7 @@ def validate(files: Annotated[list[Path], typer.Argument(help="pipeline YAML fil
         out.print(f"[green]✓[/] {escape(str(file))}: {len(pipeline.nodes)} stages, {len(pipeline.loops)} loop block(s); "
                   f"plan: {escape(pipeline.describe_plan())}", markup=True)
     if failed:
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
 
 
 @app.command()
@@ -77,7 +77,7 @@ def graph(file: Path, out_path: Annotated[Path, typer.Option("--out", "-o", help
         written = render(_compile(file, set_), out_path)
     except GfcrError as exc:
         _fail(exc)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     out.print(f"wrote {written}")
 
 
@@ -89,12 +89,12 @@ def stages(family: Annotated[Optional[str], typer.Option(help="only this family"
 
     if family is not None and family not in FAMILIES:
         err.print(f"unknown family `{family}`; families are {', '.join(FAMILIES)}")
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     try:
         infos, broken = stage_infos(family=family)
     except RegistryError as exc:  # e.g. two packages register the same alias
         _fail(exc)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     for alias, exc in broken.items():
         err.print(f"[red]error:[/] stage `{escape(alias)}` cannot be loaded: {escape(str(exc))}", markup=True)
     if as_json:
@@ -102,7 +102,7 @@ def stages(family: Annotated[Optional[str], typer.Option(help="only this family"
     else:
         _print_stage_table(infos)
     if broken:
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
 
 
 def _print_stage_table(infos: list) -> None:
@@ -138,7 +138,7 @@ def run(file: Path, set_: SetOption = None,
                           str(r.groups_kept), str(r.zero_variance_groups), rounds, f"{sum(r.stage_seconds.values()):.3f}")
     except GfcrError as exc:
         _fail(exc)
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
     out.print(table)
 
 

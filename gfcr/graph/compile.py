@@ -98,7 +98,7 @@ def entry_problems(data: Any, source: SourceMap, stages: Registry[type] = STAGES
 
 class _Compiler:
     def __init__(self, spec: PipelineSpec, stages: Registry[type], data_sources: Registry[type]):
-        self.spec, self.stages = spec, stages
+        self.spec = spec
         self.checker = _Checker(spec.source, stages, data_sources)
         self.problems = self.checker.problems
         self.problem = self.checker.problem

@@ -11,7 +11,7 @@ from typing import Any
 
 from gfcr.errors import Location, Problem, did_you_mean, known
 from gfcr.spec.problems import child_type, model_keys
-from gfcr.spec.yaml_source import KeyPath, SourceMap, parse_scalar
+from gfcr.spec.yaml_source import SourceMap, parse_scalar
 
 
 def _open_mapping(annotation: Any) -> bool:
@@ -21,7 +21,7 @@ def _open_mapping(annotation: Any) -> bool:
     return typing.get_origin(annotation) is dict and typing.get_args(annotation)[1] is Any
 
 
-def _walk(root_type: Any, data: dict, keys: list[str], where: Location, text: str) -> tuple[Any, str] | Problem:
+def _walk(root_type: Any, data: dict, keys: list[str], where: Location) -> tuple[Any, str] | Problem:
     """Find (container, last key) for ``keys``, creating empty mappings for absent model fields."""
     current, annotation = data, root_type
     for depth, key in enumerate(keys):
@@ -62,7 +62,7 @@ def apply_overrides(root_type: Any, data: dict, source: SourceMap, overrides: li
             problems.append(Problem(where, key, f"the value `{raw}` is not valid YAML: {exc}",
                                     "quote strings with special characters: --set 'KEY=\"value\"'"))
             continue
-        found = _walk(root_type, data, key.split("."), where, text)
+        found = _walk(root_type, data, key.split("."), where)
         if isinstance(found, Problem):
             problems.append(found)
             continue

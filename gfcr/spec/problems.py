@@ -83,7 +83,7 @@ def _clean_loc(loc: tuple, data: Any) -> KeyPath:
     return tuple(path)
 
 
-def _fix(err: dict, path: KeyPath, root: type[BaseModel], data: Any) -> tuple[str, str | None]:
+def _fix(err: dict, path: KeyPath, root: type[BaseModel]) -> tuple[str, str | None]:
     kind, msg = err["type"], err["msg"].removeprefix("Value error, ")
     key = path[-1] if path else ""
     if kind == "extra_forbidden":
@@ -125,7 +125,7 @@ def problems_from_validation(exc: ValidationError, root: type[BaseModel], data: 
     problems = []
     for err in exc.errors(include_url=False):
         path = _clean_loc(tuple(err["loc"]), data)
-        message, fix = _fix(err, path, root, data)
+        message, fix = _fix(err, path, root)
         full = prefix + path
         problems.append(Problem(source.locate(full), dotted(full), message, fix))
     return problems

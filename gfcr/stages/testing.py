@@ -64,18 +64,17 @@ class FakeGenerate:
 
     def __init__(self, config: Config):
         self.config = config
-        self._round = 0
-        self._version = 0
+        self.ctx: StepContext | None = None
 
     def before_step(self, ctx: StepContext) -> None:
-        self._ctx = ctx
-        self._version = ctx.policy_version
+        self.ctx = ctx  # the runtime updates ctx.round in place inside loop blocks
 
     def run(self, allocation: Allocation) -> RolloutGroups:
-        ctx_round = getattr(getattr(self, "_ctx", None), "round", None) or 0
+        loop_round = (self.ctx.round or 0) if self.ctx else 0
+        version = self.ctx.policy_version if self.ctx else 0
         groups = []
         for entry in allocation.active():
-            gid = group_id(entry.prompt_id, allocation.step, ctx_round)
+            gid = group_id(entry.prompt_id, allocation.step, loop_round)
             rng = np.random.default_rng(zlib.crc32(f"{self.config.seed}:{gid}".encode()))
             p = prompt_success_probability(entry.prompt_id, self.config.seed)
             rollouts = []
@@ -85,7 +84,7 @@ class FakeGenerate:
                 correct = bool(rng.random() < p)
                 rollouts.append(Rollout(
                     rollout_id(gid, i), gid, entry.prompt_id, tokens,
-                    [Segment(0, len(tokens), self._version, logprobs)],
+                    [Segment(0, len(tokens), version, logprobs)],
                     created_step=allocation.step, reward=float(correct), correct=correct,
                     reward_reason="fake: Bernoulli(p_prompt)",
                 ))
