@@ -37,6 +37,7 @@ class Registry(Generic[T]):
         self.entry_point_group = entry_point_group
         self._entries: dict[str, _Entry[T]] = {}
         self._entry_points_loaded = entry_point_group is None
+        self._entry_point_error: RegistryError | None = None
 
     @overload
     def register(self, name: str) -> Callable[[T], T]: ...
@@ -77,11 +78,17 @@ class Registry(Generic[T]):
 
     def _load_entry_points(self) -> None:
         if self._entry_points_loaded:
+            if self._entry_point_error is not None:
+                raise self._entry_point_error  # a collision stays an error on every lookup
             return
         self._entry_points_loaded = True
         for ep in metadata.entry_points(group=self.entry_point_group):
             origin = ep.dist.name if ep.dist is not None else "unknown package"
-            self.register_lazy(ep.name, ep.value, origin=origin)
+            try:
+                self.register_lazy(ep.name, ep.value, origin=origin)
+            except RegistryError as exc:
+                self._entry_point_error = exc
+                raise
 
     def __contains__(self, name: object) -> bool:
         self._load_entry_points()

@@ -127,3 +127,14 @@ def test_one_broken_stage_does_not_hide_the_others():
     infos, broken = stage_infos(reg, family="filter")
     assert {i.alias for i in infos} == {"filter.nonzero_variance", "filter.dynamic_sampling"}
     assert list(broken) == ["filter.broken"] and "cannot be imported" in str(broken["filter.broken"])
+
+
+def test_an_entry_point_colliding_with_a_builtin_is_an_error_on_every_lookup(monkeypatch):
+    from importlib import metadata
+
+    clash = metadata.EntryPoint("filter.nonzero_variance", "other_pkg.filters:Mine", "gfcr.stages")
+    monkeypatch.setattr(metadata, "entry_points", lambda group: [clash] if group == "gfcr.stages" else [])
+    reg = make_stage_registry()
+    for _ in range(2):
+        with pytest.raises(RegistryError, match="`filter.nonzero_variance` is registered twice: by gfcr"):
+            reg.get("control.uniform")
