@@ -29,6 +29,11 @@ LOOP_FIX = ("pipelines are acyclic; to repeat stages within a step, list them in
             "where only the until stage may feed back")
 
 
+def _stage_path(sid: str) -> tuple:
+    """Key path of a node in the spec: ``stages.<id>``, or ``update``."""
+    return (UPDATE_ID,) if sid == UPDATE_ID else ("stages", sid)
+
+
 class _Checker:
     """Checks that need the registries but not a valid spec: stage aliases, stage configs and
     data sources. Shared by the compiler and by ``entry_problems`` (schema-failed files)."""
@@ -41,7 +46,7 @@ class _Checker:
         self.problems.append(Problem(self.source.locate(path), dotted(path), message, fix))
 
     def stage(self, sid: str, use: str, values: dict[str, Any]) -> tuple[StageInfo, BaseModel | None] | None:
-        base = (UPDATE_ID,) if sid == UPDATE_ID else ("stages", sid)
+        base = _stage_path(sid)
         try:
             info = stage_info(use, self.stages)
         except RegistryError as exc:
@@ -108,10 +113,6 @@ class _Compiler:
         # one bad edge does not cascade into "nobody reads this" errors
         self.references: list[tuple[str, str, Binding]] = []
 
-    @staticmethod
-    def base(sid: str) -> tuple:
-        return (UPDATE_ID,) if sid == UPDATE_ID else ("stages", sid)
-
     def resolve_data(self, key: str) -> DataBinding | None:
         data = getattr(self.spec, key)
         return None if data is None else self.checker.data(key, data.source, data.with_)
@@ -123,7 +124,7 @@ class _Compiler:
 
     def pair_inputs(self, sid: str, stage: StageSpec, info: StageInfo) -> list[tuple[Port, str, tuple]]:
         """(input port, upstream id, key path) for each entry of ``from``."""
-        inputs, path = info.edge_inputs, self.base(sid) + ("from",)
+        inputs, path = info.edge_inputs, _stage_path(sid) + ("from",)
         names = [p.name for p in inputs]
         if isinstance(stage.from_, dict):
             pairs = []
@@ -161,7 +162,7 @@ class _Compiler:
         bound = {port.name for port, _, _ in pairs}
         for port in info.edge_inputs:
             if port.required and port.name not in bound:
-                self.problem(self.base(sid) + (("from",) if stage.from_ is not None else ()),
+                self.problem(_stage_path(sid) + (("from",) if stage.from_ is not None else ()),
                              f"input `{port.name}: {port.type.__name__}` of `{sid}` ({stage.use}) is not connected",
                              f"add `from: {{{port.name}: <stage>}}` naming a stage that outputs {port.type.__name__}"
                              + self.producers(port.type, infos, sid))
@@ -215,14 +216,14 @@ class _Compiler:
                 message = f"cycle inside loop block `{loops.pop()}` that does not pass through its until stage: {chain}"
             else:
                 message = f"cycle outside a loop block: {chain}"
-            self.problem(self.base(members[0]) + ("from",), message, LOOP_FIX)
+            self.problem(_stage_path(members[0]) + ("from",), message, LOOP_FIX)
         return ok
 
     def check_outputs(self, graph: nx.MultiDiGraph) -> None:
         for sid in graph:
             readers = [v for _, v, fb in graph.out_edges(sid, data="feedback") if not fb]
             if sid != UPDATE_ID and not readers:
-                self.problem(self.base(sid), f"the output of `{sid}` is not read by any stage",
+                self.problem(_stage_path(sid), f"the output of `{sid}` is not read by any stage",
                              f"connect it (`from: {sid}` on a later stage, or the update) or remove the stage")
 
     def plan(self, graph: nx.MultiDiGraph) -> tuple[PlanItem, ...] | None:
@@ -253,7 +254,7 @@ class _Compiler:
 
     def compile(self) -> CompiledPipeline:
         # specs built in Python skip the loader: check their references here too
-        self.problems += [p for p in check_references(self.spec, self.spec.source) if p not in self.problems]
+        self.problems += check_references(self.spec, self.spec.source)
         if self.problems:
             raise GraphError(self.problems)
         all_stages = self.spec.all_stages()

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from gfcr.registry.contract import StageInfo, describe_stage
 from gfcr.errors import RegistryError
+from gfcr.registry.contract import StageInfo, describe_stage
 from gfcr.registry.core import Registry
 
 BUILTIN_STAGES = {

@@ -66,9 +66,10 @@ def build_spec(data: dict[str, Any], source: SourceMap | None = None, overrides:
     try:
         spec = PipelineSpec.model_validate(data)
     except ValidationError as exc:
+        spec = None
         problems += problems_from_validation(exc, PipelineSpec, data, source)
-        raise SpecError(problems + (raw_checks(data, source) if raw_checks else [])) from None
-    problems += check_references(spec, source)
+    if spec is not None:
+        problems += check_references(spec, source)
     if problems:
         raise SpecError(problems + (raw_checks(data, source) if raw_checks else []))
     spec._source = source
