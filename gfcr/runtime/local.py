@@ -1,6 +1,7 @@
 """The in-process runner: run a compiled plan step after step.
 
-Per step: ``before_step(ctx)`` on every stage that has it; the plan's items in order (a
+Before the first step, ``setup(resources)`` on every stage that has it (the policy and
+engine the runtime lends). Per step: ``before_step(ctx)`` on every stage that has it; the plan's items in order (a
 loop block repeats its body until its until stage is done or ``max_rounds`` have run);
 then ``observe(report)`` on every stage that has it. An exception raised inside a stage
 becomes a ``StageError`` naming the stage, step, round and run.
@@ -18,6 +19,7 @@ from gfcr.records import (
     Allocation, PromptPool, RolloutGroup, RolloutGroups, StepContext, StepReport, UpdateReport,
 )
 from gfcr.spec import UPDATE_ID
+from gfcr.stages.resources import Resources
 
 # what a feedback input reads in round 0, before its until stage has produced anything
 _EMPTY: dict[type, Callable[[int], Any]] = {
@@ -46,24 +48,30 @@ class _StepState:
     groups: dict[str, RolloutGroup] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     rounds: dict[str, int] = field(default_factory=dict)
+    created_by: dict[str, str] = field(default_factory=dict)  # group id -> first stage that output it
 
 
 class LocalRunner:
     """Runs a compiled pipeline in this process.
 
-    ``pool`` defaults to the pipeline's data source; ``stages`` to fresh instances.
+    ``pool`` defaults to the pipeline's data source; ``stages`` to fresh instances, set up
+    with ``resources``.
     """
 
     def __init__(self, pipeline: CompiledPipeline, *, pool: PromptPool | None = None,
                  stages: dict[str, Any] | None = None, run_id: str | None = None,
-                 hooks: tuple[Any, ...] = ()):
+                 hooks: tuple[Any, ...] = (), resources: Resources | None = None):
         self.pipeline = pipeline
         self.pool = pool if pool is not None else pipeline.data.load()
-        self.stages = stages if stages is not None else build_stages(pipeline)
         self.run_id = run_id or pipeline.spec.name
         self.hooks = hooks
         self.step = 0
         self.policy_version = 0
+        self.resources = resources or Resources()
+        self.stages = stages if stages is not None else build_stages(pipeline)
+        setup_ctx = StepContext(self.run_id, 0, pipeline.spec.run.seed, 0)
+        for sid, stage in self.stages.items():
+            self._call(sid, setup_ctx, getattr(stage, "setup", None), self.resources)
 
     def _hook(self, name: str, *args: Any) -> None:
         for hook in self.hooks:
@@ -121,6 +129,7 @@ class LocalRunner:
         if isinstance(output, RolloutGroups):
             for g in output:
                 state.groups.setdefault(g.group_id, g)
+                state.created_by.setdefault(g.group_id, node.id)
         self._hook("after_stage", node.id, state.ctx, output, seconds)
 
     def _call(self, sid: str, ctx: StepContext, method: Callable | None, *args: Any, **kwargs: Any) -> Any:
@@ -136,10 +145,16 @@ class LocalRunner:
     def _report(self, state: _StepState) -> StepReport:
         update = state.outputs.get(UPDATE_ID)
         version = update.policy_version if isinstance(update, UpdateReport) else self.policy_version
+        update_node = self.pipeline.nodes[UPDATE_ID]
+        fed = [state.outputs.get(b.source) for b in update_node.bindings]
+        in_update = {g.group_id for out in fed if isinstance(out, RolloutGroups) for g in out if g.verdict.included}
+        controls = {sid: dict(out.controller_state) for sid, out in state.outputs.items()
+                    if isinstance(out, Allocation) and out.controller_state}
         return StepReport(
             run_id=self.run_id, step=state.ctx.step, policy_version=version,
             groups=tuple(state.groups.values()), update=update, stage_seconds=dict(state.seconds),
-            loop_rounds=dict(state.rounds),
+            loop_rounds=dict(state.rounds), created_by=dict(state.created_by),
+            update_group_ids=frozenset(in_update), controller_state=controls,
         )
 
     def state_dict(self) -> dict[str, Any]:

@@ -98,13 +98,16 @@ class DataSpec(StrictModel):
 
 
 class EvalSpec(DataSpec):
-    every: Annotated[int, Field(ge=1)] = 10
+    every: Annotated[int, Field(ge=1, description="evaluate before every step divisible by this (step 0 included)")] = 10
+    max_new_tokens: Annotated[int, Field(ge=1, description="greedy completion length limit")] = 64
+    batch_size: Annotated[int, Field(ge=1, description="eval prompts per generate call")] = 64
 
 
 class RunSpec(StrictModel):
     steps: Annotated[int, Field(ge=1)] = 1
     seed: int = 0
-    checkpoint_every: Annotated[int, Field(ge=1)] | None = None
+    checkpoint_every: Annotated[int, Field(ge=1, description="checkpoint after every N steps (and at the end)")] | None = None
+    keep_checkpoints: Annotated[int, Field(ge=1, description="newest checkpoints kept on disk")] = 2
 
 
 class ExecutorSpec(StrictModel):

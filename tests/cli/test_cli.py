@@ -77,8 +77,11 @@ def test_graph_writes_a_drawing(write_spec, tmp_path):
     assert "cluster_collect" in (tmp_path / "g.dot").read_text()
 
 
-def test_run_prints_a_row_per_step(write_spec):
-    result = cli.invoke(app, ["run", str(write_spec(DAPO)), "--steps", "3"])
+def test_run_writes_a_metrics_line_per_step_and_a_summary(write_spec, tmp_path):
+    run_dir = tmp_path / "run"
+    result = cli.invoke(app, ["run", str(write_spec(DAPO)), "--steps", "3", "--run-dir", str(run_dir)])
     assert result.exit_code == 0, result.output
-    rows = [line for line in result.output.splitlines() if line.startswith("│")]
-    assert [row.split("│")[1].strip() for row in rows] == ["0", "1", "2"]
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == [0, 1, 2]
+    assert "rollouts generated / in update" in result.output and str(run_dir / "metrics.jsonl") in result.output
+    assert sorted(p.name for p in (run_dir / "lineage").iterdir()) == [f"step-00000{i}.parquet" for i in range(3)]

@@ -1,0 +1,1 @@
+"""Files shipped with gfcr: the ``tiny-arith`` policy (see ``tiny-arith/README.md``)."""

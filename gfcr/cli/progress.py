@@ -1,0 +1,64 @@
+"""The progress bar of ``gfcr run`` and its closing summary table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+
+class ProgressHook:
+    """A run hook: one bar over the steps, with reward, eval accuracy and rollouts/s."""
+
+    def __init__(self, console: Console, total: int, start: int = 0, title: str = "steps"):
+        self.console, self.total, self.start = console, total, start
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("reward {task.fields[reward]}  acc {task.fields[acc]}  {task.fields[rate]} rollouts/s"),
+            TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False,
+        )
+        self.task = self.progress.add_task(title, total=total, completed=start, reward="-", acc="-", rate="-")
+
+    def before_run(self, run: Any) -> None:
+        self.progress.start()
+
+    def before_eval(self, step: int) -> None:
+        self.progress.update(self.task, acc="(evaluating)")
+
+    def after_eval(self, step: int, result: Any) -> None:
+        self.progress.update(self.task, acc=f"{result.accuracy:.1%}")
+
+    def after_step(self, record: dict[str, Any]) -> None:
+        reward = record.get("reward_mean")
+        rate = record["time"].get("rollouts_per_s")
+        self.progress.update(self.task, completed=record["step"] + 1,
+                             reward="-" if reward is None else f"{reward:.3f}",
+                             rate="-" if rate is None else f"{rate:.0f}")
+
+    def after_run(self, summary: dict[str, Any]) -> None:
+        self.progress.stop()
+
+    def stop(self) -> None:
+        self.progress.stop()
+
+
+def summary_table(summary: dict[str, Any]) -> Table:
+    def pct(x: float | None) -> str:
+        return "-" if x is None else f"{x:.1%}"
+
+    table = Table(title=f"{summary['pipeline']}: {summary['steps']} steps", show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    table.add_row("eval accuracy before", pct(summary["eval_accuracy_before"]))
+    table.add_row("eval accuracy after", pct(summary["eval_accuracy_after"]))
+    table.add_row("policy version", str(summary["policy_version"]))
+    table.add_row("rollouts generated / in update", f"{summary['rollouts_generated']} / {summary['rollouts_in_update']}")
+    table.add_row("tokens generated / in update", f"{summary['tokens_generated']} / {summary['tokens_in_update']}")
+    table.add_row("wall time (this session)", f"{summary['seconds_this_session']:.1f} s")
+    table.add_row("run directory", summary["run_dir"])
+    table.add_row("metrics", summary["metrics"])
+    table.add_row("lineage", summary["lineage"])
+    table.add_row("checkpoint", str(summary["checkpoint"]))
+    return table

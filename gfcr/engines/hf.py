@@ -1,0 +1,112 @@
+"""The transformers engine: batched sampling on CPU from the policy's own model object.
+
+Each call flattens the requests into ``sum(n)`` rows, left-pads the prompts, and runs one
+``model.generate`` (sampling with ``top_k=0``, so only temperature and top-p shape the
+distribution). The behaviour log-probability of each token is taken from the raw logits of
+that decoding step, tempered by the temperature and *not* truncated by top-p (the
+distribution the update's ratio is computed against). A row ends at the end-of-sequence
+token (kept, since the policy chose it) or at a stop string; its padding is cut off.
+
+Sampling is seeded: ``torch.manual_seed(params.seed)`` before each call, so a run that
+resumes from a checkpoint samples exactly what an uninterrupted run would.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from gfcr.engines.policy import HFPolicy
+from gfcr.stages.resources import Completion, GenerationRequest, SamplingParams
+
+
+class TransformersEngine:
+    """Samples from ``policy.model`` in-process; ``sync_weights`` has nothing to do."""
+
+    def __init__(self, policy: HFPolicy, replica: str = "hf-0", max_batch: int = 256):
+        self.policy, self.replica, self.max_batch = policy, replica, max_batch
+
+    @property
+    def policy_version(self) -> int:
+        return self.policy.version
+
+    def sync_weights(self, policy_version: int) -> None:
+        """The engine shares the trained model object: its weights are always current."""
+
+    def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[list[Completion]]:
+        rows = [r.prompt_token_ids for r in requests for _ in range(r.n)]
+        completions: list[Completion] = []
+        torch.manual_seed(params.seed)
+        for start in range(0, len(rows), self.max_batch):
+            completions.extend(self._generate_rows(rows[start:start + self.max_batch], params))
+        out, i = [], 0
+        for r in requests:
+            out.append(completions[i:i + r.n])
+            i += r.n
+        return out
+
+    @torch.no_grad()
+    def _generate_rows(self, rows: list[tuple[int, ...]], params: SamplingParams) -> list[Completion]:
+        if not rows:
+            return []
+        tok, model = self.policy.tokenizer, self.policy.model
+        input_ids, attention = left_pad(rows, tok.pad_token_id)
+        greedy = params.temperature == 0
+        kwargs = dict(do_sample=not greedy, max_new_tokens=params.max_new_tokens,
+                      eos_token_id=self.policy.eos_token_id, pad_token_id=tok.pad_token_id,
+                      return_dict_in_generate=True, output_logits=True)
+        if not greedy:
+            kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=0)
+        else:
+            kwargs.update(temperature=None, top_p=None, top_k=None)
+        if params.stop:
+            kwargs.update(stop_strings=list(params.stop), tokenizer=tok)
+        was_training = model.training
+        model.eval()
+        try:
+            out = model.generate(input_ids=input_ids, attention_mask=attention, **kwargs)
+        finally:
+            model.train(was_training)
+        new = out.sequences[:, input_ids.shape[1]:]  # [B, T]
+        logits = torch.stack(out.logits, dim=1).float()  # [B, T, V]
+        if not greedy:
+            logits = logits / params.temperature
+        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)  # [B, T]
+        return [self._completion(new[b], logprobs[b], params) for b in range(new.shape[0])]
+
+    def _completion(self, tokens: torch.Tensor, logprobs: torch.Tensor, params: SamplingParams) -> Completion:
+        ids = tokens.tolist()
+        length, reason = len(ids), "length"
+        eos = self.policy.eos_token_id
+        if eos in ids:
+            length, reason = ids.index(eos) + 1, "stop"
+        text = self.policy.decode(ids[:length])
+        if params.stop and reason == "length":
+            length, reason, text = self._cut_at_stop(ids, length, text, params.stop)
+        return Completion(tuple(ids[:length]), logprobs[:length].numpy().astype(np.float32), reason, text,
+                          self.replica)
+
+    def _cut_at_stop(self, ids: list[int], length: int, text: str, stop: tuple[str, ...]
+                     ) -> tuple[int, str, str]:
+        """End the row at the first token whose prefix contains a stop string."""
+        if not any(s in text for s in stop):
+            return length, "length", text
+        for end in range(1, length + 1):
+            prefix = self.policy.decode(ids[:end])
+            if any(s in prefix for s in stop):
+                return end, "stop", prefix
+        return length, "length", text
+
+
+def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded ``[B, L]`` token ids and attention mask."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        if len(r):
+            ids[i, width - len(r):] = torch.tensor(list(r), dtype=torch.long)
+            mask[i, width - len(r):] = 1
+    return ids, mask

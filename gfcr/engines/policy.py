@@ -1,0 +1,73 @@
+"""The policy: a transformers causal LM, its tokenizer and its version.
+
+One object is shared by the engine (sampling) and the update stage (training), so on CPU
+the engine always samples from the current weights; ``version`` counts optimizer steps.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import logging as hf_logging
+
+from gfcr.engines.models import ModelError, resolve_model
+from gfcr.records import Prompt
+from gfcr.spec import PolicySpec
+
+hf_logging.set_verbosity_error()  # gfcr reports loading itself; no per-tensor progress bars
+hf_logging.disable_progress_bar()
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class HFPolicy:
+    """A causal LM loaded from a local folder; ``encode`` applies the chat template if any."""
+
+    def __init__(self, name: str, path: Path, dtype: str = "float32"):
+        self.name, self.path, self.dtype = name, path, DTYPES[dtype]
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.model = self._load()
+        self.model.train()
+        self.version = 0
+
+    def _load(self) -> Any:
+        try:
+            model = AutoModelForCausalLM.from_pretrained(self.path, dtype=self.dtype)
+        except (OSError, ValueError) as exc:
+            raise ModelError(f"cannot load policy `{self.name}` from {self.path}: {exc}") from exc
+        model.generation_config.pad_token_id = self.tokenizer.pad_token_id
+        return model
+
+    @property
+    def eos_token_id(self) -> int:
+        return int(self.tokenizer.eos_token_id)
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        tok = self.tokenizer
+        if tok.chat_template is not None:
+            messages = prompt.messages or [{"role": "user", "content": prompt.text}]
+            return list(tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
+                                                return_dict=True)["input_ids"])
+        text = prompt.text if prompt.text is not None else "\n".join(m["content"] for m in prompt.messages or [])
+        return list(tok(text, add_special_tokens=False)["input_ids"])
+
+    def decode(self, token_ids: list[int] | tuple[int, ...]) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+    def reference(self) -> Any:
+        """A frozen copy of the initial weights, for a KL term."""
+        ref = self._load()
+        ref.eval()
+        for p in ref.parameters():
+            p.requires_grad_(False)
+        return ref
+
+
+def load_policy(spec: PolicySpec) -> HFPolicy:
+    return HFPolicy(spec.model, resolve_model(spec.model), spec.dtype)

@@ -1,0 +1,41 @@
+"""Evaluation: greedy accuracy of the current policy on the eval set.
+
+Every eval prompt gets one greedy completion from the engine; its prompt's verifier scores
+it. Accuracy is the fraction judged correct (not the shaped reward).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from gfcr.records import PromptPool
+from gfcr.stages.filter.verify import score_text
+from gfcr.stages.resources import Engine, GenerationRequest, Policy, SamplingParams, prompt_tokens
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    accuracy: float
+    n: int
+    mean_tokens: float
+    seconds: float
+
+
+def evaluate(policy: Policy, engine: Engine, pool: PromptPool, max_new_tokens: int,
+             batch_size: int = 64) -> EvalResult:
+    start = time.perf_counter()
+    params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
+    correct = tokens = 0
+    prompts = list(pool)
+    for i in range(0, len(prompts), batch_size):
+        chunk = prompts[i:i + batch_size]
+        requests = [GenerationRequest(p.prompt_id, tuple(prompt_tokens(policy, p)), 1) for p in chunk]
+        for prompt, (completion,) in zip(chunk, engine.generate(requests, params)):
+            if prompt.verifier is None:
+                raise ValueError(f"eval prompt {prompt.prompt_id} has no verifier")
+            _, score = score_text(completion.text, prompt.verifier)
+            correct += score.correct
+            tokens += len(completion.token_ids)
+    n = len(prompts)
+    return EvalResult(correct / n if n else 0.0, n, tokens / n if n else 0.0, time.perf_counter() - start)

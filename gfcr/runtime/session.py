@@ -1,0 +1,212 @@
+"""A training run: the policy, the engine, the runner, evaluation, and the run directory.
+
+``Run.start`` makes a run directory and writes the resolved spec; ``Run.resume`` rebuilds a
+run from its directory and its newest checkpoint. ``train`` then runs the remaining steps:
+
+    for each step:  evaluate (every ``eval.every`` steps, step 0 included)
+                    run the step (the local runner)
+                    append its metrics line and write its lineage
+                    checkpoint (every ``run.checkpoint_every`` steps)
+    at the end:     evaluate once more, checkpoint, write summary.json
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from gfcr.errors import GfcrError
+from gfcr.graph import CompiledPipeline, load_pipeline
+from gfcr.records import StepReport
+from gfcr.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from gfcr.runtime.evaluation import EvalResult, evaluate
+from gfcr.runtime.lineage import write_lineage
+from gfcr.runtime.local import LocalRunner
+from gfcr.runtime.rundir import RunDir, new_run_dir, write_text
+from gfcr.spec import PipelineSpec
+from gfcr.stages.resources import Resources
+
+
+def build_resources(spec: PipelineSpec) -> Resources:
+    """Load the policy and start its engine (nothing when the pipeline has no policy)."""
+    if spec.policy is None:
+        return Resources()
+    from gfcr.engines import TransformersEngine, load_policy
+
+    if spec.policy.engine != "hf":
+        raise GfcrError(f"policy.engine `{spec.policy.engine}` is not available in this version of gfcr\n"
+                        "    fix: use `engine: hf` (the transformers engine)")
+    policy = load_policy(spec.policy)
+    return Resources(policy, TransformersEngine(policy))
+
+
+class Run:
+    """One pipeline run bound to its directory."""
+
+    def __init__(self, pipeline: CompiledPipeline, run_dir: RunDir, hooks: tuple[Any, ...] = ()):
+        self.pipeline, self.dir, self.hooks = pipeline, run_dir, hooks
+        self.spec = pipeline.spec
+        self.pool = pipeline.data.load()
+        self.eval_pool = pipeline.eval.load() if pipeline.eval is not None else None
+        self.resources = build_resources(self.spec)
+        self.runner = LocalRunner(pipeline, pool=self.pool, run_id=run_dir.path.name, resources=self.resources)
+        self.last_checkpoint: Path | None = None
+
+    @classmethod
+    def start(cls, pipeline: CompiledPipeline, run_dir: Path | None = None, hooks: tuple[Any, ...] = ()) -> "Run":
+        path = Path(run_dir) if run_dir is not None else new_run_dir(pipeline.spec.name)
+        if path.exists() and any(path.iterdir()):
+            raise GfcrError(f"run directory {path} is not empty\n    fix: pick another --run-dir, "
+                            f"or continue that run with `gfcr resume {path}`")
+        rd = RunDir(path)
+        path.mkdir(parents=True, exist_ok=True)
+        write_text(rd.spec, pipeline.spec.to_yaml())
+        write_text(rd.info, json.dumps({
+            "run_id": path.name, "pipeline": pipeline.spec.name, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "command": sys.argv, "python": platform.python_version(), "gfcr": _version(),
+        }, indent=2) + "\n")
+        return cls(pipeline, rd, hooks)
+
+    @classmethod
+    def resume(cls, path: Path, steps: int | None = None, hooks: tuple[Any, ...] = ()) -> "Run":
+        rd = RunDir(path)
+        if not rd.spec.is_file():
+            raise GfcrError(f"{path} is not a gfcr run directory (no spec.yaml)\n"
+                            "    fix: pass the folder `gfcr run` printed, e.g. runs/quickstart-20261130-101500")
+        pipeline = load_pipeline(rd.spec, [f"run.steps={steps}"] if steps is not None else [])
+        if steps is not None:
+            write_text(rd.spec, pipeline.spec.to_yaml())
+        run = cls(pipeline, rd, hooks)
+        checkpoint = latest_checkpoint(rd)
+        if checkpoint is None:
+            raise GfcrError(f"{path} has no checkpoint to resume from\n"
+                            "    fix: start it again with `gfcr run`; set `run.checkpoint_every` to checkpoint "
+                            "during a run")
+        load_checkpoint(checkpoint, run.runner, run.resources)
+        rd.truncate_metrics(run.runner.step)
+        run.last_checkpoint = checkpoint
+        return run
+
+    # --- the loop --------------------------------------------------------------------------
+
+    def train(self) -> dict[str, Any]:
+        total, every = self.spec.run.steps, self.spec.run.checkpoint_every
+        start = time.perf_counter()
+        self._hook("before_run", self)
+        while self.runner.step < total:
+            step = self.runner.step
+            result = self._evaluate(step) if self._eval_due(step) else None
+            t0 = time.perf_counter()
+            report = self.runner.run_step()
+            record = step_record(report, result, time.perf_counter() - t0)
+            self.dir.append_metrics(record)
+            write_lineage(self.dir.lineage(step), report)
+            self._hook("after_step", record)
+            if every is not None and self.runner.step % every == 0:
+                self._checkpoint()
+        final = self._evaluate(self.runner.step) if self.eval_pool is not None else None
+        if self.last_checkpoint is None or self.last_checkpoint != self.dir.checkpoint(self.runner.step):
+            self._checkpoint()
+        summary = self._summary(final, time.perf_counter() - start)
+        write_text(self.dir.summary, json.dumps(summary, indent=2) + "\n")
+        self._hook("after_run", summary)
+        return summary
+
+    def _eval_due(self, step: int) -> bool:
+        return self.eval_pool is not None and self.spec.eval is not None and step % self.spec.eval.every == 0
+
+    def _evaluate(self, step: int) -> EvalResult:
+        assert self.eval_pool is not None and self.spec.eval is not None
+        policy, engine = self.resources.policy, self.resources.engine
+        if policy is None or engine is None:
+            raise GfcrError("`eval` needs a policy to evaluate\n    fix: add `policy: {model: ...}` or remove `eval`")
+        self._hook("before_eval", step)
+        result = evaluate(policy, engine, self.eval_pool, self.spec.eval.max_new_tokens, self.spec.eval.batch_size)
+        self._hook("after_eval", step, result)
+        return result
+
+    def _checkpoint(self) -> None:
+        self.last_checkpoint = save_checkpoint(self.dir, self.runner, self.resources, self.spec.run.keep_checkpoints)
+
+    def _hook(self, name: str, *args: Any) -> None:
+        for hook in self.hooks:
+            method = getattr(hook, name, None)
+            if method is not None:
+                method(*args)
+
+    def _summary(self, final: EvalResult | None, seconds: float) -> dict[str, Any]:
+        records = self.dir.read_metrics()
+        evals = [(r["step"], r["eval_accuracy"]) for r in records if "eval_accuracy" in r]
+        return {
+            "run_dir": str(self.dir.path), "pipeline": self.spec.name, "steps": self.runner.step,
+            "policy_version": self.runner.policy_version,
+            "eval_accuracy_before": evals[0][1] if evals and evals[0][0] == 0 else None,
+            "eval_accuracy_after": None if final is None else final.accuracy,
+            "rollouts_generated": sum(r["rollouts_generated"] for r in records),
+            "tokens_generated": sum(r["tokens_generated"] for r in records),
+            "rollouts_in_update": sum(r["rollouts_in_update"] for r in records),
+            "tokens_in_update": sum(r["tokens_in_update"] for r in records),
+            "seconds_this_session": round(seconds, 3),
+            "metrics": str(self.dir.metrics), "lineage": str(self.dir.lineage_dir),
+            "checkpoint": None if self.last_checkpoint is None else str(self.last_checkpoint),
+        }
+
+
+def step_record(report: StepReport, result: EvalResult | None, seconds: float) -> dict[str, Any]:
+    """The ``metrics.jsonl`` line of one step. Everything that depends on the clock is under
+    ``time``; the rest is a deterministic function of the seed."""
+    rollouts = [r for g in report.groups for r in g.rollouts]
+    rewards = [r.reward for r in rollouts if r.reward is not None]
+    update = report.update
+    record: dict[str, Any] = {
+        "step": report.step,
+        "policy_version": report.policy_version,
+        "prompts": report.prompts_sampled,
+        "groups": len(report.groups),
+        "groups_kept": report.groups_kept,
+        "zero_variance_groups": report.zero_variance_groups,
+        "rollouts_generated": report.rollouts_generated,
+        "tokens_generated": report.tokens_generated,
+        "rollouts_in_update": update.rollouts_in_update if update else 0,
+        "tokens_in_update": update.tokens_in_update if update else 0,
+        "reward_mean": sum(rewards) / len(rewards) if rewards else None,
+        "correct_fraction": sum(bool(r.correct) for r in rollouts) / len(rollouts) if rollouts else None,
+        "loop_rounds": report.loop_rounds,
+        "update_skipped": bool(update.skipped) if update else True,
+        "skip_reason": update.skip_reason if update else "no update",
+        "loss": update.loss if update else None,
+        "update": dict(update.metrics) if update else {},
+        "control": report.controller_state,
+        "time": {"step_s": seconds, "stages_s": report.stage_seconds,
+                 "rollouts_per_s": report.rollouts_generated / seconds if seconds > 0 else None},
+    }
+    if result is not None:
+        record["eval_accuracy"] = result.accuracy
+        record["eval_n"] = result.n
+        record["time"]["eval_s"] = result.seconds
+    return _finite(record)
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN or infinity: such values become null (the skip reason says why)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gfcr")
+    except PackageNotFoundError:
+        return "unknown"

@@ -1,0 +1,112 @@
+"""What the runtime lends to stages: the policy being trained and the engine that samples it.
+
+Stages never build models or engines themselves. A stage that needs them defines
+``setup(self, resources: Resources)``; the runtime calls it once, after building the stages
+and before the first step. The protocols live here, in the stages layer, so that stages can
+be typed against them while the implementations (``gfcr.engines``) sit one layer up
+(DESIGN.md section 5) and never get imported by ``gfcr validate``.
+
+The Engine protocol (DESIGN.md section 6): generate a batch of requests, each ``n`` samples
+of one prompt's token ids, returning token ids (never re-tokenized text), per-token
+behaviour log-probabilities and a finish reason; ``sync_weights`` after each update.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, Sequence
+
+import numpy as np
+
+from gfcr.records import Prompt
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How to sample. ``temperature == 0`` means greedy."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+    stop: tuple[str, ...] = ()
+    seed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    """``n`` samples continuing ``prompt_token_ids`` (a prompt, or a prompt plus a partial)."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    n: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """One sample: the new tokens, log mu(token) for each, and why it ended."""
+
+    token_ids: tuple[int, ...]
+    logprobs: np.ndarray  # [T] float32, under the sampling distribution (tempered, untruncated)
+    finish_reason: Literal["stop", "length"]
+    text: str
+    replica: str = "0"
+
+
+class Engine(Protocol):
+    """Samples from the current policy."""
+
+    @property
+    def policy_version(self) -> int: ...
+
+    def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[list[Completion]]:
+        """One list of ``request.n`` completions per request, in request order."""
+        ...
+
+    def sync_weights(self, policy_version: int) -> None:
+        """Make the engine sample from the policy at ``policy_version`` (a no-op when it shares
+        the trained model object)."""
+        ...
+
+
+class Policy(Protocol):
+    """The model being trained, its tokenizer, and its version (bumped by each update)."""
+
+    name: str
+    model: Any  # a torch.nn.Module (a transformers causal LM)
+    tokenizer: Any
+    version: int
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        """The prompt's token ids, with the chat template applied when the tokenizer has one."""
+        ...
+
+    def reference(self) -> Any:
+        """A frozen copy of the initial weights (for a KL term), loaded from the source."""
+        ...
+
+
+@dataclass
+class Resources:
+    """Everything the runtime lends to stages; ``None`` where the pipeline has no policy."""
+
+    policy: Policy | None = None
+    engine: Engine | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def require_policy(self, stage: str) -> Policy:
+        if self.policy is None:
+            raise ValueError(f"`{stage}` needs a policy: add `policy: {{model: tiny-arith}}` to the pipeline")
+        return self.policy
+
+    def require_engine(self, stage: str) -> Engine:
+        if self.engine is None:
+            raise ValueError(f"`{stage}` needs an engine: add `policy: {{model: tiny-arith, engine: hf}}` "
+                             "to the pipeline")
+        return self.engine
+
+
+def prompt_tokens(policy: Policy, prompt: Prompt) -> list[int]:
+    """The prompt's token ids, tokenized once and kept on the prompt (resume and replay reuse them)."""
+    if prompt.prompt_token_ids is None:
+        prompt.prompt_token_ids = list(policy.encode(prompt))
+    return prompt.prompt_token_ids
