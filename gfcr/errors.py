@@ -1,9 +1,10 @@
 """The one error taxonomy of gfcr.
 
 ``GfcrError`` > ``SpecError`` (YAML and config), ``GraphError`` (compile), ``RegistryError``
-(lookups), ``StageError`` (raised inside a stage). Spec and graph errors carry every
-``Problem`` found, so that a file's mistakes are reported together, each with where it is
-(``file:line:col`` and the key path) and how to fix it.
+(lookups), ``DataError`` (a data source's file or rows), ``StageError`` (raised inside a
+stage). Spec, graph and data errors carry every ``Problem`` found, so that a file's
+mistakes are reported together, each with where it is (``file:line:col`` and the key path)
+and how to fix it.
 """
 
 from __future__ import annotations
@@ -62,6 +63,11 @@ class SpecError(_ProblemsError):
 
 class GraphError(_ProblemsError):
     """The pipeline does not compile: unknown stage, bad stage config, wiring or types."""
+
+
+class DataError(_ProblemsError):
+    """A data source cannot load: its file is missing, or rows are bad (each bad row a
+    ``Problem`` at ``file:line``, all of them at once)."""
 
 
 class RegistryError(GfcrError):

@@ -7,6 +7,7 @@ cycles outside loop blocks, loop blocks that cannot end, outputs nobody reads.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import re
@@ -115,7 +116,8 @@ class _Compiler:
 
     def resolve_data(self, key: str) -> DataBinding | None:
         data = getattr(self.spec, key)
-        return None if data is None else self.checker.data(key, data.source, data.with_)
+        binding = None if data is None else self.checker.data(key, data.source, data.with_)
+        return None if binding is None else dataclasses.replace(binding, on_error=data.on_error)
 
     # -- wiring --------------------------------------------------------------------------
     def producers(self, port_type: type, infos: dict[str, StageInfo], exclude: str) -> str:

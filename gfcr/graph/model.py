@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import networkx as nx
 from pydantic import BaseModel
@@ -52,14 +52,17 @@ PlanItem = str | LoopBlock
 
 @dataclass(frozen=True)
 class DataBinding:
-    """A data source resolved from the spec: its class and validated config."""
+    """A data source resolved from the spec: its class, validated config, and what to do
+    with bad rows (``fail``: raise a DataError listing them all; ``skip``: leave them out,
+    recorded on ``PromptPool.skipped``)."""
 
     name: str
     cls: type
     config: BaseModel
+    on_error: Literal["fail", "skip"] = "fail"
 
     def load(self) -> Any:
-        return self.cls(self.config).load()
+        return self.cls(self.config).load(on_error=self.on_error)
 
 
 @dataclass(frozen=True)

@@ -42,11 +42,13 @@ class PromptPool(Sequence[Prompt]):
     """The prompts a run draws from, in a fixed order, addressable by id.
 
     The runtime feeds the pool to every stage input annotated ``PromptPool``; it is not an
-    edge of the pipeline graph.
+    edge of the pipeline graph. ``skipped`` lists the bad rows a data source left out
+    (``on_error: skip``), one message each, ``file:line: what was wrong``.
     """
 
-    def __init__(self, prompts: Sequence[Prompt], name: str = "pool"):
+    def __init__(self, prompts: Sequence[Prompt], name: str = "pool", skipped: Sequence[str] = ()):
         self.name = name
+        self.skipped: tuple[str, ...] = tuple(skipped)
         self._prompts = tuple(prompts)
         self._by_id: dict[str, int] = {}
         for i, p in enumerate(self._prompts):

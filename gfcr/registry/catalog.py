@@ -10,14 +10,20 @@ from gfcr.registry.core import Registry
 BUILTIN_STAGES = {
     "control.uniform": "gfcr.stages.control.uniform:UniformControl",
     "control.fixed_n": "gfcr.stages.control.fixed_n:FixedN",
+    "control.greso": "gfcr.stages.control.greso:Greso",
     "filter.nonzero_variance": "gfcr.stages.filter.nonzero_variance:NonzeroVariance",
     "filter.dynamic_sampling": "gfcr.stages.filter.dynamic_sampling:DynamicSampling",
+    "filter.verify": "gfcr.stages.filter.verify:Verify",
+    "generate.sample": "gfcr.stages.generate.sample:Sample",
     "generate.fake": "gfcr.stages.testing:FakeGenerate",
+    "update.grpo": "gfcr.stages.update.grpo:GRPOUpdate",
     "update.fake": "gfcr.stages.testing:FakeUpdate",
 }
 
 BUILTIN_DATA_SOURCES = {
     "arithmetic": "gfcr.stages.data.arithmetic:ArithmeticSource",
+    "jsonl": "gfcr.stages.data.jsonl:JsonlSource",
+    "gsm8k": "gfcr.stages.data.gsm8k:Gsm8kSource",
 }
 
 

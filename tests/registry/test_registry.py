@@ -125,7 +125,7 @@ def test_one_broken_stage_does_not_hide_the_others():
     reg = make_stage_registry(entry_points=False)
     reg.register_lazy("filter.broken", "tests.no_such_module:Thing", origin="some-plugin")
     infos, broken = stage_infos(reg, family="filter")
-    assert {i.alias for i in infos} == {"filter.nonzero_variance", "filter.dynamic_sampling"}
+    assert {i.alias for i in infos} == {"filter.nonzero_variance", "filter.dynamic_sampling", "filter.verify"}
     assert list(broken) == ["filter.broken"] and "cannot be imported" in str(broken["filter.broken"])
 
 

@@ -53,7 +53,8 @@ class ArithmeticSource:
     def __init__(self, config: Config):
         self.config = config
 
-    def load(self) -> PromptPool:
+    def load(self, on_error: Literal["fail", "skip"] = "fail") -> PromptPool:
+        """The pool; ``on_error`` is accepted for the data-source protocol (generated rows are never bad)."""
         cfg = self.config
         rng = np.random.default_rng([cfg.seed, cfg.digits, cfg.terms])
         low, high = (0 if cfg.digits == 1 else 10 ** (cfg.digits - 1)), 10**cfg.digits

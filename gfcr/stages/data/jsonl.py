@@ -1,0 +1,264 @@
+"""The ``jsonl`` data source: prompts and answers from a JSON-lines file, one object a line.
+
+Each row gives a prompt (``prompt_field``), its ground truth (``answer_field``) and
+optionally an id (``id_field``; default: the row's 0-based index among the file's
+non-blank lines, so ids do not shift when a bad row is skipped). Prompt ids are
+``<name>:<split>:<id>``, the same in every run. The prompt text is ``template`` with
+``{prompt}`` (and any other field of the row, ``{topic}``) filled in; prompts are plain
+text, scored by ``verifier``.
+
+Bad rows (invalid JSON, a missing or empty field, an answer the verifier cannot read, a
+duplicate id) are reported with ``file:line``. With ``on_error="fail"`` (the default),
+``load`` raises one ``DataError`` listing every bad row, so the run never starts; with
+``"skip"`` the good rows load and the bad ones are listed on ``PromptPool.skipped``.
+
+The helpers here (``existing_file``, ``json_rows``, ``RowProblems``) are shared by the
+other file-backed sources, such as ``gsm8k``.
+
+Example:
+
+>>> import json, pathlib, tempfile
+>>> path = pathlib.Path(tempfile.mkdtemp()) / "sums.jsonl"
+>>> _ = path.write_text('{"prompt": "2 + 2?", "answer": 4}\\n{"prompt": "3 + 5?", "answer": "8"}\\n')
+>>> pool = JsonlSource(JsonlSource.Config(path=str(path), verifier="arithmetic")).load()
+>>> [(p.prompt_id, p.text, p.verifier.ground_truth) for p in pool]
+[('sums:train:0', '2 + 2?', '4'), ('sums:train:1', '3 + 5?', '8')]
+
+YAML:
+
+.. code-block:: yaml
+
+    data: {source: jsonl, with: {path: data/problems.jsonl, verifier: math}, on_error: skip}
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import string
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Callable, Iterator, Literal
+
+from pydantic import Field, field_validator
+
+from gfcr.errors import DataError, Location, Problem
+from gfcr.records import Prompt, PromptPool, VerifierSpec, prompt_id
+from gfcr.registry import StageConfig
+from gfcr.stages.verifiers import arithmetic, check_verifier_name, gsm8k
+
+log = logging.getLogger(__name__)
+
+NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
+ROW_FIX = "fix the row or remove it, or load with `on_error: skip` to leave bad rows out"
+
+# ground-truth checks at load time for the built-in verifiers that need a number; `math`
+# answers are left to math-verify at scoring time (importing it would slow every load)
+GROUND_TRUTH_CHECKS: dict[str, Callable[[str], object]] = {
+    "arithmetic": arithmetic.parse_ground_truth,
+    "gsm8k": gsm8k.parse_ground_truth,
+}
+
+
+def existing_file(path: Path, what: str, fix: str) -> Path:
+    """``path`` if it is a file, else a DataError saying where it was looked for."""
+    if not path.is_file():
+        where = f"{path.resolve()}" + ("" if path.is_absolute() else f" (relative to {Path.cwd()})")
+        state = "is a folder, not a file" if path.is_dir() else "does not exist"
+        raise DataError([Problem(Location(str(path)), "", f"{what}: {where} {state}", fix)])
+    return path
+
+
+def template_fields(template: str) -> list[str]:
+    """The ``{names}`` a template fills in; ValueError for positional or indexed fields."""
+    try:
+        names = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    except ValueError as exc:
+        raise ValueError(f"template {template!r} is not a valid format string: {exc} (write `{{{{` for a brace)") from None
+    for name in names:
+        if not name or not name.isidentifier():
+            raise ValueError(f"template {template!r}: `{{{name}}}` is not a field name; "
+                             "use named fields such as `{prompt}` (no `{}`, `{0}`, `{a.b}` or `{a[0]}`)")
+    return names
+
+
+@dataclass
+class RowProblems:
+    """The bad rows of one file, as ``Problem`` s at ``file:line``."""
+
+    file: str
+    problems: list[Problem] = field(default_factory=list)
+
+    def add(self, line: int, message: str, fix: str = ROW_FIX) -> None:
+        self.problems.append(Problem(Location(self.file, line), "", message, fix))
+
+    def pool(self, prompts: list[Prompt], name: str, on_error: str) -> PromptPool:
+        """The pool of ``prompts``; a DataError if any row was bad and ``on_error`` is ``fail``,
+        or if no row was good."""
+        if not prompts:
+            raise DataError(self.problems + [Problem(Location(self.file), "", "no usable rows",
+                                                     "check the file and the field names in the source's config")])
+        if self.problems and on_error != "skip":
+            raise DataError(self.problems)
+        skipped = [f"{p.where}: {p.message}" for p in self.problems]
+        if skipped:
+            log.warning("%s: skipped %d bad row(s) (on_error: skip); the first: %s", self.file, len(skipped), skipped[0])
+        return PromptPool(prompts, name=name, skipped=skipped)
+
+
+def json_rows(path: Path, problems: RowProblems) -> Iterator[tuple[int, int, dict[str, Any]]]:
+    """``(line, index, row)`` for each JSON object line; blank lines are passed over, and
+    lines that are not JSON objects are recorded in ``problems``. ``index`` counts the
+    non-blank lines from 0, bad ones included."""
+    index = 0
+    with path.open("rb") as f:
+        for line, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            row = _decode(raw, line, problems)
+            if row is not None:
+                yield line, index, row
+            index += 1
+
+
+def _decode(raw: bytes, line: int, problems: RowProblems) -> dict[str, Any] | None:
+    try:
+        row = json.loads(raw.decode("utf-8").lstrip("\ufeff").rstrip("\r\n"))
+    except UnicodeDecodeError as exc:
+        problems.add(line, f"not UTF-8 text ({exc.reason} at byte {exc.start})", "save the file as UTF-8")
+        return None
+    except json.JSONDecodeError as exc:
+        problems.add(line, f"invalid JSON: {exc.msg} (column {exc.colno})",
+                     "write one JSON object per line, e.g. {\"prompt\": \"...\", \"answer\": \"...\"}")
+        return None
+    if not isinstance(row, dict):
+        problems.add(line, f"expected a JSON object, got {_json_type(row)}", "write one JSON object per line")
+        return None
+    return row
+
+
+def _json_type(value: Any) -> str:
+    names = {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "a list",
+             dict: "an object", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def text_field(row: dict[str, Any], key: str, line: int, problems: RowProblems, missing_fix: str,
+               numbers: bool = False) -> str | None:
+    """The non-empty string (or, with ``numbers``, number) in ``row[key]``, or None with the
+    problem recorded (``missing_fix`` is the fix when the field is absent)."""
+    if key not in row:
+        present = ", ".join(f"`{k}`" for k in row) or "none"
+        problems.add(line, f"missing field `{key}` (fields present: {present})", missing_fix)
+        return None
+    value = row[key]
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not (isinstance(value, str) or (numbers and is_number)):
+        kinds = "a string or a number" if numbers else "a string"
+        problems.add(line, f"field `{key}` is {_json_type(value)}, expected {kinds}")
+        return None
+    text = str(value).strip()
+    if not text:
+        problems.add(line, f"field `{key}` is empty")
+        return None
+    return text
+
+
+def _missing_fix(key: str, config_key: str) -> str:
+    return f"add `{key}` to the row, or set `{config_key}:` to the field that holds it"
+
+
+class JsonlSource:
+    """Prompts and ground truths from a JSON-lines file."""
+
+    class Config(StageConfig):
+        path: Annotated[str, Field(min_length=1, description="the file; relative to the current directory")]
+        prompt_field: Annotated[str, Field(min_length=1)] = "prompt"
+        answer_field: Annotated[str, Field(min_length=1)] = "answer"
+        id_field: str | None = Field(None, description="field with a unique row id; default: the row index")
+        verifier: str = Field("math", description="the verifier that scores answers to these prompts")
+        template: str = Field("{prompt}", description="the prompt text; `{prompt}` and row fields are filled in")
+        limit: Annotated[int, Field(ge=1, description="load at most this many prompts")] | None = None
+        name: Annotated[str, Field(pattern=NAME, description="the ids' source part")] | None = None
+        split: Annotated[str, Field(pattern=NAME, description="the ids' split part")] = "train"
+
+        @field_validator("verifier")
+        @classmethod
+        def _known_verifier(cls, name: str) -> str:
+            return check_verifier_name(name)
+
+        @field_validator("template")
+        @classmethod
+        def _valid_template(cls, template: str) -> str:
+            template_fields(template)
+            return template
+
+    def __init__(self, config: Config):
+        self.config = config
+        self.template_fields = template_fields(config.template)
+
+    @property
+    def source_name(self) -> str:
+        stem = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(self.config.path).stem).lstrip(".-") or "jsonl"
+        return self.config.name or stem
+
+    def load(self, on_error: Literal["fail", "skip"] = "fail") -> PromptPool:
+        cfg = self.config
+        path = existing_file(Path(cfg.path), "the `jsonl` data file",
+                             "fix `path:` (relative paths start at the directory gfcr runs in)")
+        problems, prompts, seen = RowProblems(cfg.path), [], {}
+        for line, index, row in json_rows(path, problems):
+            if cfg.limit is not None and len(prompts) >= cfg.limit:
+                break
+            prompt = self._prompt(row, line, index, problems, seen)
+            if prompt is not None:
+                prompts.append(prompt)
+        return problems.pool(prompts, f"{self.source_name}/{cfg.split}", on_error)
+
+    def _prompt(self, row: dict[str, Any], line: int, index: int, problems: RowProblems,
+                seen: dict[str, int]) -> Prompt | None:
+        cfg = self.config
+        before = len(problems.problems)
+        text = text_field(row, cfg.prompt_field, line, problems, _missing_fix(cfg.prompt_field, "prompt_field"))
+        answer = text_field(row, cfg.answer_field, line, problems, _missing_fix(cfg.answer_field, "answer_field"),
+                            numbers=True)
+        row_id = self._row_id(row, line, index, problems, seen)
+        if answer is not None and cfg.verifier in GROUND_TRUTH_CHECKS:
+            try:
+                GROUND_TRUTH_CHECKS[cfg.verifier](answer)
+            except ValueError as exc:
+                problems.add(line, f"unusable answer in field `{cfg.answer_field}`: {exc}")
+        if text is not None:
+            text = self._fill(row, text, line, problems)
+        if len(problems.problems) > before or text is None or answer is None or row_id is None:
+            return None
+        return Prompt(prompt_id(self.source_name, cfg.split, row_id), text=text,
+                      verifier=VerifierSpec(cfg.verifier, answer), metadata={"line": line})
+
+    def _row_id(self, row: dict[str, Any], line: int, index: int, problems: RowProblems,
+                seen: dict[str, int]) -> str | None:
+        key = self.config.id_field
+        if key is None:
+            return str(index)
+        row_id = text_field(row, key, line, problems, _missing_fix(key, "id_field"), numbers=True)
+        if row_id is None:
+            return None
+        if re.search(r"\s", row_id):
+            problems.add(line, f"id {row_id!r} in field `{key}` contains whitespace", "ids are single words")
+            return None
+        if row_id in seen:
+            problems.add(line, f"duplicate id `{row_id}` in field `{key}` (first at line {seen[row_id]})",
+                         "give every row its own id, or remove the repeated row")
+            return None
+        seen[row_id] = line
+        return row_id
+
+    def _fill(self, row: dict[str, Any], text: str, line: int, problems: RowProblems) -> str | None:
+        values = {**row, "prompt": text}
+        missing = [name for name in self.template_fields if name not in values]
+        if missing:
+            problems.add(line, f"the template needs field `{missing[0]}`, which the row lacks",
+                         "add the field to every row, or change `template:`")
+            return None
+        return self.config.template.format_map(values)

@@ -1,0 +1,173 @@
+"""The jsonl data source: good files, every kind of bad row at file:line, fail and skip."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from gfcr.errors import DataError
+from gfcr.graph import load_pipeline
+from gfcr.stages.data.jsonl import JsonlSource
+from tests.conftest import BASE
+
+
+def write(path: Path, lines: list) -> Path:
+    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines),
+                    encoding="utf-8")
+    return path
+
+
+def load(path: Path, on_error: str = "fail", **config):
+    return JsonlSource(JsonlSource.Config(path=str(path), **config)).load(on_error=on_error)
+
+
+def test_a_good_file_loads_with_stable_ids_text_prompts_and_ground_truths(tmp_path):
+    path = write(tmp_path / "algebra.jsonl", [{"prompt": "Solve x + 1 = 3.", "answer": "x = 2"},
+                                              {"prompt": "What is 1/2 + 1/4?", "answer": "\\frac{3}{4}"}, "",
+                                              {"prompt": "2 * 21?", "answer": 42, "topic": "arith"}])
+    first, second = load(path), load(path)
+    assert [p.prompt_id for p in first] == ["algebra:train:0", "algebra:train:1", "algebra:train:2"]
+    assert [p.prompt_id for p in second] == [p.prompt_id for p in first]
+    assert [p.verifier.ground_truth for p in first] == ["x = 2", "\\frac{3}{4}", "42"]
+    assert {p.verifier.name for p in first} == {"math"} and first[2].messages is None
+    assert first[2].text == "2 * 21?" and first[2].metadata == {"line": 4}  # line 3 is blank
+    assert first.name == "algebra/train" and first.skipped == ()
+
+
+def test_fields_template_name_split_and_limit(tmp_path):
+    path = write(tmp_path / "my data.v2.jsonl", [{"q": f"{i} + 1?", "a": str(i + 1), "uid": f"u{i}", "topic": "sums"}
+                                                 for i in range(5)])
+    pool = load(path, prompt_field="q", answer_field="a", id_field="uid", verifier="arithmetic",
+                template="[{topic}] {prompt} Answer:", limit=3, split="eval")
+    assert [p.prompt_id for p in pool] == ["my_data.v2:eval:u0", "my_data.v2:eval:u1", "my_data.v2:eval:u2"]
+    assert pool[1].text == "[sums] 1 + 1? Answer:" and pool[1].verifier.ground_truth == "2"
+    assert load(path, prompt_field="q", answer_field="a", name="sums")[4].prompt_id == "sums:train:4"
+
+
+def test_relative_paths_start_at_the_current_directory(tmp_path, monkeypatch):
+    write(tmp_path / "d.jsonl", [{"prompt": "p", "answer": "1"}])
+    monkeypatch.chdir(tmp_path)
+    assert len(load(Path("d.jsonl"))) == 1
+    with pytest.raises(DataError) as info:
+        load(Path("missing.jsonl"))
+    (problem,) = info.value.problems
+    assert str(problem.where) == "missing.jsonl"
+    assert f"{tmp_path / 'missing.jsonl'} (relative to {tmp_path}) does not exist" in problem.message
+    assert "fix `path:`" in problem.fix
+
+
+BAD = [
+    {"prompt": "good one", "answer": "1"},                      # 1
+    '{"prompt": "x", ',                                         # 2
+    {"answer": "3"},                                            # 3
+    {"prompt": "   ", "answer": "1"},                           # 4
+    {"prompt": "q", "answer": "abc"},                           # 5
+    "[1, 2]",                                                   # 6
+    "",                                                         # 7
+    {"prompt": "q", "answer": None},                            # 8
+    {"prompt": "q"},                                            # 9
+    {"prompt": "good two", "answer": "-7"},                     # 10
+    {"prompt": "no topic", "answer": "2"},                      # 11 (the template needs {topic})
+]
+
+
+def expected_messages(path: Path) -> list[str]:
+    return [
+        f"{path}:2: invalid JSON: Expecting property name enclosed in double quotes (column 17)",
+        f"{path}:3: missing field `prompt` (fields present: `answer`, `topic`)",
+        f"{path}:4: field `prompt` is empty",
+        f"{path}:5: unusable answer in field `answer`: the arithmetic verifier needs an integer ground truth, "
+        "got 'abc'; use the `gsm8k` or `math` verifier for other answers",
+        f"{path}:6: expected a JSON object, got a list",
+        f"{path}:8: field `answer` is null, expected a string or a number",
+        f"{path}:9: missing field `answer` (fields present: `prompt`, `topic`)",
+        f"{path}:11: the template needs field `topic`, which the row lacks",
+    ]
+
+
+def bad_file(tmp_path: Path) -> Path:
+    """BAD, where every object row but line 11 has the `topic` the template needs."""
+    rows = [{**r, "topic": "t"} if isinstance(r, dict) and line != 11 else r for line, r in enumerate(BAD, 1)]
+    return write(tmp_path / "bad.jsonl", rows)
+
+
+def test_fail_reports_every_bad_row_at_once_with_file_and_line(tmp_path):
+    path = bad_file(tmp_path)
+    with pytest.raises(DataError) as info:
+        load(path, verifier="arithmetic", template="{topic}: {prompt}")
+    assert [f"{p.where}: {p.message}" for p in info.value.problems] == expected_messages(path)
+    text = str(info.value)
+    assert text.startswith("8 problems:") and text.count("fix: ") == 8 and "on_error: skip" in text
+
+
+def test_skip_keeps_the_good_rows_with_their_ids_and_records_the_bad(tmp_path):
+    path = bad_file(tmp_path)
+    pool = load(path, "skip", verifier="arithmetic", template="{topic}: {prompt}")
+    assert [(p.prompt_id, p.text) for p in pool] == [("bad:train:0", "t: good one"), ("bad:train:8", "t: good two")]
+    assert list(pool.skipped) == expected_messages(path)
+
+
+def test_ids_from_a_field_must_be_unique_and_single_words(tmp_path):
+    path = write(tmp_path / "ids.jsonl", [{"id": 7, "prompt": "a", "answer": "1"}, {"id": "x y", "prompt": "b", "answer": "1"},
+                                          {"id": "7", "prompt": "c", "answer": "1"}, {"prompt": "d", "answer": "1"}])
+    with pytest.raises(DataError) as info:
+        load(path, id_field="id")
+    assert [f"{p.where}: {p.message}" for p in info.value.problems] == [
+        f"{path}:2: id 'x y' in field `id` contains whitespace",
+        f"{path}:3: duplicate id `7` in field `id` (first at line 1)",
+        f"{path}:4: missing field `id` (fields present: `prompt`, `answer`)",
+    ]
+    assert "set `id_field:`" in info.value.problems[2].fix
+    assert [p.prompt_id for p in load(path, "skip", id_field="id")] == ["ids:train:7"]
+
+
+def test_a_file_with_no_good_row_fails_even_when_skipping(tmp_path):
+    path = write(tmp_path / "empty.jsonl", [{"question": "q", "answer": "1"}])
+    with pytest.raises(DataError, match="no usable rows") as info:
+        load(path, "skip")
+    assert "missing field `prompt` (fields present: `question`, `answer`)" in str(info.value)
+
+
+def test_config_mistakes_are_caught_when_the_spec_is_checked():
+    with pytest.raises(ValidationError, match="did you mean `gsm8k`"):
+        JsonlSource.Config(path="x.jsonl", verifier="gsm8")
+    with pytest.raises(ValidationError, match="is not a field name"):
+        JsonlSource.Config(path="x.jsonl", template="{0} {prompt}")
+    with pytest.raises(ValidationError, match="not a valid format string"):
+        JsonlSource.Config(path="x.jsonl", template="{prompt")
+
+
+def test_on_error_travels_from_the_spec_to_the_loader(tmp_path, write_spec):
+    path = write(tmp_path / "mixed.jsonl", [{"prompt": "a", "answer": "1"}, "not json"])
+    data = f"data: {{source: jsonl, with: {{path: {json.dumps(str(path))}, verifier: arithmetic}}, on_error: skip}}"
+    pipeline = load_pipeline(write_spec(BASE.replace("data: {source: arithmetic, with: {n: 50}}", data)))
+    assert pipeline.data.on_error == "skip"
+    pool = pipeline.data.load()
+    assert len(pool) == 1 and pool.skipped == (f"{path}:2: invalid JSON: Expecting value (column 1)",)
+    strict = load_pipeline(write_spec(BASE.replace("data: {source: arithmetic, with: {n: 50}}",
+                                                   data.replace(", on_error: skip", ""))))
+    assert strict.data.on_error == "fail"
+    with pytest.raises(DataError, match="mixed.jsonl:2: invalid JSON"):
+        strict.data.load()
+
+
+@pytest.mark.parametrize("module", ["gfcr.stages.data.jsonl", "gfcr.stages.data.gsm8k"])
+def test_docstring_example_runs_and_its_yaml_validates(module):
+    import doctest
+    import importlib
+    import re
+    import textwrap
+
+    import yaml
+
+    mod = importlib.import_module(module)
+    assert doctest.testmod(mod, optionflags=doctest.ELLIPSIS).failed == 0
+    (block,) = re.findall(r"\.\. code-block:: yaml\n\n((?:(?:    .*)?\n)+)", mod.__doc__)
+    entries = yaml.safe_load(textwrap.dedent(block))
+    source = next(cls for cls in vars(mod).values() if isinstance(cls, type) and cls.__module__ == module
+                  and hasattr(cls, "load"))
+    for entry in entries.values():
+        source.Config.model_validate_json(json.dumps(entry["with"]), strict=True)
