@@ -37,7 +37,7 @@ demo: $(STAMP) sysdeps
 	  if command -v dot >/dev/null; then $(BIN)/gfcr graph $$f --out out/$$n.svg; \
 	  else $(BIN)/gfcr graph $$f --out out/$$n.dot; fi || exit 1; \
 	done
-	$(BIN)/gfcr run pipelines/examples/fake_dapo.yaml
+	$(BIN)/gfcr run pipelines/quickstart.yaml
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is ever downloaded, in tests least of all
 
 BASE = textwrap.dedent("""\
     name: golden

@@ -13,10 +13,11 @@ resumes from a checkpoint samples exactly what an uninterrupted run would.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
 
 from gfcr.engines.policy import HFPolicy
 from gfcr.stages.resources import Completion, GenerationRequest, SamplingParams
@@ -62,7 +63,8 @@ class TransformersEngine:
         else:
             kwargs.update(temperature=None, top_p=None, top_k=None)
         if params.stop:
-            kwargs.update(stop_strings=list(params.stop), tokenizer=tok)
+            kwargs.update(stopping_criteria=StoppingCriteriaList(
+                [StopOnStrings(params.stop, input_ids.shape[1], self.policy.decode)]))
         was_training = model.training
         model.eval()
         try:
@@ -77,27 +79,45 @@ class TransformersEngine:
         return [self._completion(new[b], logprobs[b], params) for b in range(new.shape[0])]
 
     def _completion(self, tokens: torch.Tensor, logprobs: torch.Tensor, params: SamplingParams) -> Completion:
+        """Cut a generated row at its end: a stop string, else the end-of-sequence token (kept),
+        else ``max_new_tokens``. Whatever follows is padding (which may equal the EOS id)."""
         ids = tokens.tolist()
         length, reason = len(ids), "length"
         eos = self.policy.eos_token_id
         if eos in ids:
             length, reason = ids.index(eos) + 1, "stop"
+        if params.stop:
+            stop_at = first_stop(ids[:length], params.stop, self.policy.decode)
+            if stop_at is not None:
+                length, reason = stop_at, "stop"
         text = self.policy.decode(ids[:length])
-        if params.stop and reason == "length":
-            length, reason, text = self._cut_at_stop(ids, length, text, params.stop)
         return Completion(tuple(ids[:length]), logprobs[:length].numpy().astype(np.float32), reason, text,
                           self.replica)
 
-    def _cut_at_stop(self, ids: list[int], length: int, text: str, stop: tuple[str, ...]
-                     ) -> tuple[int, str, str]:
-        """End the row at the first token whose prefix contains a stop string."""
-        if not any(s in text for s in stop):
-            return length, "length", text
-        for end in range(1, length + 1):
-            prefix = self.policy.decode(ids[:end])
-            if any(s in prefix for s in stop):
-                return end, "stop", prefix
-        return length, "length", text
+
+def first_stop(ids: list[int], stop: tuple[str, ...], decode: Callable[[list[int]], str]) -> int | None:
+    """The length of the shortest prefix of ``ids`` whose text contains a stop string."""
+    if not any(s in decode(ids) for s in stop):
+        return None
+    for end in range(1, len(ids) + 1):
+        if any(s in decode(ids[:end]) for s in stop):
+            return end
+    return None
+
+
+class StopOnStrings(StoppingCriteria):
+    """Per-row stop once the newly generated text contains a stop string. (transformers' own
+    ``stop_strings`` needs a tokenizer whose vocabulary it can map to bytes; character-level
+    tokenizers such as tiny-arith's fail there.)"""
+
+    def __init__(self, stop: tuple[str, ...], prompt_width: int, decode: Callable[[list[int]], str]):
+        self.stop, self.prompt_width, self.decode = stop, prompt_width, decode
+        self.window = max(len(s) for s in stop) + 2  # a stop string of n characters spans <= n tokens
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: object) -> torch.Tensor:
+        new = input_ids[:, self.prompt_width:]
+        tails = [self.decode(row[-self.window:].tolist()) for row in new]
+        return torch.tensor([any(s in t for s in self.stop) for t in tails], dtype=torch.bool)
 
 
 def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

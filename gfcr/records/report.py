@@ -51,6 +51,7 @@ class StepReport:
     loop_rounds: dict[str, int]
     metrics: dict[str, Any] = field(default_factory=dict)
     created_by: dict[str, str] = field(default_factory=dict)  # group id -> stage that first output it
+    dropped_by: dict[str, str] = field(default_factory=dict)  # group id -> id of the stage that dropped it
     update_group_ids: frozenset[str] = frozenset()  # groups handed to the update stage
     controller_state: dict[str, dict[str, Any]] = field(default_factory=dict)  # control stage id -> its state
 

@@ -36,7 +36,8 @@ def lineage_rows(report: StepReport) -> list[dict[str, Any]]:
                 "replica": r.replica, "status": str(r.status), "finish_reason": r.finish_reason,
                 "n_tokens": len(r), "reward": r.reward, "correct": r.correct, "reward_reason": r.reward_reason,
                 "advantage": advantage, "created_by": report.created_by.get(g.group_id),
-                "dropped_by": g.verdict.dropped_by, "drop_reason": g.verdict.reason,
+                "dropped_by": report.dropped_by.get(g.group_id, g.verdict.dropped_by),
+                "drop_reason": g.verdict.reason,
                 "in_update": g.group_id in report.update_group_ids,
             })
     return rows

