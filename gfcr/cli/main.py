@@ -132,7 +132,7 @@ def run(file: Path, set_: SetOption = None,
     except GfcrError as exc:
         _fail(exc)
         raise typer.Exit(2) from None
-    _train(lambda hooks: _start_run(pipeline, run_dir, hooks), pipeline.spec.run.steps)
+    _train(lambda hooks: _start_run(pipeline, run_dir, hooks))
 
 
 @app.command()
@@ -141,7 +141,7 @@ def resume(run_dir: Annotated[Path, typer.Argument(help="a run directory made by
     """Continue a run from its newest checkpoint, up to run.steps (or --steps)."""
     from gfcr.runtime.session import Run
 
-    _train(lambda hooks: Run.resume(run_dir, steps, hooks), steps)
+    _train(lambda hooks: Run.resume(run_dir, steps, hooks))
 
 
 def _start_run(pipeline: CompiledPipeline, run_dir: Path | None, hooks: tuple) -> object:
@@ -150,7 +150,18 @@ def _start_run(pipeline: CompiledPipeline, run_dir: Path | None, hooks: tuple) -
     return Run.start(pipeline, run_dir, hooks)
 
 
-def _train(make_run, steps: int | None) -> None:
+def _print_skipped(pool: object, limit: int = 10) -> None:
+    skipped = getattr(pool, "skipped", ())
+    if skipped:
+        err.print(f"[yellow]warning:[/] {escape(pool.name)}: skipped {len(skipped)} bad row(s) (on_error: skip)",
+                  markup=True)
+        for line in skipped[:limit]:
+            err.print(f"    {escape(line)}", markup=True)
+        if len(skipped) > limit:
+            err.print(f"    ... and {len(skipped) - limit} more", markup=True)
+
+
+def _train(make_run) -> None:
     from gfcr.cli.progress import ProgressHook, summary_table
 
     hook = None
@@ -161,6 +172,8 @@ def _train(make_run, steps: int | None) -> None:
         hook = ProgressHook(out, total, session.runner.step, session.spec.name)
         session.hooks = (hook,)
         out.print(f"run directory: {session.dir.path}")
+        for pool in (session.pool, session.eval_pool):
+            _print_skipped(pool)
         summary = session.train()
     except GfcrError as exc:
         if hook is not None:

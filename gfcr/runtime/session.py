@@ -63,14 +63,14 @@ class Run:
         if path.exists() and any(path.iterdir()):
             raise GfcrError(f"run directory {path} is not empty\n    fix: pick another --run-dir, "
                             f"or continue that run with `gfcr resume {path}`")
-        rd = RunDir(path)
+        run = cls(pipeline, RunDir(path), hooks)  # data and policy load before anything is written
         path.mkdir(parents=True, exist_ok=True)
-        write_text(rd.spec, pipeline.spec.to_yaml())
-        write_text(rd.info, json.dumps({
+        write_text(run.dir.spec, pipeline.spec.to_yaml())
+        write_text(run.dir.info, json.dumps({
             "run_id": path.name, "pipeline": pipeline.spec.name, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "command": sys.argv, "python": platform.python_version(), "gfcr": _version(),
         }, indent=2) + "\n")
-        return cls(pipeline, rd, hooks)
+        return run
 
     @classmethod
     def resume(cls, path: Path, steps: int | None = None, hooks: tuple[Any, ...] = ()) -> "Run":

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+
+import pytest
 import subprocess
 import sys
 
@@ -85,3 +87,57 @@ def test_run_writes_a_metrics_line_per_step_and_a_summary(write_spec, tmp_path):
     assert [r["step"] for r in lines] == [0, 1, 2]
     assert "rollouts generated / in update" in result.output and str(run_dir / "metrics.jsonl") in result.output
     assert sorted(p.name for p in (run_dir / "lineage").iterdir()) == [f"step-00000{i}.parquet" for i in range(3)]
+
+
+def test_resume_continues_a_run_to_the_requested_step(write_spec, tmp_path):
+    run_dir = tmp_path / "run"
+    assert cli.invoke(app, ["run", str(write_spec(DAPO)), "--steps", "2", "--run-dir", str(run_dir)]).exit_code == 0
+    result = cli.invoke(app, ["resume", str(run_dir), "--steps", "4"])
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == [0, 1, 2, 3]
+    fresh = tmp_path / "fresh"
+    assert cli.invoke(app, ["run", str(write_spec(DAPO)), "--steps", "4", "--run-dir", str(fresh)]).exit_code == 0
+    again = [json.loads(line) for line in (fresh / "metrics.jsonl").read_text().splitlines()]
+    assert [{k: v for k, v in r.items() if k != "time"} for r in lines] == \
+        [{k: v for k, v in r.items() if k != "time"} for r in again]
+
+
+def test_resume_of_a_folder_that_is_not_a_run_says_so(tmp_path):
+    result = cli.invoke(app, ["resume", str(tmp_path)])
+    assert result.exit_code == 1 and "not a gfcr run directory" in result.output
+
+
+def test_run_refuses_a_run_dir_that_is_in_use(write_spec, tmp_path):
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "metrics.jsonl").write_text("{}\n")
+    result = cli.invoke(app, ["run", str(write_spec(DAPO)), "--run-dir", str(tmp_path / "busy")])
+    assert result.exit_code == 1 and "gfcr resume" in result.output
+
+
+BAD_DATA_SPEC = """\
+name: bad-data
+data: {{source: jsonl, with: {{path: {path}, verifier: arithmetic}}, on_error: {on_error}}}
+stages:
+  pick:    {{use: control.uniform, with: {{batch_size: 1}}}}
+  budget:  {{use: control.fixed_n, from: pick, with: {{n: 4}}}}
+  rollout: {{use: generate.fake, from: budget}}
+update: {{use: update.fake, from: rollout}}
+run: {{steps: 2}}
+"""
+
+
+@pytest.mark.parametrize("on_error", ["fail", "skip"])
+def test_bad_data_rows_fail_the_run_or_are_skipped(write_spec, tmp_path, on_error):
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"prompt": "What is 1 + 1? Answer:", "answer": "2"}\n{"prompt": "x"}\n'
+                    '{"prompt": "What is 2 + 2? Answer:", "answer": "four"}\n')
+    run_dir = tmp_path / "run"
+    result = cli.invoke(app, ["run", str(write_spec(BAD_DATA_SPEC.format(path=data, on_error=on_error))),
+                              "--run-dir", str(run_dir)])
+    assert f"{data}:2: missing field `answer`" in result.output
+    if on_error == "fail":
+        assert f"{data}:3: unusable answer" in result.output  # every bad row, at once
+        assert result.exit_code == 1 and not run_dir.exists()  # nothing ran, nothing written
+    else:
+        assert result.exit_code == 0 and len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
