@@ -95,6 +95,7 @@ from gfcr.records import (
     RolloutGroup, StepContext, StepReport,
 )
 from gfcr.registry import StageConfig
+from gfcr.stages.control.uniform import epoch_order, start_batch
 
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 
@@ -203,11 +204,8 @@ class Greso:
 
     def run(self, pool: PromptPool) -> Allocation:
         size = self.config.batch_size
-        if size > len(pool):
-            raise ValueError(f"batch_size {size} is larger than the pool ({len(pool)} prompts)")
-        if self.cursor + size > len(pool):
-            self.epoch, self.cursor = self.epoch + 1, 0
-        order = np.random.default_rng([self.seed, self.epoch]).permutation(len(pool))
+        self.epoch, self.cursor = start_batch(self.epoch, self.cursor, size, len(pool))
+        order = epoch_order(self.seed, self.epoch, len(pool))
         limit = self.config.max_candidates_factor * size
         decisions: list[_Decision] = []
         kept = 0

@@ -38,6 +38,19 @@ from gfcr.records import Allocation, AllocationEntry, PromptPool, StepContext
 from gfcr.registry import StageConfig
 
 
+def start_batch(epoch: int, cursor: int, batch_size: int, pool_size: int) -> tuple[int, int]:
+    """``(epoch, cursor)`` where the next batch starts: a new epoch when the current one has
+    fewer than ``batch_size`` prompts left (``drop_last``)."""
+    if batch_size > pool_size:
+        raise ValueError(f"batch_size {batch_size} is larger than the pool ({pool_size} prompts)")
+    return (epoch + 1, 0) if cursor + batch_size > pool_size else (epoch, cursor)
+
+
+def epoch_order(seed: int, epoch: int, pool_size: int) -> np.ndarray:
+    """The seeded permutation of the pool for one epoch: reproducible from ``(seed, epoch)``."""
+    return np.random.default_rng([seed, epoch]).permutation(pool_size)
+
+
 class UniformControl:
     """Uniform prompt selection without replacement within an epoch, seeded."""
 
@@ -54,17 +67,11 @@ class UniformControl:
     def before_step(self, ctx: StepContext) -> None:
         self._step, self._run_seed = ctx.step, ctx.seed
 
-    def _order(self, size: int) -> np.ndarray:
-        seed = self._run_seed if self.config.seed is None else self.config.seed
-        return np.random.default_rng([seed, self.epoch]).permutation(size)
-
     def run(self, pool: PromptPool) -> Allocation:
         size = self.config.batch_size
-        if size > len(pool):
-            raise ValueError(f"batch_size {size} is larger than the pool ({len(pool)} prompts)")
-        if self.cursor + size > len(pool):
-            self.epoch, self.cursor = self.epoch + 1, 0
-        picked = self._order(len(pool))[self.cursor : self.cursor + size]
+        self.epoch, self.cursor = start_batch(self.epoch, self.cursor, size, len(pool))
+        seed = self._run_seed if self.config.seed is None else self.config.seed
+        picked = epoch_order(seed, self.epoch, len(pool))[self.cursor : self.cursor + size]
         self.cursor += size
         entries = tuple(
             AllocationEntry(pool[int(i)], self.config.n_rollouts, reason=f"uniform(epoch={self.epoch})")
