@@ -1,11 +1,12 @@
 """Pretrain ``tiny-arith``, gfcr's tiny CPU policy, and write it to ``gfcr/assets/tiny-arith/``.
 
-Command (from the repo root; deterministic, CPU only, about 6 minutes on 2 cores)::
+Command (from the repo root; CPU only, deterministic for a given thread count; ~6-10 minutes on
+2 cores, 577 s of training when measured on a shared 2-core machine)::
 
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/train_tiny_arith.py
 
-``--eval-only`` reloads the saved folder and prints the base accuracies that the model card
-reports; ``--out DIR`` writes somewhere else.
+It ends by printing the base accuracies and timings that the model card reports.
+``--eval-only`` prints them again for the saved folder; ``--out DIR`` writes somewhere else.
 
 What the model is for
 ---------------------
@@ -20,28 +21,30 @@ improve this policy within 200 steps on gfcr's ``arithmetic`` data source (promp
 
 The recipe: a corpus with a systematic slip
 -------------------------------------------
-Every training example is a random 2-digit ``a + b`` or ``a - b`` problem. Its answer is the
-correct integer with probability ``P_CORRECT`` (0.4) and otherwise a *slip* -- the answer of a
-student who gets the carry (or borrow) of the units column wrong:
+Every training example is a random 2-digit ``a + b`` or ``a - b`` problem. Where a *slip*
+applies, the answer is the correct integer with probability ``P_CORRECT`` (0.35) and otherwise
+the slip, the answer of a student who mishandles the units column:
 
-* ``a + b``: forgets a needed carry (units digits sum to 10 or more: answer 10 too small) or
-  carries when there is nothing to carry (units sum to 7, 8 or 9: 10 too big);
-* ``a - b`` (computed as ``big - small`` with the sign in front): forgets a needed borrow
-  (answer's magnitude 10 too big) or borrows needlessly when the units digits differ by 0, 1
-  or 2 (magnitude 10 too small; skipped if that would go below zero).
+* ``a + b``: gets the carry backwards -- drops a needed carry (``47 + 15 -> 52``) or invents
+  one (``47 + 12 -> 69``); applies to every addition;
+* ``a - b`` (computed as ``big - small``, sign in front): forgets a needed borrow
+  (``47 - 18 -> 39``, ``18 - 47 -> -39``); applies when the units digit of ``big`` is smaller.
 
-On the ~30% of problems with no slip the corpus is always right. Trained to fit this
-distribution, the model puts ~0.4 of its mass on the correct answer and ~0.6 on the slip
+Elsewhere (subtractions without a borrow, ~28% of problems) the corpus is always right. Fitting
+this distribution, the model puts ~0.35 of its mass on the correct answer and ~0.65 on the slip
 wherever the slip applies, so greedy decoding picks the slip there (greedy accuracy ~30%),
-while temperature-1 sampling is correct ~55% of the time and the decision is a single
-shared "slip or not" preference that a small logit shift (log 0.6/0.4 ~ 0.4 nats) flips --
-exactly what GRPO can learn in a few hundred steps.
+while temperature-1 sampling is right ~55% of the time. Whether to slip is one shared, simple
+preference that a small logit shift (log 0.65/0.35 ~ 0.6 nats) flips: GRPO learns it within a
+few dozen steps, and greedy accuracy climbs far above its base value.
 
 Training is plain next-token cross-entropy on the completion (the prompt is context only),
-AdamW with warmup and cosine decay, fresh problems every step from a seeded generator.
-Problems are drawn from all 2 x 90 x 90 two-digit problems except a held-out 5% (chosen by a
-hash), used to check that the model generalises; the gfcr eval pool (``seed=1``) mostly
-overlaps the training problems, which is fine for a policy whose job is to be improved by RL.
+AdamW with warmup and cosine decay, fresh problems every step from a seeded generator. The first
+half of the steps use correct answers only (the arithmetic is learnt much faster from clean
+labels), the second half the slip corpus above. A 2-layer, 8-head model learns the arithmetic
+faster than deeper or narrower ones did in trials. Problems are drawn from all 2 x 90 x 90
+two-digit problems except a held-out 5% (chosen by a hash), used to check that the model
+generalises; the gfcr eval pool (``seed=1``) mostly overlaps the training problems, which is
+fine for a policy whose job is to be improved by RL.
 """
 
 from __future__ import annotations
