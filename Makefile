@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.gfcr-installed
 export HF_HUB_OFFLINE := 1
 PIPELINES := $(wildcard pipelines/*.yaml pipelines/examples/*.yaml)
 
-.PHONY: test demo lint sysdeps clean
+.PHONY: test demo lint sysdeps testdeps clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,10 +23,16 @@ sysdeps:
 	  (apt-get update -qq && apt-get install -y -qq graphviz >/dev/null) || \
 	  echo "note: Graphviz's dot is missing; PNG/SVG drawing is off (apt-get install graphviz)"; }
 
+# Headless Chromium renders the `gfcr report` page in its test (skipped without it); tests only.
+testdeps:
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || \
+	  echo "note: chromium is missing; the report rendering test is skipped (apt-get install chromium)"; }
+
 lint: $(STAMP)
 	$(BIN)/lint-imports
 
-test: $(STAMP) sysdeps lint
+test: $(STAMP) sysdeps testdeps lint
 	$(BIN)/python -m pytest -q
 
 demo: $(STAMP) sysdeps

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -10,6 +11,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is ever downloaded, in tests least of all
+# Prefect's embedded server keeps its SQLite database here, not in ~/.prefect
+os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="gfcr-test-prefect-")
+os.environ.pop("PREFECT_API_URL", None)
 
 BASE = textwrap.dedent("""\
     name: golden
@@ -21,7 +25,7 @@ BASE = textwrap.dedent("""\
       keep:    {use: filter.nonzero_variance, from: rollout}
     update: {use: update.fake, from: keep}
     run: {steps: 2}
-    tracking: {backend: none}
+    tracking: {mlflow: null}
     """)
 
 DAPO = textwrap.dedent("""\
@@ -36,8 +40,22 @@ DAPO = textwrap.dedent("""\
     loops:
       collect: {stages: [pick, budget, rollout, keep, enough], until: enough, max_rounds: 3}
     update: {use: update.fake, from: collect}
-    tracking: {backend: none}
+    tracking: {mlflow: null}
     """)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def mlflow_store(tmp_path_factory):
+    """One temporary MLflow store (SQLite, artifacts beside it) for the whole session, so that no
+    tracked test run writes mlflow.db or mlartifacts/ into the repository."""
+    uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    os.environ["MLFLOW_TRACKING_URI"] = uri
+    yield uri
+    if before is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = before
 
 
 @pytest.fixture

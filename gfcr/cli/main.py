@@ -30,6 +30,9 @@ err = Console(stderr=True, highlight=False, soft_wrap=True, width=_WIDTH)
 SetOption = Annotated[Optional[list[str]], typer.Option("--set", "-s", metavar="KEY=VALUE",
                                                         help="override a spec key, e.g. run.steps=20")]
 
+ExecutorOption = Annotated[Optional[str], typer.Option(
+    "--executor", metavar="prefect|local|ray", help="override executor.kind (default: the spec's, else prefect)")]
+
 
 def _compile(file: Path, overrides: list[str] | None) -> CompiledPipeline:
     return load_pipeline(file, overrides or [])
@@ -123,10 +126,15 @@ def _type_name(annotation: object) -> str:
 @app.command()
 def run(file: Path, set_: SetOption = None,
         steps: Annotated[Optional[int], typer.Option(help="override run.steps")] = None,
-        run_dir: Annotated[Optional[Path], typer.Option("--run-dir", help="default: runs/<name>-<time>")] = None
-        ) -> None:
-    """Run a pipeline: a progress bar per step, then a summary saying where the results are."""
+        run_dir: Annotated[Optional[Path], typer.Option("--run-dir", help="default: runs/<name>-<time>")] = None,
+        executor: ExecutorOption = None) -> None:
+    """Run a pipeline: a progress bar per step, then a summary saying where the results are.
+
+    By default a run is a Prefect flow run with a task run per stage execution (see it in
+    `gfcr ui`); `--executor local` runs it in-process, without Prefect.
+    """
     overrides = list(set_ or []) + ([f"run.steps={steps}"] if steps is not None else [])
+    overrides += [f"executor.kind={executor}"] if executor is not None else []
     try:
         pipeline = _compile(file, overrides)
     except GfcrError as exc:
@@ -137,16 +145,19 @@ def run(file: Path, set_: SetOption = None,
 
 @app.command()
 def resume(run_dir: Annotated[Path, typer.Argument(help="a run directory made by `gfcr run`")],
-           steps: Annotated[Optional[int], typer.Option(help="run until this many steps in all")] = None) -> None:
+           steps: Annotated[Optional[int], typer.Option(help="run until this many steps in all")] = None,
+           executor: ExecutorOption = None) -> None:
     """Continue a run from its newest checkpoint, up to run.steps (or --steps)."""
     from gfcr.runtime.session import Run
 
-    _train(lambda hooks: Run.resume(run_dir, steps, hooks))
+    _train(lambda hooks: Run.resume(run_dir, steps, hooks, executor=executor))
 
 
 def _start_run(pipeline: CompiledPipeline, run_dir: Path | None, hooks: tuple) -> object:
     from gfcr.runtime.session import Run
+    from gfcr.tracking.mlflow_tracker import check_store
 
+    check_store(pipeline.spec)  # a wrong MLflow URI fails before the run directory is written
     return Run.start(pipeline, run_dir, hooks)
 
 
@@ -163,14 +174,16 @@ def _print_skipped(pool: object, limit: int = 10) -> None:
 
 def _train(make_run) -> None:
     from gfcr.cli.progress import ProgressHook, summary_table
+    from gfcr.tracking.mlflow_tracker import start_tracking
 
-    hook = None
+    hook, trackers = None, ()
     try:
         with out.status("loading the pipeline, data and policy..."):
             session = make_run(())
+            trackers = start_tracking(session)  # MLflow, unless the spec says `tracking: {mlflow: null}`
         total = session.spec.run.steps
         hook = ProgressHook(out, total, session.runner.step, session.spec.name)
-        session.hooks = (hook,)
+        session.hooks = (hook, *trackers)
         out.print(f"run directory: {session.dir.path}")
         for pool in (session.pool, session.eval_pool):
             _print_skipped(pool)
@@ -180,8 +193,20 @@ def _train(make_run) -> None:
             hook.stop()
         _fail(exc)
         raise typer.Exit(1) from None
+    finally:
+        for tracker in trackers:
+            tracker.close()  # marks the MLflow run FAILED unless the run finished
     out.print(summary_table(summary))
+    for tracker in trackers:
+        out.print(tracker.describe())
 
 
-if __name__ == "__main__":
-    app()
+from gfcr.cli import report_cmd  # noqa: E402,F401  (registers `gfcr report`)
+from gfcr.cli import lineage_cmd  # noqa: E402,F401  (registers `gfcr lineage`)
+from gfcr.cli import orchestrate  # noqa: E402,F401  (registers `gfcr deploy`, `serve` and `ui`)
+from gfcr.cli import ablate_cmd  # noqa: E402,F401  (registers `gfcr ablate`)
+
+if __name__ == "__main__":  # `python -m gfcr.cli.main`: the command modules register on gfcr.cli.main's app
+    from gfcr.cli.main import app as registered
+
+    registered()

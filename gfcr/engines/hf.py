@@ -8,11 +8,14 @@ distribution the update's ratio is computed against). A row ends at the end-of-s
 token (kept, since the policy chose it) or at a stop string; its padding is cut off.
 
 Sampling is seeded: ``torch.manual_seed(params.seed)`` before each call, so a run that
-resumes from a checkpoint samples exactly what an uninterrupted run would.
+resumes from a checkpoint samples exactly what an uninterrupted run would. The seed and the
+draws use torch's global generator, so one lock serialises sampling across threads: runs in
+parallel threads of one process (``gfcr ablate --parallel``) stay reproducible.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Callable, Sequence
 
 import numpy as np
@@ -21,6 +24,9 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 
 from gfcr.engines.policy import HFPolicy
 from gfcr.stages.resources import Completion, GenerationRequest, SamplingParams
+
+
+_SAMPLING = threading.Lock()  # torch's global generator: seeding and drawing must not interleave
 
 
 class TransformersEngine:
@@ -39,9 +45,10 @@ class TransformersEngine:
     def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[list[Completion]]:
         rows = [r.prompt_token_ids for r in requests for _ in range(r.n)]
         completions: list[Completion] = []
-        torch.manual_seed(params.seed)
-        for start in range(0, len(rows), self.max_batch):
-            completions.extend(self._generate_rows(rows[start:start + self.max_batch], params))
+        with _SAMPLING:
+            torch.manual_seed(params.seed)
+            for start in range(0, len(rows), self.max_batch):
+                completions.extend(self._generate_rows(rows[start:start + self.max_batch], params))
         out, i = [], 0
         for r in requests:
             out.append(completions[i:i + r.n])

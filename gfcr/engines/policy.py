@@ -2,10 +2,13 @@
 
 One object is shared by the engine (sampling) and the update stage (training), so on CPU
 the engine always samples from the current weights; ``version`` counts optimizer steps.
+With the vLLM engine the policy trains on the GPU (``device="cuda"``) and the engine loads
+its weights after every update.
 """
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +23,17 @@ from gfcr.spec import PolicySpec
 hf_logging.set_verbosity_error()  # gfcr reports loading itself; no per-tensor progress bars
 hf_logging.disable_progress_bar()
 
+# transformers builds a model on the meta device by patching torch globally while it loads:
+# two loads in parallel threads (`gfcr ablate --parallel`) must not overlap
+_LOADING = threading.Lock()
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class HFPolicy:
     """A causal LM loaded from a local folder; ``encode`` applies the chat template if any."""
 
-    def __init__(self, name: str, path: Path, dtype: str = "float32"):
-        self.name, self.path, self.dtype = name, path, DTYPES[dtype]
+    def __init__(self, name: str, path: Path, dtype: str = "float32", device: str = "cpu"):
+        self.name, self.path, self.dtype, self.device = name, path, DTYPES[dtype], torch.device(device)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token_id is None:
@@ -38,11 +44,12 @@ class HFPolicy:
 
     def _load(self) -> Any:
         try:
-            model = AutoModelForCausalLM.from_pretrained(self.path, dtype=self.dtype)
+            with _LOADING:
+                model = AutoModelForCausalLM.from_pretrained(self.path, dtype=self.dtype)
         except (OSError, ValueError) as exc:
             raise ModelError(f"cannot load policy `{self.name}` from {self.path}: {exc}") from exc
         model.generation_config.pad_token_id = self.tokenizer.pad_token_id
-        return model
+        return model.to(self.device)
 
     @property
     def eos_token_id(self) -> int:
@@ -70,4 +77,5 @@ class HFPolicy:
 
 
 def load_policy(spec: PolicySpec) -> HFPolicy:
-    return HFPolicy(spec.model, resolve_model(spec.model), spec.dtype)
+    """The policy of ``spec``: on CPU for the transformers engine, on the GPU beside vLLM."""
+    return HFPolicy(spec.model, resolve_model(spec.model), spec.dtype, "cuda" if spec.engine == "vllm" else "cpu")

@@ -85,6 +85,7 @@ class Rollout:
     text: str | None = None  # decoded response, for verifiers and reading; never re-tokenized
     context_token_ids: list[int] | None = None  # set only when the context differs from the prompt's
     replica: str | None = None  # which engine replica produced it
+    replayed_from: str | None = None  # the rollout id it was replayed from (origin ``replayed``), for lineage
     # topology, for tree rollouts
     tree_id: str | None = None
     node_id: str | None = None

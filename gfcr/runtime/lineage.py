@@ -1,49 +1,85 @@
 """Per-step lineage: one row per rollout, saying where it came from and where it went
-(DESIGN.md section 7). Written as parquet, one file per step."""
+(DESIGN.md section 7). Written as parquet, one file per step (``lineage/step-000007.parquet``).
+
+A row follows a rollout from its prompt to the update:
+
+- who: ``run_id``, ``step``, ``rollout_id``, ``group_id``, ``prompt_id``, and for tree
+  rollouts ``tree_id`` / ``node_id`` / ``parent_node_id``;
+- how it was made: ``origin`` (fresh, pilot, resumed, replayed, ...), ``replayed_from`` (the
+  rollout id a replayed rollout copies), ``policy_version_min`` / ``_max`` over its tokens (they
+  differ only for rollouts continued across updates), the engine ``replica``, ``status``,
+  ``finish_reason``, ``n_tokens`` and ``created_by`` (the id of the first stage that output it);
+- what was decided: ``reward``, ``correct``, ``reward_reason``, ``advantage`` (the mean over
+  tokens for per-token estimators), ``dropped_by`` (the id of the stage that dropped its group,
+  or null) with ``drop_reason``, and ``in_update`` (its group reached the update stage).
+
+Filters drop whole groups, so every rollout of a group shares its verdict.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from gfcr.records import StepReport
+from gfcr.records import Rollout, RolloutGroup, StepReport
 from gfcr.runtime.rundir import atomic_path
 
 SCHEMA = pa.schema([
     ("run_id", pa.string()), ("step", pa.int64()), ("rollout_id", pa.string()), ("group_id", pa.string()),
-    ("prompt_id", pa.string()), ("origin", pa.string()), ("policy_version", pa.int64()),
-    ("replica", pa.string()), ("status", pa.string()), ("finish_reason", pa.string()),
-    ("n_tokens", pa.int64()), ("reward", pa.float64()), ("correct", pa.bool_()), ("reward_reason", pa.string()),
+    ("prompt_id", pa.string()), ("tree_id", pa.string()), ("node_id", pa.string()),
+    ("parent_node_id", pa.string()), ("origin", pa.string()), ("replayed_from", pa.string()),
+    ("policy_version_min", pa.int64()), ("policy_version_max", pa.int64()), ("replica", pa.string()),
+    ("status", pa.string()), ("finish_reason", pa.string()), ("n_tokens", pa.int64()),
+    ("reward", pa.float64()), ("correct", pa.bool_()), ("reward_reason", pa.string()),
     ("advantage", pa.float64()), ("created_by", pa.string()), ("dropped_by", pa.string()),
     ("drop_reason", pa.string()), ("in_update", pa.bool_()),
 ])
 
 
 def lineage_rows(report: StepReport) -> list[dict[str, Any]]:
-    rows = []
-    for g in report.groups:
-        for r in g.rollouts:
-            versions = r.policy_versions()
-            advantage = r.advantage if r.advantage is None or isinstance(r.advantage, float) else float(
-                sum(r.advantage) / max(len(r.advantage), 1))
-            rows.append({
-                "run_id": report.run_id, "step": report.step, "rollout_id": r.rollout_id, "group_id": g.group_id,
-                "prompt_id": g.prompt_id, "origin": str(r.origin),
-                "policy_version": int(versions.min()) if len(versions) else None,
-                "replica": r.replica, "status": str(r.status), "finish_reason": r.finish_reason,
-                "n_tokens": len(r), "reward": r.reward, "correct": r.correct, "reward_reason": r.reward_reason,
-                "advantage": advantage, "created_by": report.created_by.get(g.group_id),
-                "dropped_by": report.dropped_by.get(g.group_id, g.verdict.dropped_by),
-                "drop_reason": g.verdict.reason,
-                "in_update": g.group_id in report.update_group_ids,
-            })
-    return rows
+    """The lineage rows of one step, in group order, then rollout order."""
+    return [_row(report, g, r) for g in report.groups for r in g.rollouts]
+
+
+def _row(report: StepReport, group: RolloutGroup, r: Rollout) -> dict[str, Any]:
+    versions = r.policy_versions()
+    dropped_by = report.dropped_by.get(group.group_id, group.verdict.dropped_by)
+    return {
+        "run_id": report.run_id, "step": report.step, "rollout_id": r.rollout_id, "group_id": group.group_id,
+        "prompt_id": group.prompt_id, "tree_id": r.tree_id, "node_id": r.node_id,
+        "parent_node_id": r.parent_node_id, "origin": str(r.origin), "replayed_from": r.replayed_from,
+        "policy_version_min": int(versions.min()) if len(versions) else None,
+        "policy_version_max": int(versions.max()) if len(versions) else None,
+        "replica": r.replica, "status": str(r.status), "finish_reason": r.finish_reason, "n_tokens": len(r),
+        "reward": r.reward, "correct": r.correct, "reward_reason": r.reward_reason,
+        "advantage": _scalar_advantage(r.advantage), "created_by": report.created_by.get(group.group_id),
+        "dropped_by": dropped_by, "drop_reason": group.verdict.reason if dropped_by is not None else None,
+        "in_update": group.group_id in report.update_group_ids,
+    }
+
+
+def _scalar_advantage(advantage: float | np.ndarray | None) -> float | None:
+    """A per-token advantage ([T]) is summarised by its mean; a scalar passes through."""
+    if advantage is None:
+        return None
+    if isinstance(advantage, np.ndarray):
+        return float(advantage.mean()) if advantage.size else None
+    return float(advantage)
 
 
 def write_lineage(path: Path, report: StepReport) -> None:
     table = pa.Table.from_pylist(lineage_rows(report), schema=SCHEMA)
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp)
+
+
+def read_lineage(lineage_dir: Path) -> pa.Table:
+    """Every step's rows of a run, in step order (an empty table when there are none)."""
+    files = sorted(Path(lineage_dir).glob("step-*.parquet"))
+    if not files:
+        return SCHEMA.empty_table()
+    return pa.concat_tables([pq.read_table(f, schema=SCHEMA) for f in files])

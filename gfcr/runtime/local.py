@@ -124,7 +124,7 @@ class LocalRunner:
                 kwargs[b.param] = _EMPTY[b.type](state.ctx.step)
         included_before = {gid for gid, g in state.groups.items() if g.verdict.included}
         start = time.perf_counter()
-        output = self._call(node.id, state.ctx, self.stages[node.id].run, **kwargs)
+        output = self._execute(node.id, state.ctx, self.stages[node.id].run, kwargs)
         seconds = time.perf_counter() - start
         for gid in included_before:
             if not state.groups[gid].verdict.included:
@@ -138,6 +138,14 @@ class LocalRunner:
                 if not g.verdict.included:  # dropped by the stage that produced it
                     state.dropped_by.setdefault(g.group_id, node.id)
         self._hook("after_stage", node.id, state.ctx, output, seconds)
+
+    def call_as(self, name: str, fn: Callable[[], Any]) -> Any:
+        """Run ``fn``, a runtime job that is not a stage (evaluation); the Prefect runner makes it a task."""
+        return fn()
+
+    def _execute(self, sid: str, ctx: StepContext, run: Callable, kwargs: dict[str, Any]) -> Any:
+        """One stage execution (its ``run``). The Prefect runner overrides this to make it a task."""
+        return self._call(sid, ctx, run, **kwargs)
 
     def _call(self, sid: str, ctx: StepContext, method: Callable | None, *args: Any, **kwargs: Any) -> Any:
         if method is None:

@@ -23,6 +23,7 @@ from typing import Any
 from gfcr.errors import GfcrError
 from gfcr.graph import CompiledPipeline, load_pipeline
 from gfcr.records import StepReport
+from gfcr.registry import STAGES, Registry
 from gfcr.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from gfcr.runtime.evaluation import EvalResult, evaluate
 from gfcr.runtime.lineage import write_lineage
@@ -34,13 +35,21 @@ from gfcr.stages.resources import Resources
 
 def build_resources(spec: PipelineSpec) -> Resources:
     """Load the policy and start its engine (nothing when the pipeline has no policy)."""
+    if spec.executor.kind == "ray":  # engine replicas and verification on Ray (docs/ray.md)
+        from gfcr.runtime.ray_executor import ray_resources
+
+        return ray_resources(spec)
     if spec.policy is None:
         return Resources()
     from gfcr.engines import TransformersEngine, load_policy
 
-    if spec.policy.engine != "hf":
-        raise GfcrError(f"policy.engine `{spec.policy.engine}` is not available in this version of gfcr\n"
-                        "    fix: use `engine: hf` (the transformers engine)")
+    if spec.policy.engine == "vllm":  # the policy trains on the GPU; vLLM loads its weights after each update
+        from gfcr.engines import VLLMEngine, require_vllm
+
+        require_vllm()  # before the policy loads: a missing package fails in a second
+        policy = load_policy(spec.policy)
+        engine = VLLMEngine(policy, spec.policy.vllm_settings(), seed=spec.run.seed)
+        return Resources(policy, engine, closers=[engine.close])
     policy = load_policy(spec.policy)
     return Resources(policy, TransformersEngine(policy))
 
@@ -54,7 +63,10 @@ class Run:
         self.pool = pipeline.data.load()
         self.eval_pool = pipeline.eval.load() if pipeline.eval is not None else None
         self.resources = build_resources(self.spec)
-        self.runner = LocalRunner(pipeline, pool=self.pool, run_id=run_dir.path.name, resources=self.resources)
+        runner_cls = LocalRunner
+        if self.spec.executor.kind != "local":
+            from gfcr.runtime.prefect_runner import PrefectRunner as runner_cls  # type: ignore[assignment]
+        self.runner = runner_cls(pipeline, pool=self.pool, run_id=run_dir.path.name, resources=self.resources)
         self.last_checkpoint: Path | None = None
 
     @classmethod
@@ -73,13 +85,18 @@ class Run:
         return run
 
     @classmethod
-    def resume(cls, path: Path, steps: int | None = None, hooks: tuple[Any, ...] = ()) -> "Run":
+    def resume(cls, path: Path, steps: int | None = None, hooks: tuple[Any, ...] = (),
+               stages: Registry[type] = STAGES, executor: str | None = None) -> "Run":
+        """Rebuild the run in ``path`` from its spec (compiled against ``stages``) and newest checkpoint,
+        to run until ``steps`` (default: its ``run.steps``), on ``executor`` (default: its own)."""
         rd = RunDir(path)
         if not rd.spec.is_file():
             raise GfcrError(f"{path} is not a gfcr run directory (no spec.yaml)\n"
                             "    fix: pass the folder `gfcr run` printed, e.g. runs/quickstart-20261130-101500")
-        pipeline = load_pipeline(rd.spec, [f"run.steps={steps}"] if steps is not None else [])
-        if steps is not None:
+        overrides = [f"run.steps={steps}"] if steps is not None else []
+        overrides += [f"executor.kind={executor}"] if executor is not None else []
+        pipeline = load_pipeline(rd.spec, overrides, stages)
+        if overrides:
             write_text(rd.spec, pipeline.spec.to_yaml())
         run = cls(pipeline, rd, hooks)
         checkpoint = latest_checkpoint(rd)
@@ -94,7 +111,16 @@ class Run:
 
     # --- the loop --------------------------------------------------------------------------
 
-    def train(self) -> dict[str, Any]:
+    def train(self, new_flow_run: bool = True) -> dict[str, Any]:
+        """Run to ``run.steps``: in-process (``executor.kind: local``), else as one Prefect flow run
+        (a subflow run when called inside a flow; ``new_flow_run=False`` runs in the current one)."""
+        if self.spec.executor.kind == "local" or not new_flow_run:
+            return self._train()
+        from gfcr.runtime.prefect_runner import run_in_flow
+
+        return run_in_flow(self.spec.name, self.dir.path.name, self._train)
+
+    def _train(self) -> dict[str, Any]:
         total, every = self.spec.run.steps, self.spec.run.checkpoint_every
         start = time.perf_counter()
         self._hook("before_run", self)
@@ -115,6 +141,7 @@ class Run:
         summary = self._summary(final, time.perf_counter() - start)
         write_text(self.dir.summary, json.dumps(summary, indent=2) + "\n")
         self._hook("after_run", summary)
+        self.resources.close()  # engine actors, a Ray cluster gfcr started
         return summary
 
     def _eval_due(self, step: int) -> bool:
@@ -126,7 +153,9 @@ class Run:
         if policy is None or engine is None:
             raise GfcrError("`eval` needs a policy to evaluate\n    fix: add `policy: {model: ...}` or remove `eval`")
         self._hook("before_eval", step)
-        result = evaluate(policy, engine, self.eval_pool, self.spec.eval.max_new_tokens, self.spec.eval.batch_size)
+        spec, pool = self.spec.eval, self.eval_pool
+        result = self.runner.call_as("eval", lambda: evaluate(policy, engine, pool, spec.max_new_tokens,
+                                                               spec.batch_size))
         self._hook("after_eval", step, result)
         return result
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from gfcr.spec.yaml_source import SourceMap
 
@@ -65,6 +65,11 @@ class StageSpec(StrictModel):
     from_: StageRefs = Field(default=None, alias="from")
     with_: dict[str, Any] = Field(default_factory=dict, alias="with")
     resources: Resources = Field(default_factory=Resources)
+    retries: Annotated[int, Field(ge=0, description="Prefect retries of a failed call; default: 2 for "
+                                  "generate and filter stages, 0 for the others")] | None = None
+    retry_delay_s: Annotated[float, Field(ge=0, description="seconds between retries")] = 0.0
+    timeout_s: Annotated[float, Field(gt=0, description="a call running longer fails (and may be retried); "
+                                      "Prefect runner only")] | None = None
 
     def sources(self) -> list[str]:
         """Upstream ids in binding order."""
@@ -85,10 +90,34 @@ class LoopSpec(StrictModel):
     max_rounds: Annotated[int, Field(ge=1)]
 
 
+class VLLMSpec(StrictModel):
+    """Knobs of the vLLM engine (``policy.engine: vllm``); the trained policy shares its GPU(s)."""
+
+    tensor_parallel_size: Annotated[int, Field(ge=1, description="GPUs one engine shards the model over")] = 1
+    gpu_memory_utilization: Annotated[float, Field(gt=0.0, lt=1.0, description=(
+        "fraction of each GPU's memory vLLM takes for weights and KV cache; the rest is left to "
+        "the trained policy, its gradients and optimizer state"))] = 0.4
+    max_model_len: Annotated[int, Field(ge=1, description="prompt + response token limit "
+                                        "(default: the model's context length)")] | None = None
+    enforce_eager: bool = Field(False, description="skip CUDA-graph capture (faster start, slower decoding)")
+
+
 class PolicySpec(StrictModel):
     model: Annotated[str, Field(min_length=1, description="a model alias or a local Hugging Face folder")]
     engine: Literal["hf", "vllm"] = "hf"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    vllm: VLLMSpec | None = Field(None, description="vLLM engine settings; only with `engine: vllm`")
+
+    @model_validator(mode="after")
+    def _vllm_only_with_vllm(self) -> "PolicySpec":
+        if self.vllm is not None and self.engine != "vllm":
+            raise ValueError(f"`policy.vllm` configures the vLLM engine, but `policy.engine` is `{self.engine}`; "
+                             "set `engine: vllm`, or remove the `vllm` block")
+        return self
+
+    def vllm_settings(self) -> VLLMSpec:
+        """The vLLM knobs, defaults where the block is absent."""
+        return self.vllm if self.vllm is not None else VLLMSpec()
 
 
 class DataSpec(StrictModel):
@@ -111,14 +140,25 @@ class RunSpec(StrictModel):
 
 
 class ExecutorSpec(StrictModel):
-    kind: Literal["local", "prefect", "ray"] = "local"
+    """Who runs the steps: ``prefect`` (a flow per run, a task per stage call), ``local`` (in-process,
+    for tests and debugging: no retries or timeouts), ``ray`` (Prefect, with engines placed on Ray)."""
+
+    kind: Literal["local", "prefect", "ray"] = "prefect"
     address: str | None = None
 
 
+class MlflowSpec(StrictModel):
+    """Where a run is tracked in MLflow (DESIGN.md section 7)."""
+
+    uri: str | None = Field(None, description="tracking URI; default: $MLFLOW_TRACKING_URI, "
+                                              "else sqlite:///mlflow.db in the working directory")
+    experiment: str | None = Field(None, description="experiment name; default: the pipeline's name")
+
+
 class TrackingSpec(StrictModel):
-    backend: Literal["mlflow", "none"] = "mlflow"
-    uri: str | None = None
-    experiment: str | None = None
+    """Run tracking. On by default; ``tracking: {mlflow: null}`` switches MLflow off."""
+
+    mlflow: MlflowSpec | None = Field(default_factory=MlflowSpec)
 
 
 class PipelineSpec(StrictModel):

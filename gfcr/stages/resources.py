@@ -9,12 +9,16 @@ be typed against them while the implementations (``gfcr.engines``) sit one layer
 The Engine protocol (DESIGN.md section 6): generate a batch of requests, each ``n`` samples
 of one prompt's token ids, returning token ids (never re-tokenized text), per-token
 behaviour log-probabilities and a finish reason; ``sync_weights`` after each update.
+
+``Resources.map`` is where a stage fans out pure per-item work (``filter.verify`` scores its
+rollouts through it): in-process by default, batches of Ray tasks under the Ray executor
+(``gfcr.runtime.ray_executor``). The stage sees one function either way and never imports Ray.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, Sequence
+from typing import Any, Callable, Literal, Protocol, Sequence
 
 import numpy as np
 
@@ -85,13 +89,37 @@ class Policy(Protocol):
         ...
 
 
+Map = Callable[[Callable[[Any], Any], Sequence[Any]], list[Any]]
+"""``map(fn, items) -> [fn(item) for item in items]``, in order, wherever the runtime runs it."""
+
+
+def in_process_map(fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+    """The default ``Resources.map``: call ``fn`` on each item in this process, in order."""
+    return [fn(item) for item in items]
+
+
 @dataclass
 class Resources:
-    """Everything the runtime lends to stages; ``None`` where the pipeline has no policy."""
+    """Everything the runtime lends to stages; ``None`` where the pipeline has no policy.
+
+    ``map`` runs a pure function over items and returns the results in order; the runtime
+    may run it elsewhere (Ray tasks), so ``fn`` and the items must pickle (a module-level
+    function or a ``functools.partial`` of one) and ``fn`` must not mutate its item: the
+    stage writes the results back itself. ``closers`` are the runtime's own clean-up
+    (stopping engine actors, a Ray cluster), run by ``close()`` at the end of a run;
+    stages never call it.
+    """
 
     policy: Policy | None = None
     engine: Engine | None = None
     extras: dict[str, Any] = field(default_factory=dict)
+    map: Map = in_process_map
+    closers: list[Callable[[], None]] = field(default_factory=list)
+
+    def close(self) -> None:
+        """Run the closers, newest first, once (a second call does nothing)."""
+        while self.closers:
+            self.closers.pop()()
 
     def require_policy(self, stage: str) -> Policy:
         if self.policy is None:

@@ -31,7 +31,7 @@ GRESO = textwrap.dedent("""\
       keep:    {use: filter.nonzero_variance, from: reward}
     update: {use: update.grpo, from: keep, with: {lr: 1.0e-4, clip: [0.2, 0.28]}}
     run: {steps: 6, seed: 3, checkpoint_every: 3}
-    tracking: {backend: none}
+    tracking: {mlflow: null}
     """)
 
 DAPO = textwrap.dedent("""\
@@ -49,7 +49,7 @@ DAPO = textwrap.dedent("""\
       collect: {stages: [pick, budget, rollout, reward, keep, enough], until: enough, max_rounds: 3}
     update: {use: update.grpo, from: collect, with: {lr: 1.0e-4, clip: [0.2, 0.28]}}
     run: {steps: 3, seed: 0}
-    tracking: {backend: none}
+    tracking: {mlflow: null}
     """)
 
 REQUIRED = {"step", "policy_version", "prompts", "rollouts_generated", "tokens_generated", "groups_kept",

@@ -36,7 +36,7 @@ def edit(base: str, old: str, new: str) -> str:
 CASES = [
     Case("near-miss stage name", edit(BASE, "control.uniform", "control.unifrom"),
          "control.unifrom", "stages.pick.use", "unknown stage `control.unifrom`", "did you mean `control.uniform`?"),
-    Case("unknown top-level key", BASE + "trackng: {backend: none}\n",
+    Case("unknown top-level key", BASE + "trackng: {mlflow: null}\n",
          "trackng", "trackng", "unknown key `trackng`", "did you mean `tracking`?"),
     Case("unknown key in a stage entry", edit(BASE, "from: pick,", "frm: pick,"),
          "frm: pick", "stages.budget.frm", "unknown key `frm`", "did you mean `from`?"),
@@ -111,6 +111,10 @@ CASES = [
          "keep-it", "stages.keep-it", "`keep-it` is not a valid name", "letters, digits and `_`"),
     Case("from with a number", edit(BASE, "from: pick,", "from: [pick, 3],"),
          "from: [pick, 3]", "stages.budget.from", "`3` is not a stage id", "`from: [pick, replay]`"),
+    Case("tracking in the old shape", edit(BASE, "tracking: {mlflow: null}", "tracking: {backend: none}"),
+         "backend", "tracking.backend", "unknown key `backend`", "the keys allowed here are `mlflow`"),
+    Case("near-miss MLflow setting", edit(BASE, "tracking: {mlflow: null}", "tracking: {mlflow: {url: x.db}}"),
+         "url", "tracking.mlflow.url", "unknown key `url`", "did you mean `uri`?"),
     Case("merge keys refused", BASE + "x: &a {steps: 1}\nrun2:\n  <<: *a\n",
          "<<:", "run2", "merge keys (`<<`) are not supported", "write the keys out"),
 ]

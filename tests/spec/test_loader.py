@@ -69,7 +69,7 @@ def test_python_front_end_builds_the_same_spec():
         },
         update=StageSpec(use="update.fake", from_="keep"),
         run={"steps": 2},
-        tracking={"backend": "none"},
+        tracking={"mlflow": None},
     )
     assert spec == load_spec_text(BASE)
     assert load_spec_text(spec.to_yaml()) == spec

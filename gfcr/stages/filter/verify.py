@@ -25,6 +25,12 @@ it), called once, untimed, before its first use.
 ``score_text`` and ``score_rollout`` are the same scoring for callers with no pool, such
 as the runtime's evaluation on a held-out set.
 
+Fan-out: the stage scores through ``Resources.map`` (set in ``setup``), which runs a pure
+function over ``(text, VerifierSpec)`` items: in this process by default, in batches of Ray
+tasks under the Ray executor (docs/ray.md). The scores are then written onto the rollouts
+here, so the result is the same wherever the map ran; the timeout guard runs wherever the
+verifier does.
+
 The format term follows DeepSeek-R1's rule-based format reward (Guo et al., 2025, arXiv
 2501.12948), added here as a weight on one reward in [0, 1] rather than a separate sum.
 
@@ -63,6 +69,7 @@ from pydantic import Field, field_validator
 
 from gfcr.records import PromptPool, Rollout, RolloutGroups, VerifierSpec
 from gfcr.registry import Registry, StageConfig
+from gfcr.stages.resources import Map, Resources, in_process_map
 from gfcr.stages.verifiers import VERIFIERS, Score, Verifier, check_verifier_name
 
 ALIAS = "filter.verify"
@@ -121,14 +128,30 @@ def score_text(text: str, spec: VerifierSpec, *, format_weight: float = 0.0, tim
     return reward, score
 
 
+def score_item(item: tuple[str, VerifierSpec], *, format_weight: float = 0.0, timeout_s: float | None = 5.0,
+               verifiers: Registry[Verifier] = VERIFIERS) -> tuple[float, Score]:
+    """``score_text`` of one ``(text, spec)`` pair: the pure function ``Resources.map`` runs."""
+    text, spec = item
+    return score_text(text, spec, format_weight=format_weight, timeout_s=timeout_s, verifiers=verifiers)
+
+
 def score_rollout(rollout: Rollout, spec: VerifierSpec, *, format_weight: float = 0.0,
                   timeout_s: float | None = 5.0, verifiers: Registry[Verifier] = VERIFIERS) -> None:
     """Score ``rollout.text`` against ``spec`` and write reward, correct, components and reason."""
+    reward, score = score_text(_text(rollout), spec, format_weight=format_weight, timeout_s=timeout_s,
+                               verifiers=verifiers)
+    write_score(rollout, reward, score)
+
+
+def _text(rollout: Rollout) -> str:
     if rollout.text is None:
         raise ValueError(f"rollout {rollout.rollout_id} has no text to verify; "
                          "the generate stage must decode responses into `Rollout.text`")
-    reward, score = score_text(rollout.text, spec, format_weight=format_weight, timeout_s=timeout_s,
-                               verifiers=verifiers)
+    return rollout.text
+
+
+def write_score(rollout: Rollout, reward: float, score: Score) -> None:
+    """Write a verifier's verdict onto ``rollout``: reward, correct, components and reason."""
     rollout.reward, rollout.correct = reward, score.correct
     rollout.reward_components = {"correct": float(score.correct), "format": float(score.formatted)}
     rollout.reward_reason = score.reason
@@ -150,6 +173,10 @@ class Verify:
     def __init__(self, config: Config, verifiers: Registry[Verifier] = VERIFIERS):
         self.config = config
         self.verifiers = verifiers
+        self.map: Map = in_process_map
+
+    def setup(self, resources: Resources) -> None:
+        self.map = resources.map  # in-process, or Ray tasks under the Ray executor
 
     def spec_for(self, prompt_id: str, pool: PromptPool) -> VerifierSpec:
         if prompt_id not in pool:
@@ -166,8 +193,10 @@ class Verify:
 
     def run(self, groups: RolloutGroups, pool: PromptPool) -> RolloutGroups:
         cfg = self.config
-        for rollout in groups.rollouts():
-            if rollout.reward is None:
-                score_rollout(rollout, self.spec_for(rollout.prompt_id, pool), format_weight=cfg.format_weight,
-                              timeout_s=cfg.timeout_s, verifiers=self.verifiers)
+        todo = [r for r in groups.rollouts() if r.reward is None]
+        items = [(_text(r), self.spec_for(r.prompt_id, pool)) for r in todo]
+        score = functools.partial(score_item, format_weight=cfg.format_weight, timeout_s=cfg.timeout_s,
+                                  verifiers=self.verifiers)
+        for rollout, (reward, verdict) in zip(todo, self.map(score, items), strict=True):
+            write_score(rollout, reward, verdict)
         return groups

@@ -186,7 +186,8 @@ class GRPOUpdate:
             chunk = items[start:start + cfg.micro_batch_size]
             logp, mask = response_logprobs(self._policy().model, chunk, cfg.temperature)  # [B, R]
             behaviour = _padded([i.rollout.behavior_logprobs for i in chunk], mask.shape[1])  # [B, R]
-            adv = torch.tensor([i.advantage for i in chunk], dtype=logp.dtype).unsqueeze(1)  # [B, 1]
+            behaviour = behaviour.to(logp.device)
+            adv = torch.tensor([i.advantage for i in chunk], dtype=logp.dtype, device=logp.device)[:, None]  # [B, 1]
             ratio = torch.exp(logp - behaviour)
             surrogate = torch.min(ratio * adv, torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * adv)
             per_token = -surrogate
@@ -248,6 +249,8 @@ def response_logprobs(model: Any, items: list[_Item], temperature: float) -> tup
         ids[b, p_len - len(p):p_len] = torch.tensor(p, dtype=torch.long)
         ids[b, p_len:p_len + len(r)] = torch.tensor(r, dtype=torch.long)
         attention[b, p_len - len(p):p_len + len(r)] = 1
+    device = next(model.parameters()).device  # the policy trains on the GPU beside the vLLM engine
+    ids, attention = ids.to(device), attention.to(device)
     positions = (attention.cumsum(1) - 1).clamp(min=0)
     logits = model(input_ids=ids, attention_mask=attention, position_ids=positions,
                    logits_to_keep=r_len + 1).logits[:, :-1, :].float()  # [B, R, V]

@@ -254,7 +254,7 @@ SPEC = textwrap.dedent("""\
       keep:    {use: filter.nonzero_variance, from: rollout}
     update: {use: update.fake, from: keep}
     run: {steps: 12}
-    tracking: {backend: none}
+    tracking: {mlflow: null}
     """)
 
 

@@ -1,0 +1,128 @@
+"""``gfcr lineage RUN_DIR ROLLOUT_ID``: one rollout's chain, from its data row to the update.
+
+    $ gfcr lineage runs/quickstart-20261130-101500 'arithmetic:train-0:443@s1/0'
+
+prints a table, one line per link: the prompt (id, text, ground truth, source row), the step
+and the Control stages that selected it, the stage that generated it (origin, policy
+version, replica, tokens, finish reason), its reward and why, its group, whether a filter
+kept or dropped it (which stage, why), its advantage, and whether it reached the update.
+``--json`` prints the same as one JSON object.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from gfcr.cli.main import _fail, app, out
+from gfcr.errors import GfcrError
+
+
+@app.command()
+def lineage(run_dir: Annotated[Path, typer.Argument(help="a run directory made by `gfcr run`")],
+            rollout_id: Annotated[str, typer.Argument(help="a rollout id, e.g. arithmetic:train-0:443@s1/0")],
+            as_json: Annotated[bool, typer.Option("--json", help="machine-readable")] = False) -> None:
+    """Show where one rollout came from and where it went: data row, selection, generation,
+    reward, filters, advantage, update."""
+    from gfcr.tracking.lineage_chain import rollout_chain
+
+    try:
+        chain = rollout_chain(run_dir, rollout_id)
+    except GfcrError as exc:
+        _fail(exc)
+        raise typer.Exit(1) from None
+    if as_json:
+        out.print_json(json.dumps(asdict(chain), default=str))
+        return
+    out.print(chain_table(chain))
+    for note in chain.notes:
+        out.print(f"[yellow]note:[/] {escape(note)}", markup=True)
+
+
+def chain_table(chain: Any) -> Table:
+    """The chain as a two-column table: the link, and what happened there."""
+    row = chain.row
+    table = Table(title=f"rollout {escape(row['rollout_id'])}  (run {escape(str(chain.run_dir))}, step {row['step']})",
+                  show_header=False, title_justify="left")
+    table.add_column("link", style="bold", no_wrap=True)
+    table.add_column("what happened")
+    for link, text in _links(chain):
+        table.add_row(link, escape(text))
+    return table
+
+
+def _links(chain: Any) -> list[tuple[str, str]]:
+    row = chain.row
+    return [
+        ("data row", _data_row(chain)),
+        ("selected", f"step {row['step']}, by " + (" -> ".join(map(str, chain.selected_by)) or "(no control stage)")
+         + " (the allocation's per-prompt reason is not recorded in the lineage)"),
+        ("generated", _generated(chain)),
+        ("scored", _scored(row)),
+        ("group", f"{row['group_id']}: {chain.group.size} rollouts, {chain.group.correct} correct, mean reward "
+                  + _num(chain.group.reward_mean)),
+        ("verdict", f"dropped by {chain.dropped_by}: {row['drop_reason'] or '(no reason given)'}"
+         if chain.dropped_by else "kept by every filter"),
+        ("advantage", _num(row["advantage"]) if row["advantage"] is not None else "none (not computed)"),
+        ("update", _update(chain)),
+    ]
+
+
+def _data_row(chain: Any) -> str:
+    row, prompt = chain.row, chain.prompt
+    head = f"prompt {row['prompt_id']}" + (f" from {chain.data_source}" if chain.data_source else "")
+    if prompt is None:
+        return head
+    text = prompt.text if prompt.text is not None else json.dumps(prompt.messages, ensure_ascii=False)
+    lines = [head, f"text: {text!r}"]
+    if prompt.verifier is not None:
+        lines.append(f"ground truth: {prompt.verifier.ground_truth!r} (verifier {prompt.verifier.name})")
+    if prompt.metadata:
+        lines.append("source row: " + json.dumps(prompt.metadata, ensure_ascii=False, default=str)[:300])
+    return "\n".join(lines)
+
+
+def _generated(chain: Any) -> str:
+    row = chain.row
+    lo, hi = row["policy_version_min"], row["policy_version_max"]
+    version = f"policy version {lo}" if lo == hi else f"policy versions {lo}-{hi}"
+    parts = [f"by {chain.created_by or '(unknown stage)'}", f"origin {row['origin']}", version,
+             f"replica {row['replica'] or '-'}", f"{row['n_tokens']} tokens",
+             f"{row['status']} (finish reason: {row['finish_reason'] or '-'})"]
+    if row["replayed_from"]:
+        parts.append(f"replayed from {row['replayed_from']}")
+    if row["tree_id"]:
+        parts.append(f"tree {row['tree_id']} node {row['node_id']} (parent {row['parent_node_id'] or '-'})")
+    return ", ".join(parts)
+
+
+def _scored(row: dict[str, Any]) -> str:
+    if row["reward"] is None:
+        return "not scored"
+    verdict = {True: "correct", False: "wrong", None: "no correctness"}[row["correct"]]
+    return f"reward {_num(row['reward'])}, {verdict}" + (f": {row['reward_reason']}" if row["reward_reason"] else "")
+
+
+def _update(chain: Any) -> str:
+    row, metrics = chain.row, chain.step_metrics or {}
+    if not row["in_update"]:
+        why = f"dropped by {chain.dropped_by}" if chain.dropped_by else "its group was not handed to the update"
+        return f"did not reach {chain.update or 'the update'}: {why}"
+    text = f"reached {chain.update}"
+    if metrics.get("update_skipped"):
+        return text + f", but the update was skipped ({metrics.get('skip_reason') or 'no reason given'})"
+    if metrics:
+        text += f": policy version {row['policy_version_max']} -> {metrics['policy_version']}, loss {_num(metrics['loss'])}"
+    if row["advantage"] == 0.0:
+        text += " (advantage 0: no gradient from this rollout)"
+    return text
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"

@@ -1,0 +1,243 @@
+"""The vLLM engine: batched sampling on the GPU, with the trained policy's weights loaded
+into vLLM after every update (``pip install 'gfcr[vllm]'`` on a CUDA machine).
+
+One ``vllm.LLM`` runs in the trainer's process, colocated with the policy on the same
+GPU(s). ``generate`` sends every request as a ``TokensPrompt`` (the prompt's token ids, never
+re-tokenized) with ``n`` samples, ``logprobs=0`` (the sampled token's log-probability at each
+step) and a per-request seed, and returns the token ids, their behaviour log-probabilities,
+the finish reason and the text, as the transformers engine does.
+
+Weight sync (``sync_weights``, called by ``update.grpo`` after its optimizer step, and lazily
+by ``generate`` whenever ``policy.version`` moved, e.g. after a resume): the policy's
+``named_parameters()`` go to every vLLM worker through ``LLM.collective_rpc`` and the worker
+extension ``gfcr.engines.vllm_worker.WeightSync``, whose ``model.load_weights`` shards them
+in place. With ``tensor_parallel_size: 1`` the worker lives in this process (gfcr sets
+``VLLM_ENABLE_V1_MULTIPROCESSING=0``, as TRL's colocate mode does) and gets the tensors
+themselves; with more ranks the workers are processes of their own and open the trainer's
+GPU memory through CUDA IPC handles (as vLLM's ``rlhf_colocate`` example does). The prefix
+cache is reset after each sync: its KV blocks were computed by the old weights. The engine
+syncs once at start, so a broken sync fails before the first step, not after it.
+
+Deviations:
+
+- Behaviour log-probabilities. vLLM V1 returns *raw* log-probabilities by default
+  (log_softmax of the logits before temperature). The engine starts vLLM with
+  ``logprobs_mode="processed_logprobs"`` (vLLM >= 0.10.2): log_softmax, in float32, of the
+  logits after temperature and after top-k/top-p masking. With top-k off (gfcr sends
+  ``top_k=0``) and ``top_p == 1`` that is exactly log_softmax(logits / T), the tempered,
+  untruncated distribution the update compares against; greedy calls (T = 0) get
+  log_softmax(logits), as in the transformers engine. ``top_p < 1`` is refused with an
+  error: vLLM would return log-probabilities of the renormalized nucleus, each larger than
+  the untruncated one by -log(kept mass), which would bias every ratio of the update
+  below 1. (Processed log-probabilities also turn off vLLM's FlashInfer top-k/top-p kernel;
+  with both filters off vLLM samples natively anyway.)
+- Numerics. vLLM's forward (fused q/k/v and gate/up projections, its attention kernels,
+  RMSNorm and rotary) differs from the transformers forward of the same weights by float
+  rounding, so on fresh samples the update's ratio is 1 only up to that (the GPU tests
+  bound the gap).
+- Seeding. Each request gets the seed ``crc32(seed:request_id)`` and vLLM gives its i-th
+  sample that seed + i, so a call is reproducible and independent of the other requests'
+  order; the samples differ from the transformers engine's for the same seed, and a
+  resumed GPU run need not reproduce an uninterrupted one bit for bit (batch composition
+  changes kernel numerics).
+- Ends of completions. vLLM is started with ``generation_config="vllm"``, so it ignores the
+  model's ``generation_config.json`` (its default sampling parameters and extra end ids)
+  and ends a completion at the tokenizer's end-of-sequence token (kept), as the
+  transformers engine does. Stop strings are kept in the output, and the row is then cut
+  at the shortest prefix whose text contains one (the transformers engine's rule). The text
+  is decoded from the token ids by the policy's tokenizer, not taken from vLLM's
+  incremental detokenizer, so verifiers see the same text from both engines.
+- Weight sync sends parameters only (vLLM recomputes buffers such as rotary tables) and
+  does not re-run vLLM's post-loading weight processing, so the vLLM side must be
+  unquantized (the trained policy is). There is no sleep mode: the KV cache stays allocated
+  while the policy trains, hence ``gpu_memory_utilization`` defaults to 0.4.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import zlib
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from gfcr.engines.hf import first_stop
+from gfcr.engines.policy import HFPolicy
+from gfcr.engines.vllm_worker import device_uuid
+from gfcr.errors import GfcrError
+from gfcr.spec.models import VLLMSpec
+from gfcr.stages.resources import Completion, GenerationRequest, SamplingParams
+
+MIN_VLLM = "0.10.2"  # logprobs_mode="processed_logprobs"
+WORKER_EXTENSION = "gfcr.engines.vllm_worker.WeightSync"
+INSTALL = f"on a machine with a CUDA GPU, `pip install 'gfcr[vllm]'` (vLLM >= {MIN_VLLM})"
+
+
+class EngineError(GfcrError):
+    """The vLLM engine cannot start or cannot serve a call; the message says how to fix it."""
+
+
+def require_vllm() -> None:
+    """Fail fast, before any model loads, when vLLM or a CUDA device is missing."""
+    if importlib.util.find_spec("vllm") is None:
+        raise EngineError(f"policy.engine `vllm` needs the vllm package, which is not installed\n    fix: {INSTALL}; "
+                          "or use `engine: hf` (the transformers engine, CPU)")
+    from packaging.version import Version
+
+    found = importlib.metadata.version("vllm")
+    if Version(found).release < Version(MIN_VLLM).release:  # a 0.10.2 pre-release or local build counts
+        raise EngineError(f"vllm {found} is installed; the vLLM engine needs vllm >= {MIN_VLLM} (processed "
+                          f"log-probabilities)\n    fix: {INSTALL}")
+    if not torch.cuda.is_available():
+        raise EngineError("policy.engine `vllm` needs a CUDA GPU, and torch sees none\n"
+                          "    fix: run on a GPU machine (check `nvidia-smi` and CUDA_VISIBLE_DEVICES), "
+                          "or use `engine: hf`")
+
+
+def check_params(params: SamplingParams) -> None:
+    """Refuse what vLLM cannot sample with untruncated behaviour log-probabilities."""
+    if params.top_p < 1.0:
+        raise EngineError(f"the vLLM engine samples with top_p = 1 only (got {params.top_p}): vLLM records "
+                          "log-probabilities of the top-p-truncated distribution, which would bias the update's "
+                          "ratio\n    fix: set `top_p: 1.0` on the generate stage, or use `policy.engine: hf`")
+
+
+def llm_kwargs(path: Path, dtype: str, settings: VLLMSpec, seed: int) -> dict[str, Any]:
+    """The arguments of ``vllm.LLM`` (see the module docstring for why each is set)."""
+    return dict(model=str(path), tokenizer=str(path), dtype=dtype, seed=seed,
+                tensor_parallel_size=settings.tensor_parallel_size,
+                gpu_memory_utilization=settings.gpu_memory_utilization,
+                max_model_len=settings.max_model_len, enforce_eager=settings.enforce_eager,
+                logprobs_mode="processed_logprobs", worker_extension_cls=WORKER_EXTENSION,
+                generation_config="vllm", disable_log_stats=True)
+
+
+def sampling_kwargs(params: SamplingParams, n: int, seed: int) -> dict[str, Any]:
+    """The arguments of one request's ``vllm.SamplingParams``."""
+    return dict(n=n, temperature=params.temperature, top_p=params.top_p, top_k=0, min_p=0.0,
+                max_tokens=params.max_new_tokens, stop=list(params.stop), include_stop_str_in_output=True,
+                seed=seed, logprobs=0)
+
+
+def request_seed(seed: int, request_id: str) -> int:
+    """A request's own 31-bit seed, stable across processes and independent of request order."""
+    return zlib.crc32(f"{seed}:{request_id}".encode()) & 0x7FFFFFFF
+
+
+def to_completion(output: Any, params: SamplingParams, decode: Callable[[list[int]], str],
+                  replica: str) -> Completion:
+    """A gfcr ``Completion`` from a ``vllm.CompletionOutput``."""
+    ids = list(output.token_ids)
+    logprobs = sampled_logprobs(output.logprobs, ids)
+    reason = output.finish_reason
+    if reason not in ("stop", "length"):
+        raise EngineError(f"vLLM ended a completion with finish reason `{reason}` after {len(ids)} tokens\n"
+                          "    fix: check the log above for the engine's error (out of memory, prompt longer "
+                          "than policy.vllm.max_model_len)")
+    if params.stop:
+        cut = first_stop(ids, params.stop, decode)
+        if cut is not None:
+            ids, logprobs, reason = ids[:cut], logprobs[:cut], "stop"
+    return Completion(tuple(ids), logprobs, reason, decode(ids), replica)
+
+
+def sampled_logprobs(steps: Any, ids: list[int]) -> np.ndarray:
+    """``[T]`` log-probabilities of the sampled tokens from vLLM's per-step ``{token: Logprob}``."""
+    if steps is None or len(steps) != len(ids):
+        raise EngineError(f"vLLM returned {0 if steps is None else len(steps)} log-probabilities for {len(ids)} "
+                          "tokens\n    fix: this is a bug in gfcr's vLLM engine or a vLLM version it does not "
+                          "support; please report it with `pip show vllm`")
+    return np.array([steps[t][token].logprob for t, token in enumerate(ids)], dtype=np.float32)
+
+
+class VLLMEngine:
+    """Samples from a vLLM copy of ``policy``; ``sync_weights`` copies the trained weights in."""
+
+    def __init__(self, policy: HFPolicy, settings: VLLMSpec | None = None, seed: int = 0,
+                 replica: str = "vllm-0"):
+        require_vllm()
+        self.policy, self.settings, self.replica = policy, settings or VLLMSpec(), replica
+        self.llm = start_llm(policy, self.settings, seed)
+        self.in_process = all(pid == os.getpid() for pid in self.llm.collective_rpc("gfcr_pid"))
+        self._version = -1
+        self.sync_weights(policy.version)
+
+    @property
+    def policy_version(self) -> int:
+        """The policy version whose weights vLLM holds."""
+        return self._version
+
+    def sync_weights(self, policy_version: int) -> None:
+        """Copy ``policy.model``'s parameters into every vLLM worker."""
+        params = [(name, p.detach()) for name, p in self.policy.model.named_parameters()]
+        if self.in_process:
+            self.llm.collective_rpc("gfcr_load_weights", args=(params,))
+        else:
+            self.llm.collective_rpc("gfcr_load_ipc", args=ipc_handles(params))
+        self.llm.reset_prefix_cache()
+        self._version = policy_version
+
+    def close(self) -> None:
+        """Stop vLLM and give its GPU memory back (at the end of a run; a second call does nothing)."""
+        if self.llm is None:
+            return
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        self.llm.llm_engine.engine_core.shutdown()
+        self.llm = None
+        cleanup_dist_env_and_memory()
+
+    def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[list[Completion]]:
+        if self.llm is None:
+            raise EngineError("this vLLM engine was closed at the end of its run\n    fix: start a new run "
+                              "(or a new VLLMEngine)")
+        check_params(params)
+        if self._version != self.policy.version:
+            self.sync_weights(self.policy.version)
+        active = [r for r in requests if r.n > 0]
+        outputs = iter(self._generate(active, params) if active else [])
+        return [next(outputs) if r.n > 0 else [] for r in requests]
+
+    def _generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[list[Completion]]:
+        from vllm import SamplingParams as VLLMSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_token_ids)) for r in requests]
+        sampling = [VLLMSamplingParams(**sampling_kwargs(params, r.n, request_seed(params.seed, r.request_id)))
+                    for r in requests]
+        results = self.llm.generate(prompts, sampling, use_tqdm=False)
+        return [[to_completion(o, params, self.policy.decode, self.replica)
+                 for o in sorted(result.outputs, key=lambda o: o.index)] for result in results]
+
+
+def start_llm(policy: HFPolicy, settings: VLLMSpec, seed: int) -> Any:
+    """A ``vllm.LLM`` over the policy's folder, its engine core in this process."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # collective_rpc then passes tensors by reference
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # gfcr reports progress itself
+    from vllm import LLM
+
+    dtype = str(policy.dtype).removeprefix("torch.")
+    try:
+        return LLM(**llm_kwargs(policy.path, dtype, settings, seed))
+    except (RuntimeError, ValueError, OSError) as exc:
+        raise EngineError(f"vLLM could not start policy `{policy.name}` from {policy.path}: {exc}\n"
+                          "    fix: lower policy.vllm.gpu_memory_utilization if the GPU is short of memory, set "
+                          "policy.vllm.max_model_len for long-context models, or use `engine: hf`") from exc
+
+
+def ipc_handles(params: list[tuple[str, torch.Tensor]]) -> tuple[str, list[tuple[str, tuple]]]:
+    """The trainer GPU's UUID and a CUDA IPC handle of every parameter, for workers in other processes."""
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    device = params[0][1].device
+    if device.type != "cuda":
+        raise EngineError(f"the policy is on {device}, but vLLM workers in other processes read its weights "
+                          "through CUDA IPC\n    fix: load the policy on the GPU (load_policy does so for "
+                          "`engine: vllm`)")
+    torch.cuda.synchronize(device)  # the optimizer step is done before the workers read
+    return device_uuid(device.index if device.index is not None else torch.cuda.current_device()), [
+        (name, reduce_tensor(tensor)[1]) for name, tensor in params]

@@ -1,0 +1,320 @@
+"""The Ray executor: engine replicas as Ray actors and verification as Ray tasks (DESIGN.md section 6).
+
+With ``executor: {kind: ray}`` the runner still orchestrates the step (stage calls, state,
+checkpoints) in the driver process; Ray provides *placement*, behind the interfaces of
+``gfcr.stages.resources``, so stage code never sees Ray:
+
+- ``Resources.engine`` is a ``RayEngineGroup``: K ``EngineReplica`` actors, each holding its
+  own copy of the policy and a ``TransformersEngine``. ``generate`` splits one call's
+  requests across the replicas and gathers the completions in request order; each
+  completion names its replica (``ray-0``, ``ray-1``), which the lineage records.
+  ``sync_weights`` pushes the trained weights to every replica after each update.
+- ``Resources.map`` is a ``RayMap``: ``filter.verify`` scores its rollouts in batches of
+  Ray tasks.
+- The policy being trained (and its optimizer) stays in the driver process, on CPU.
+
+Placement: the engine group takes its ``resources`` (``cpus``, ``gpus`` per replica and
+``replicas``) from the pipeline's generate stages (alias family ``generate``); they share
+one engine, so the generate stages that declare resources must declare the same ones. The
+replicas plus one verification task must fit in the CPUs and GPUs the cluster has free when
+the run starts; otherwise the run fails at once, saying so, rather than waiting on Ray.
+
+Connection: a Ray already started in this process (a notebook, a test) is used and left
+running. Otherwise ``address`` goes to ``ray.init`` (``auto``, ``ray://host:10001``), and
+without one a local cluster starts, sized for this machine (its CPU count, and at least
+every replica's CPUs plus one for the verification tasks), quietly: no dashboard, no
+usage-stats notice, no worker output on the terminal (workers log under Ray's session
+directory, ``/tmp/ray/session_latest/logs``). ``Resources.close()`` at the end of the run
+disconnects, or shuts down a cluster gfcr started (when the last run using it ends, if
+ablation cells run in parallel threads).
+
+Reproducibility: the split depends only on the requests and K; replica ``i`` samples with
+``replica_seed(params.seed, i)`` (replica 0 keeps the seed itself), so a run is reproducible
+for a fixed replica count, and one replica samples what the in-process engine would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import threading
+from typing import Any, Callable, Sequence
+
+from gfcr.errors import GfcrError
+
+try:
+    import ray
+except ImportError as exc:  # the optional extra is missing
+    raise GfcrError("`executor: {kind: ray}` needs Ray, which is not installed\n"
+                    "    fix: `pip install 'gfcr[ray]'`, or use `executor: {kind: prefect}`") from exc
+
+from gfcr.spec import PipelineSpec, PolicySpec
+from gfcr.spec import Resources as Placement
+from gfcr.stages.generate.sample import step_seed
+from gfcr.stages.resources import Completion, GenerationRequest, Policy, Resources, SamplingParams
+
+# Set before a local cluster starts, so its processes inherit them: no usage-stats notice, and
+# no FutureWarning about accelerator variables from each worker.
+QUIET_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"}
+READY_TIMEOUT_S = 600.0  # loading a model in a replica; a pending actor means the cluster is too small
+
+
+# --- placement -----------------------------------------------------------------------------
+
+def engine_placement(spec: PipelineSpec) -> Placement:
+    """The engine group's resources: those the generate stages declare (the default if none do)."""
+    declared = {sid: s.resources for sid, s in spec.stages.items()
+                if s.use.startswith("generate.") and s.resources != Placement()}
+    distinct = {r.model_dump_json() for r in declared.values()}
+    if len(distinct) > 1:
+        listed = ", ".join(f"`{sid}`: {r.model_dump()}" for sid, r in declared.items())
+        raise GfcrError(f"the generate stages declare different resources ({listed}), but they share one engine "
+                        "group\n    fix: give every generate stage the same `resources`, or declare them on one")
+    return next(iter(declared.values()), Placement())
+
+
+def cluster_cpus(placement: Placement) -> int:
+    """CPUs of a local cluster: this machine's, and at least the replicas' plus one for tasks."""
+    return max(os.cpu_count() or 1, math.ceil(placement.replicas * placement.cpus) + 1)
+
+
+_CONNECTION = threading.Lock()
+_users = 0  # runs of this process using a cluster that gfcr started (parallel ablation cells share it)
+
+
+def connect(address: str | None, placement: Placement) -> Callable[[], None]:
+    """Connect to Ray, or start a local cluster; returns the release to call when the run ends.
+
+    A cluster gfcr started is shut down when the last run of this process using it releases
+    it; a Ray someone else started in this process is left running."""
+    global _users
+    with _CONNECTION:
+        if ray.is_initialized() and _users == 0:
+            return lambda: None
+        if not ray.is_initialized():
+            _start(address, placement)
+        _users += 1
+    return _release
+
+
+def _start(address: str | None, placement: Placement) -> None:
+    for key, value in QUIET_ENV.items():
+        os.environ.setdefault(key, value)
+    quiet: dict[str, Any] = dict(log_to_driver=False, logging_level=logging.ERROR, namespace="gfcr")
+    if address is not None:
+        ray.init(address=address, **quiet)
+    else:
+        ray.init(num_cpus=cluster_cpus(placement), include_dashboard=False, **quiet)
+
+
+def _release() -> None:
+    global _users
+    with _CONNECTION:
+        _users -= 1
+        if _users == 0:
+            ray.shutdown()
+
+
+def check_capacity(placement: Placement, engine: bool) -> None:
+    """Fail now, with the fix, where Ray would otherwise leave an actor or task pending forever:
+    the engine replicas and one verification task must fit in what the cluster has free."""
+    free = ray.available_resources()
+    cpus = (placement.replicas * placement.cpus if engine else 0.0) + 1.0
+    gpus = placement.replicas * placement.gpus if engine else 0
+    if free.get("CPU", 0.0) < cpus:
+        raise GfcrError(f"the Ray cluster has {free.get('CPU', 0.0):g} CPUs free; the engine replicas need "
+                        f"{cpus - 1:g} and verification 1 more\n    fix: lower `resources.replicas` or "
+                        "`resources.cpus` on the generate stage, add nodes to the cluster, or stop what holds "
+                        "its CPUs (`ray status` lists them)")
+    if free.get("GPU", 0.0) < gpus:
+        raise GfcrError(f"the Ray cluster has {free.get('GPU', 0.0):g} GPUs free; the engine replicas need {gpus}\n"
+                        "    fix: lower `resources.gpus` or `resources.replicas` on the generate stage, or "
+                        "connect to a cluster with free GPUs (`executor.address`)")
+
+
+def task_slots(placement: Placement, engine: bool) -> int:
+    """How many verification tasks can run at once beside the engine replicas (counted before
+    the replicas start)."""
+    reserved = placement.replicas * placement.cpus if engine else 0.0
+    return max(1, int(ray.available_resources().get("CPU", 1.0) - reserved))
+
+
+# --- the engine group ----------------------------------------------------------------------
+
+def replica_name(index: int) -> str:
+    return f"ray-{index}"
+
+
+def replica_seed(seed: int, index: int) -> int:
+    """Replica 0 samples with the call's seed (one replica equals the in-process engine);
+    the others with seeds derived from it and their index."""
+    return seed if index == 0 else step_seed(seed, "replica", index)
+
+
+def split_requests(requests: Sequence[GenerationRequest], k: int) -> list[range]:
+    """K contiguous, in-order index ranges of ``requests``, balanced by rows (``sum(n)``); a
+    request's ``n`` samples stay together. Request ``i`` goes to the part holding the middle
+    of its rows, so equal requests split evenly; some ranges may be empty."""
+    total = sum(r.n for r in requests)
+    parts, start, before = [], 0, 0
+    owner = [0] * len(requests)
+    for i, r in enumerate(requests):
+        owner[i] = min(k - 1, (k * (2 * before + r.n)) // (2 * total)) if total else 0
+        before += r.n
+    for part in range(k):
+        end = start
+        while end < len(requests) and owner[end] == part:
+            end += 1
+        parts.append(range(start, end))
+        start = end
+    return parts
+
+
+class EngineReplica:
+    """One engine replica (the body of a Ray actor): its own copy of the policy, loaded from
+    the same ``PolicySpec`` as the driver's, sampled by a ``TransformersEngine``."""
+
+    def __init__(self, policy: PolicySpec, index: int, threads: int):
+        import torch
+
+        from gfcr.engines import TransformersEngine, load_policy
+
+        torch.set_num_threads(threads)
+        self.policy = load_policy(policy)
+        self.engine = TransformersEngine(self.policy, replica=replica_name(index))
+
+    def ready(self) -> str:
+        return self.engine.replica
+
+    def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[list[Completion]]:
+        return self.engine.generate(requests, params)
+
+    def load_weights(self, weights: dict[str, Any], version: int) -> int:
+        self.policy.model.load_state_dict(weights)
+        self.policy.version = version
+        return version
+
+
+class RayEngineGroup:
+    """The Engine protocol over K ``EngineReplica`` actors, driven from the driver process.
+
+    ``policy`` is the driver's policy being trained; the replicas start from the same source
+    weights (version 0). Before generating, a group whose replicas lag the policy's version
+    (a resumed run loads a checkpoint into the driver only) syncs them first.
+    """
+
+    def __init__(self, policy: Policy, replicas: list[Any]):
+        self.policy, self.replicas = policy, replicas
+        self._version = 0
+
+    @classmethod
+    def start(cls, policy: Policy, spec: PolicySpec, placement: Placement) -> "RayEngineGroup":
+        actor = ray.remote(EngineReplica).options(num_cpus=placement.cpus, num_gpus=placement.gpus)
+        threads = max(1, int(placement.cpus))
+        replicas = [actor.remote(spec, i, threads) for i in range(placement.replicas)]
+        group = cls(policy, replicas)
+        try:
+            ray.get([r.ready.remote() for r in replicas], timeout=READY_TIMEOUT_S)
+        except BaseException as exc:  # a replica failed to load, or never started: stop them all
+            group.close()
+            if not isinstance(exc, ray.exceptions.GetTimeoutError):
+                raise
+            raise GfcrError(f"the {placement.replicas} engine replicas did not start within {READY_TIMEOUT_S:g}s "
+                            f"(each needs {placement.cpus:g} CPUs, {placement.gpus} GPUs)\n    fix: check that the "
+                            "cluster has free resources (`ray status`), or lower `resources` on the generate "
+                            "stage") from None
+        return group
+
+    @property
+    def policy_version(self) -> int:
+        return self._version
+
+    def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[list[Completion]]:
+        self._require_open()
+        if self._version != self.policy.version:
+            self.sync_weights(self.policy.version)
+        parts = split_requests(requests, len(self.replicas))
+        refs = [replica.generate.remote([requests[i] for i in part],
+                                        dataclasses.replace(params, seed=replica_seed(params.seed, index)))
+                for index, (replica, part) in enumerate(zip(self.replicas, parts)) if len(part)]
+        return [completions for answer in ray.get(refs) for completions in answer]
+
+    def sync_weights(self, policy_version: int) -> None:
+        """Push the driver's weights to every replica: one ``ray.put``, one load per replica."""
+        self._require_open()
+        weights = ray.put({k: v.detach().cpu() for k, v in self.policy.model.state_dict().items()})
+        ray.get([r.load_weights.remote(weights, policy_version) for r in self.replicas])
+        self._version = policy_version
+
+    def close(self) -> None:
+        for replica in self.replicas:
+            ray.kill(replica)
+        self.replicas = []
+
+    def _require_open(self) -> None:
+        if not self.replicas:
+            raise GfcrError("the Ray engine group is closed (its run has ended)\n"
+                            "    fix: start a new run, or `gfcr resume` this one")
+
+
+# --- verification as tasks -----------------------------------------------------------------
+
+def _apply(fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
+    return [fn(item) for item in items]
+
+
+_apply_task = ray.remote(num_cpus=1)(_apply)
+
+
+class RayMap:
+    """``Resources.map`` on Ray: at most ``slots`` tasks of at least ``min_batch`` items each,
+    so that task overhead (milliseconds) does not dominate scoring (microseconds an item);
+    results come back in item order, equal to the in-process map's."""
+
+    def __init__(self, slots: int, min_batch: int = 32):
+        self.slots, self.min_batch = slots, min_batch
+
+    def __call__(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+        items = list(items)
+        if not items:
+            return []
+        tasks = min(self.slots, math.ceil(len(items) / self.min_batch))
+        bounds = [len(items) * t // tasks for t in range(tasks + 1)]
+        refs = [_apply_task.remote(fn, items[a:b]) for a, b in zip(bounds, bounds[1:])]
+        return [result for batch in ray.get(refs) for result in batch]
+
+
+# --- wiring --------------------------------------------------------------------------------
+
+def ray_resources(spec: PipelineSpec) -> Resources:
+    """The policy (in the driver), an engine group on Ray, and the Ray map; ``close()`` stops
+    the replicas and a cluster gfcr started."""
+    policy = _driver_policy(spec.policy)
+    placement = engine_placement(spec)
+    resources = Resources(policy=policy, closers=[connect(spec.executor.address, placement)])
+    try:
+        check_capacity(placement, engine=policy is not None)
+        resources.map = RayMap(task_slots(placement, engine=policy is not None))
+        if policy is not None and spec.policy is not None:
+            group = RayEngineGroup.start(policy, spec.policy, placement)
+            resources.engine = group
+            resources.closers.append(group.close)
+    except BaseException:
+        resources.close()
+        raise
+    return resources
+
+
+def _driver_policy(spec: PolicySpec | None) -> Any:
+    """The policy the update trains, loaded before any cluster starts (a bad model fails fast)."""
+    if spec is None:
+        return None
+    if spec.engine != "hf":
+        raise GfcrError(f"the Ray executor runs the transformers engine in its replicas; policy.engine "
+                        f"`{spec.engine}` on Ray is not available yet\n    fix: use `engine: hf` with "
+                        "`executor: {kind: ray}`, or another executor for this engine")
+    from gfcr.engines import load_policy
+
+    return load_policy(spec)

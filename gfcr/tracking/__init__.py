@@ -1,0 +1,1 @@
+"""Tracking: MLflow runs and lineage, and reports over runs (hooks on the runtime)."""

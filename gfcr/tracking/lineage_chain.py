@@ -1,0 +1,156 @@
+"""The chain of one rollout, from its data row to the update: what ``gfcr lineage`` prints.
+
+It joins three things a run directory holds: the rollout's lineage row (``lineage/*.parquet``),
+the compiled pipeline of its ``spec.yaml`` (which stage ids are Control stages upstream of the
+stage that generated the rollout, and every stage's alias), and the data source (the prompt's
+text and source row, loaded again from the spec: sources are deterministic). The step's line
+of ``metrics.jsonl`` says what the update did with the batch.
+
+The Allocation's per-prompt reason is not part of the lineage rows today, so the chain names
+the Control stages that selected the prompt but not their reason.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+
+from gfcr.errors import GfcrError
+from gfcr.graph import CompiledPipeline, load_pipeline
+from gfcr.records import Prompt
+from gfcr.runtime.lineage import read_lineage
+from gfcr.runtime.rundir import RunDir
+
+
+@dataclass(frozen=True)
+class StageRef:
+    id: str
+    alias: str | None = None  # None when the pipeline could not be compiled again
+
+    def __str__(self) -> str:
+        return f"{self.id} ({self.alias})" if self.alias else self.id
+
+
+@dataclass(frozen=True)
+class GroupSummary:
+    """The rollout's siblings: same prompt, same step (and loop round)."""
+
+    size: int
+    correct: int
+    reward_mean: float | None
+
+
+@dataclass(frozen=True)
+class RolloutChain:
+    run_dir: Path
+    row: dict[str, Any]  # the lineage row (gfcr.runtime.lineage.SCHEMA)
+    group: GroupSummary
+    step_metrics: dict[str, Any] | None  # the step's metrics.jsonl line
+    prompt: Prompt | None = None
+    data_source: str | None = None  # e.g. `arithmetic` with its validated `with`
+    selected_by: tuple[StageRef, ...] = ()
+    created_by: StageRef | None = None
+    dropped_by: StageRef | None = None
+    update: StageRef | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)  # what could not be shown, and why
+
+
+def rollout_chain(run_dir: Path, rollout_id: str) -> RolloutChain:
+    """Everything the run directory knows about ``rollout_id``; a GfcrError with near ids if it
+    has no such rollout."""
+    rd = _run_dir(run_dir)
+    table = read_lineage(rd.lineage_dir)
+    if table.num_rows == 0:
+        raise GfcrError(f"{run_dir} has no lineage yet (lineage/ is empty)\n"
+                        "    fix: pass a run that has finished at least one step")
+    rows = table.to_pylist()
+    row = next((r for r in rows if r["rollout_id"] == rollout_id), None)
+    if row is None:
+        raise GfcrError(_unknown_rollout(run_dir, rollout_id, rows))
+    siblings = [r for r in rows if r["group_id"] == row["group_id"]]
+    notes: list[str] = []
+    pipeline = _pipeline(rd, notes)
+    refs = _stage_refs(pipeline, row)
+    prompt, source = _prompt(pipeline, row["prompt_id"], notes)
+    return RolloutChain(run_dir=rd.path, row=row, group=_group(siblings), step_metrics=_step_metrics(rd, row["step"]),
+                        prompt=prompt, data_source=source, notes=tuple(notes), **refs)
+
+
+def _run_dir(path: Path) -> RunDir:
+    rd = RunDir(Path(path))
+    if not rd.path.is_dir():
+        raise GfcrError(f"{path} does not exist\n    fix: pass a run directory that `gfcr run` printed, "
+                        "e.g. runs/quickstart-20261130-101500")
+    if not rd.spec.is_file():
+        raise GfcrError(f"{path} is not a gfcr run directory (no spec.yaml)\n"
+                        "    fix: pass the folder `gfcr run` printed, e.g. runs/quickstart-20261130-101500")
+    return rd
+
+
+def _unknown_rollout(run_dir: Path, rollout_id: str, rows: list[dict[str, Any]]) -> str:
+    ids = [r["rollout_id"] for r in rows]
+    in_group = [i for i in ids if i.startswith(rollout_id + "/")]  # a group id was given
+    of_prompt = [r["rollout_id"] for r in rows if r["prompt_id"] == rollout_id]  # a prompt id was given
+    near = in_group or of_prompt or difflib.get_close_matches(rollout_id, ids, n=5, cutoff=0.8)
+    hint = (f"did you mean {', '.join(f'`{i}`' for i in near[:5])}?" if near
+            else f"rollout ids look like `{ids[0]}` (`<prompt id>@s<step>/<index>`)")
+    return (f"{run_dir} has no rollout `{rollout_id}` in its lineage ({len(ids)} rollouts, "
+            f"steps {rows[0]['step']}-{rows[-1]['step']})\n    fix: {hint}")
+
+
+def _pipeline(rd: RunDir, notes: list[str]) -> CompiledPipeline | None:
+    try:
+        return load_pipeline(rd.spec)
+    except GfcrError as exc:  # e.g. a plugin stage that is no longer installed
+        notes.append(f"stage aliases and the prompt are not shown: {rd.spec} does not compile here "
+                     f"({str(exc).splitlines()[0]})")
+        return None
+
+
+def _stage_refs(pipeline: CompiledPipeline | None, row: dict[str, Any]) -> dict[str, Any]:
+    def ref(sid: str | None) -> StageRef | None:
+        if sid is None:
+            return None
+        node = pipeline.nodes.get(sid) if pipeline is not None else None
+        return StageRef(sid, node.info.alias if node is not None else None)
+
+    created = row["created_by"]
+    selected: tuple[StageRef, ...] = ()
+    if pipeline is not None and created in pipeline.graph:
+        upstream = nx.ancestors(pipeline.graph, created)
+        selected = tuple(StageRef(sid, n.info.alias) for sid, n in pipeline.nodes.items()
+                         if sid in upstream and n.info.family == "control")
+    return {"selected_by": selected, "created_by": ref(created), "dropped_by": ref(row["dropped_by"]),
+            "update": ref("update")}
+
+
+def _prompt(pipeline: CompiledPipeline | None, prompt_id: str, notes: list[str]) -> tuple[Prompt | None, str | None]:
+    if pipeline is None:
+        return None, None
+    binding = pipeline.data
+    source = f"{binding.name} {binding.config.model_dump(mode='json')}"
+    try:
+        pool = binding.load()
+    except (GfcrError, OSError) as exc:  # the data file moved, or its rows changed
+        notes.append(f"the prompt text is not shown: data source `{binding.name}` cannot be loaded "
+                     f"({str(exc).splitlines()[0]})")
+        return None, source
+    if prompt_id not in pool:
+        notes.append(f"the prompt text is not shown: data source `{binding.name}` has no prompt `{prompt_id}` "
+                     "any more (did its file change?)")
+        return None, source
+    return pool.get(prompt_id), source
+
+
+def _group(rows: list[dict[str, Any]]) -> GroupSummary:
+    rewards = [r["reward"] for r in rows if r["reward"] is not None]
+    return GroupSummary(size=len(rows), correct=sum(bool(r["correct"]) for r in rows),
+                        reward_mean=sum(rewards) / len(rewards) if rewards else None)
+
+
+def _step_metrics(rd: RunDir, step: int) -> dict[str, Any] | None:
+    return next((r for r in rd.read_metrics() if r["step"] == step), None)

@@ -1,0 +1,281 @@
+"""``MlflowTracker``: a run hook that mirrors one gfcr run into one MLflow run (DESIGN.md section 7).
+
+What the MLflow run holds:
+
+- params: the resolved spec, flattened (``gfcr.tracking.mlflow_values``);
+- metrics: every numeric key of each ``metrics.jsonl`` line at MLflow ``step`` = the gfcr step
+  (``reward_mean``, ``update.grad_norm``, ``time.step_s``, ...); after the last step, the final
+  evaluation as ``eval_accuracy`` and ``eval_accuracy_after`` at ``step = run.steps``, and the
+  run's totals as ``total.rollouts_generated``, ``total.tokens_in_update``, ...;
+- artifacts: ``spec.yaml`` (resolved), the pipeline drawing (``graph.svg``, or ``graph.dot``
+  without Graphviz's ``dot``), ``lineage/step-NNNNNN.parquet`` for every step, and at the end
+  ``summary.json`` and ``metrics.jsonl``;
+- inputs: the training and eval prompts as datasets, contexts ``training`` and ``eval``;
+- tags: ``gfcr.pipeline``, ``gfcr.stage.<id>`` = alias, ``gfcr.version``, ``gfcr.run_dir``,
+  ``gfcr.seed``, ``mlflow.source.git.commit`` when the working directory is a git checkout,
+  ``mlflow.parentRunId`` for an ablation cell, plus any tags the caller passes.
+
+Resume: the MLflow run id and store are kept in ``tracking.json`` in the run directory, and
+``gfcr resume`` continues that same MLflow run. MLflow keeps a metric's whole history, so the
+steps a resumed run re-runs (those after its checkpoint) appear twice at the same step:
+**readers take the last value logged at each step** (``gfcr.tracking.report_series`` does).
+Params cannot change in MLflow; a param a resume changes (``run.steps``) is recorded as the tag
+``gfcr.resumed.<key>`` = ``old -> new``.
+
+Cost per step: metrics and lineage files are buffered and written in one batch every
+``flush_seconds`` (and at the end), so a 0.3 s step does not wait on the store. A run killed
+between flushes loses nothing: a resumed run first logs the steps of ``metrics.jsonl`` that
+MLflow lacks.
+
+    tracker = MlflowTracker(spec.tracking.mlflow, parent_run_id=parent, tags={"gfcr.variant": "median"})
+    Run.start(pipeline, run_dir, hooks=(tracker,)).train()     # or: hooks = start_tracking(run)
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from gfcr.errors import GfcrError
+from gfcr.runtime.rundir import write_text
+from gfcr.spec.models import MlflowSpec
+from gfcr.tracking.mlflow_inputs import dataset_input, run_tags
+from gfcr.tracking.mlflow_store import connect, experiment_id, quiet, resolve_uri
+from gfcr.tracking.mlflow_values import (
+    MAX_TAG_VALUE, METRICS_PER_BATCH, PARAMS_PER_BATCH, batches, fit_value, metric_values, spec_params,
+)
+
+TRACKING_FILE = "tracking.json"
+SENTINEL = "rollouts_generated"  # a metric every step logs: its history says which steps MLflow has
+TOTALS = ("rollouts_generated", "tokens_generated", "rollouts_in_update", "tokens_in_update")
+
+_DATASETS = threading.Lock()
+
+
+class MlflowTracker:
+    """A run hook: one MLflow run per gfcr run, continued by ``gfcr resume``.
+
+    ``settings`` is the spec's ``tracking.mlflow`` (default: the store of ``resolve_uri``).
+    ``parent_run_id`` makes this run a child of that MLflow run (an ablation cell), in the
+    parent's experiment; ``tags`` are added to the run (``gfcr.variant``).
+    """
+
+    def __init__(self, settings: MlflowSpec | None = None, *, parent_run_id: str | None = None,
+                 tags: dict[str, str] | None = None, flush_seconds: float = 5.0):
+        self.settings = settings or MlflowSpec()
+        self.parent_run_id, self.extra_tags, self.flush_seconds = parent_run_id, dict(tags or {}), flush_seconds
+        self.client: Any = None
+        self.uri: str | None = None
+        self.run_id: str | None = None
+        self.experiment_id: str | None = None
+        self.run: Any = None
+        self._metrics: list[Any] = []
+        self._lineage: list[Path] = []
+        self._last_flush = 0.0
+        self._finished = False
+
+    # --- hooks of gfcr.runtime.session.Run ---------------------------------------------------
+
+    def before_run(self, run: Any) -> None:
+        self.start(run)
+
+    def after_step(self, record: dict[str, Any]) -> None:
+        self._buffer(record)
+        if time.monotonic() - self._last_flush >= self.flush_seconds:
+            self.flush()
+
+    def after_run(self, summary: dict[str, Any]) -> None:
+        from mlflow.entities import Metric
+
+        self.flush()
+        step, now = int(summary["steps"]), _now_ms()
+        final = summary.get("eval_accuracy_after")
+        metrics = [Metric(f"total.{k}", float(summary[k]), now, step) for k in TOTALS if summary.get(k) is not None]
+        if final is not None:
+            metrics += [Metric("eval_accuracy", float(final), now, step),
+                        Metric("eval_accuracy_after", float(final), now, step)]
+        with quiet():
+            self.client.log_batch(self.run_id, metrics=metrics)
+            for path in (self.run.dir.summary, self.run.dir.metrics, self.run.dir.spec):
+                self.client.log_artifact(self.run_id, str(path))
+            self.client.set_terminated(self.run_id, "FINISHED")
+        self._finished = True
+
+    def close(self) -> None:
+        """Mark the MLflow run FAILED when the gfcr run stopped before ``after_run`` (an error, an
+        interrupt), after logging what was buffered. Never raises: it runs while another error
+        is on its way out."""
+        if self.run_id is None or self._finished:
+            return
+        try:
+            self.flush()
+            with quiet():
+                self.client.set_terminated(self.run_id, "FAILED")
+        except Exception:  # the store may be the thing that failed; the first error is the one to show
+            pass
+        self._finished = True
+
+    # --- starting -------------------------------------------------------------------------------
+
+    def start(self, run: Any) -> None:
+        """Open the MLflow run for ``run``: a new one, or the one ``tracking.json`` names (resume).
+        Idempotent, so a caller may start it early (before the progress bar) and still pass the
+        tracker as a hook."""
+        if self.run is run:
+            return
+        self.run = run
+        saved = _read_tracking_file(run.dir.path)
+        if saved is None:
+            self._create(run)
+        else:
+            self._reopen(run, saved)
+        self._log_definition(run)
+        self._backfill(run)
+        self._last_flush = time.monotonic()
+
+    def _create(self, run: Any) -> None:
+        self.uri = resolve_uri(self.settings)
+        self.client = connect(self.uri)
+        tags = {**run_tags(run), **{k: fit_value(str(v), MAX_TAG_VALUE) for k, v in self.extra_tags.items()}}
+        with quiet():
+            if self.parent_run_id is not None:
+                self.experiment_id = self._parent_experiment()
+                tags["mlflow.parentRunId"] = self.parent_run_id
+            else:
+                self.experiment_id = experiment_id(self.client, self.uri, self.settings.experiment or run.spec.name)
+            self.run_id = self.client.create_run(self.experiment_id, run_name=run.dir.path.name, tags=tags).info.run_id
+        write_text(run.dir.path / TRACKING_FILE, json.dumps(
+            {"mlflow_run_id": self.run_id, "tracking_uri": self.uri, "experiment_id": self.experiment_id},
+            indent=2) + "\n")
+        self._log_params(spec_params(run.pipeline))
+        with quiet():
+            inputs = [dataset_input(run.pool, run.pipeline.data, "training")]
+            if run.eval_pool is not None and run.pipeline.eval is not None:
+                inputs.append(dataset_input(run.eval_pool, run.pipeline.eval, "eval"))
+            with _DATASETS:  # MLflow inserts a new dataset without a lock: parallel cells would collide
+                self.client.log_inputs(self.run_id, datasets=inputs)
+
+    def _parent_experiment(self) -> str:
+        try:
+            return self.client.get_run(self.parent_run_id).info.experiment_id
+        except Exception as exc:
+            raise GfcrError(f"parent MLflow run {self.parent_run_id} is not in {self.uri}: {exc}\n"
+                            "    fix: create the parent run in the same store (gfcr.tracking.mlflow_store."
+                            "create_parent_run)") from exc
+
+    def _reopen(self, run: Any, saved: dict[str, str]) -> None:
+        self.uri, self.run_id = saved["tracking_uri"], saved["mlflow_run_id"]
+        self.client = connect(self.uri)
+        with quiet():
+            try:
+                existing = self.client.get_run(self.run_id)
+            except Exception as exc:
+                raise GfcrError(
+                    f"{run.dir.path / TRACKING_FILE} names MLflow run {self.run_id} in {self.uri}, which cannot be "
+                    f"read: {exc}\n    fix: make that store reachable again, or delete {TRACKING_FILE} to track "
+                    "the rest of this run as a new MLflow run") from exc
+            self.experiment_id = existing.info.experiment_id
+            self.client.update_run(self.run_id, status="RUNNING")
+            resumes = int(existing.data.tags.get("gfcr.resumes", "0")) + 1
+            self.client.set_tag(self.run_id, "gfcr.resumes", str(resumes))
+        self._log_params(spec_params(run.pipeline), existing.data.params)
+
+    def _log_params(self, params: dict[str, str], existing: dict[str, str] | None = None) -> None:
+        """Log ``params``; with ``existing`` (a resume), only new keys, and changed values as tags."""
+        from mlflow.entities import Param, RunTag
+
+        existing = existing or {}
+        new = [Param(k, v) for k, v in params.items() if k not in existing]
+        changed = [RunTag(f"gfcr.resumed.{k}"[:250], fit_value(f"{existing[k]} -> {v}", MAX_TAG_VALUE))
+                   for k, v in params.items() if k in existing and existing[k] != v]
+        with quiet():
+            for batch in batches(new, PARAMS_PER_BATCH):
+                self.client.log_batch(self.run_id, params=batch)
+            for batch in batches(changed, PARAMS_PER_BATCH):
+                self.client.log_batch(self.run_id, tags=batch)
+
+    def _log_definition(self, run: Any) -> None:
+        """The resolved spec and the drawing of the compiled graph."""
+        from gfcr.graph.draw import render
+
+        with tempfile.TemporaryDirectory(prefix="gfcr-graph-") as tmp:
+            drawing = render(run.pipeline, Path(tmp) / ("graph.svg" if shutil.which("dot") else "graph.dot"))
+            with quiet():
+                self.client.log_artifact(self.run_id, str(run.dir.spec))
+                self.client.log_artifact(self.run_id, str(drawing))
+
+    def _backfill(self, run: Any) -> None:
+        """Log the steps ``metrics.jsonl`` has and MLflow lacks (a run killed between flushes, or
+        tracked for the first time on resume)."""
+        with quiet():
+            logged = {m.step for m in self.client.get_metric_history(self.run_id, SENTINEL)}
+        for record in run.dir.read_metrics():
+            if record["step"] not in logged:
+                self._buffer(record)
+        self.flush()
+
+    # --- steps ----------------------------------------------------------------------------------
+
+    def _buffer(self, record: dict[str, Any]) -> None:
+        from mlflow.entities import Metric
+
+        step, now = int(record["step"]), _now_ms()
+        self._metrics += [Metric(k, v, now, step) for k, v in metric_values(record).items()]
+        lineage = self.run.dir.lineage(step)
+        if lineage.is_file():
+            self._lineage.append(lineage)
+
+    def flush(self) -> None:
+        """Write the buffered metrics and lineage files to MLflow."""
+        metrics, lineage = self._metrics, self._lineage
+        self._metrics, self._lineage = [], []
+        with quiet():
+            for batch in batches(metrics, METRICS_PER_BATCH):
+                self.client.log_batch(self.run_id, metrics=batch)
+            for path in lineage:
+                self.client.log_artifact(self.run_id, str(path), "lineage")
+        self._last_flush = time.monotonic()
+
+    def describe(self) -> str:
+        """Where the run is tracked and how to look at it, for the closing summary."""
+        return (f"MLflow run {self.run_id} (experiment id {self.experiment_id}) in {self.uri}\n"
+                f"    see it with: mlflow ui --backend-store-uri {self.uri}")
+
+
+def start_tracking(run: Any, *, parent_run_id: str | None = None,
+                   tags: dict[str, str] | None = None) -> tuple[MlflowTracker, ...]:
+    """The tracking hooks ``run``'s spec asks for, already started (none with ``tracking.mlflow: null``)."""
+    settings = run.spec.tracking.mlflow
+    if settings is None:
+        return ()
+    tracker = MlflowTracker(settings, parent_run_id=parent_run_id, tags=tags)
+    tracker.start(run)
+    return (tracker,)
+
+
+def check_store(spec: Any) -> None:
+    """Open the MLflow store ``spec`` tracks to (nothing when tracking is off): a GfcrError with
+    the fix if it cannot be opened. Call it before writing anything for a new run."""
+    if spec.tracking.mlflow is not None:
+        connect(resolve_uri(spec.tracking.mlflow))
+
+
+def _read_tracking_file(run_dir: Path) -> dict[str, str] | None:
+    path = run_dir / TRACKING_FILE
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return {"mlflow_run_id": str(data["mlflow_run_id"]), "tracking_uri": str(data["tracking_uri"])}
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise GfcrError(f"{path} is not a tracking record gfcr wrote ({exc})\n"
+                        f"    fix: delete {path} to track the rest of this run as a new MLflow run") from None
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)

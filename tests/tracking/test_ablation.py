@@ -1,0 +1,95 @@
+"""`gfcr ablate` (issue 5, item 3): the grid runs as MLflow child runs of one parent, as Prefect
+subflows, and the report's table equals what the child runs hold in MLflow."""
+
+from __future__ import annotations
+
+import json
+from statistics import mean
+
+import pytest
+from typer.testing import CliRunner
+
+from gfcr.cli.main import app
+from gfcr.errors import GfcrError
+from gfcr.tracking.ablation import Cell, grid, parse_seeds, parse_vary
+from tests.conftest import REPO
+
+
+def test_the_grid_is_every_combination_for_every_seed():
+    vary = parse_vary(["update.with.advantage=mean_std,median", "stages.budget.with.n=4,8"])
+    cells = grid(vary, parse_seeds("0,1"))
+    assert len(cells) == 8 and len(set(cells)) == 8
+    assert cells[0] == Cell((("update.with.advantage", "mean_std"), ("stages.budget.with.n", "4")), 0)
+    assert cells[0].overrides() == ["update.with.advantage=mean_std", "stages.budget.with.n=4", "run.seed=0"]
+    assert cells[0].slug == "advantage=mean_std-n=4-seed0"
+
+
+@pytest.mark.parametrize("vary, message", [
+    (["update.with.advantage"], "expected KEY=V1,V2"),
+    (["update.with.advantage=a,,b"], "expected KEY=V1,V2"),
+    (["a.b=1", "a.b=2"], "varied twice"),
+    (["run.seed=1,2"], "--seeds"),
+])
+def test_bad_vary_options_say_how_to_fix_them(vary, message):
+    with pytest.raises(GfcrError, match=message):
+        parse_vary(vary)
+
+
+def test_a_bad_value_in_any_cell_fails_before_anything_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["ablate", str(REPO / "pipelines" / "quickstart.yaml"),
+                                      "--vary", "update.with.advantage=mean_std,medain", "--steps", "1"])
+    assert result.exit_code == 2
+    assert "medain" in result.output and "median" in result.output
+    assert not (tmp_path / "runs").exists()
+
+
+def _history(client, run_id: str, key: str) -> dict[int, float]:
+    """The last value logged at each step (a resumed run may log a step twice)."""
+    return {m.step: m.value for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.timestamp)}
+
+
+def test_ablate_runs_four_child_runs_and_a_report_that_matches_them(tmp_path, monkeypatch):
+    from mlflow import MlflowClient
+
+    from gfcr.tracking.mlflow_store import resolve_uri
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["ablate", str(REPO / "pipelines" / "quickstart.yaml"),
+                                      "--vary", "update.with.advantage=mean_std,median", "--seeds", "0,1",
+                                      "--steps", "20"])
+    assert result.exit_code == 0, result.output
+    client = MlflowClient(resolve_uri())
+    experiment = client.get_experiment_by_name("quickstart")
+    (root,) = (tmp_path / "runs").glob("quickstart-ablation-*")
+    (parent,) = client.search_runs([experiment.experiment_id],
+                                   f"tags.`gfcr.run_dir` = '{root.resolve()}'")
+    assert parent.info.status == "FINISHED"
+    children = client.search_runs([experiment.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    assert len(children) == 4 and all(c.info.status == "FINISHED" for c in children)
+    assert {(c.data.tags["gfcr.variant"], c.data.tags["gfcr.seed"]) for c in children} == {
+        (f"update.with.advantage={a}", s) for a in ("mean_std", "median") for s in ("0", "1")}
+    assert {c.data.params["update.with.advantage"] for c in children} == {"mean_std", "median"}
+
+    report = json.loads((root / "report" / "report.json").read_text())
+    assert (root / "report" / "index.html").is_file() and (root / "report" / "report.md").is_file()
+    rows = {row["variant"]: row for row in report["rows"]}
+    assert set(rows) == {"update.with.advantage=mean_std", "update.with.advantage=median"}
+    target = report["target"]
+    for variant, row in rows.items():
+        mine = [c for c in children if c.data.tags["gfcr.variant"] == variant]
+        finals = [_history(client, c.info.run_id, "eval_accuracy")[20] for c in mine]  # evaluated after step 20
+        assert row["final_accuracy"] == pytest.approx(mean(finals))
+        assert (row["final_min"], row["final_max"]) == pytest.approx((min(finals), max(finals)))
+        assert sorted(row["seeds"]) == [0, 1]
+        reached = []
+        for c in mine:
+            accuracy = _history(client, c.info.run_id, "eval_accuracy")
+            rollouts = _history(client, c.info.run_id, "rollouts_generated")
+            first = min((s for s, a in accuracy.items() if a >= target - 1e-9), default=None)
+            if first is not None:
+                reached.append(sum(v for s, v in rollouts.items() if s < first))
+        assert row["seeds_reaching"] == len(reached)
+        if len(reached) == len(mine):
+            assert row["rollouts_to_target"] == pytest.approx(mean(reached))
+    assert "update.with.advantage=median" in result.output  # the table is printed too
