@@ -46,7 +46,10 @@ PREFECT_DEFAULTS = {
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",  # 2 busy cores start it slowly
     "PREFECT_RESULTS_PERSIST_BY_DEFAULT": "false",  # results live in the run directory
     "PREFECT_TASKS_REFRESH_CACHE": "false",
+    # the embedded server's own log (e.g. events still in flight when it is stopped at exit)
+    "PREFECT_SERVER_LOGGING_LEVEL": "CRITICAL",
 }
+DRAIN_SECONDS = 30.0  # at most this long, after a run, for the server to record its last task runs
 
 
 def configure_prefect() -> None:
@@ -104,6 +107,7 @@ class PrefectRunner(LocalRunner):
 
     def _execute(self, sid: str, ctx: StepContext, run: Callable, kwargs: dict[str, Any]) -> Any:
         where = f"step {ctx.step}" + (f" round {ctx.round}" if ctx.round is not None else "")
+        _count_task_run()
         try:
             return self._tasks[sid](lambda: run(**kwargs), label=f"{sid} {where}")
         except StageError:
@@ -113,6 +117,7 @@ class PrefectRunner(LocalRunner):
 
     def call_as(self, name: str, fn: Callable[[], T]) -> T:
         task = self._eval if name == "eval" else self._eval.with_options(name=name)
+        _count_task_run()
         return task(fn, label=f"{name} step {self.step}")
 
 
@@ -149,12 +154,63 @@ def run_in_flow(flow_name: str, run_name: str, body: Callable[[], T]) -> T:
     configure_prefect()
     from prefect import flow
 
+    started: dict[str, Any] = {}
+
     def pipeline_run() -> T:
+        from prefect.context import FlowRunContext
+
         _lower_server_priority()
+        started["id"] = FlowRunContext.get().flow_run.id
+        _TASK_RUNS[started["id"]] = 0
         return body()
 
-    return flow(pipeline_run, name=flow_name, flow_run_name=run_name, persist_result=False,
-                validate_parameters=False, log_prints=False)()
+    try:
+        return flow(pipeline_run, name=flow_name, flow_run_name=run_name, persist_result=False,
+                    validate_parameters=False, log_prints=False)()
+    finally:
+        if "id" in started:
+            _drain(started["id"], _TASK_RUNS.pop(started["id"], 0))
+
+
+_TASK_RUNS: dict[Any, int] = {}  # flow run id -> task runs started in it
+
+
+def _count_task_run() -> None:
+    from prefect.context import FlowRunContext
+
+    context = FlowRunContext.get()
+    if context is not None and context.flow_run is not None and context.flow_run.id in _TASK_RUNS:
+        _TASK_RUNS[context.flow_run.id] += 1
+
+
+def _drain(flow_run_id: Any, expected: int) -> None:
+    """Wait (bounded) until the server has recorded the final state of the flow run's task runs.
+    Task run states reach the server as events, processed a moment later; the embedded server
+    stops when this process exits, and whatever it had not recorded would be missing in the UI."""
+    import time
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        TaskRunFilter, TaskRunFilterFlowRunId, TaskRunFilterState, TaskRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+
+    final = [StateType.COMPLETED, StateType.FAILED, StateType.CRASHED, StateType.CANCELLED]
+    recorded = TaskRunFilter(flow_run_id=TaskRunFilterFlowRunId(any_=[flow_run_id]),
+                             state=TaskRunFilterState(type=TaskRunFilterStateType(any_=final)))
+    deadline = time.monotonic() + DRAIN_SECONDS
+    try:
+        with get_client(sync_client=True) as client:
+            while time.monotonic() < deadline:
+                done, page = 0, 200
+                while page == 200:
+                    page = len(client.read_task_runs(task_run_filter=recorded, limit=200, offset=done))
+                    done += page
+                if done >= expected:
+                    return
+                time.sleep(0.2)
+    except Exception:  # the run is over and its results are on disk; the UI record is best effort
+        return
 
 
 def map_in_flow(flow_name: str, run_name: str, fn: Callable[[Any], T], items: Sequence[Any],
