@@ -31,6 +31,7 @@ from gfcr.stages.filter.verify import Verify
 from gfcr.stages.resources import GenerationRequest, Resources, SamplingParams
 from gfcr.stages.testing import scored_group
 
+pytest.importorskip("ray", reason="the Ray executor needs the extra: pip install 'gfcr[ray]' (make test installs it)")
 ray_executor = pytest.importorskip("gfcr.runtime.ray_executor", exc_type=ImportError)
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "pipelines" / "quickstart.yaml"
