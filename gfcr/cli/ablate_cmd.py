@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -30,9 +31,7 @@ def ablate(file: Path,
     base += [f"executor.kind={executor}"] if executor is not None else []
     try:
         grid, seed_list = parse_vary(vary), parse_seeds(seeds)
-        cells = 1
-        for _, values in grid:
-            cells *= len(values)
+        cells = math.prod(len(values) for _, values in grid)
         out.print(f"ablation of {escape(str(file))}: {cells} variant(s) x {len(seed_list)} seed(s) = "
                   f"{cells * len(seed_list)} runs, {parallel} at a time")
         ablation = run_ablation(file, grid, seed_list, base=base, parallel=parallel, out_dir=out_dir,

@@ -24,6 +24,7 @@ Stage code never imports Prefect: only this module and the CLI do.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from pathlib import Path
@@ -52,11 +53,12 @@ PREFECT_DEFAULTS = {
 DRAIN_SECONDS = 30.0  # at most this long, after a run, for the server to record its last task runs
 
 
+@functools.cache
 def configure_prefect() -> None:
-    """Set gfcr's Prefect defaults, import Prefect, and turn its console output off.
+    """Set gfcr's Prefect defaults, import Prefect, and turn its console output off (once).
 
     Prefect's log records still go to its API (the UI shows them); only the terminal stays
-    quiet, as gfcr prints its own progress. Safe to call more than once.
+    quiet, as gfcr prints its own progress.
     """
     for key, value in PREFECT_DEFAULTS.items():
         os.environ.setdefault(key, value)
@@ -66,8 +68,7 @@ def configure_prefect() -> None:
     for name in ("prefect", "prefect.server", "docket", "uvicorn", "uvicorn.error", "uvicorn.access"):
         logger = logging.getLogger(name)
         for handler in list(logger.handlers):
-            if type(handler).__name__ == "PrefectConsoleHandler" or isinstance(handler, logging.StreamHandler) \
-                    and getattr(handler, "stream", None) is not None and type(handler).__name__ != "APILogHandler":
+            if isinstance(handler, logging.StreamHandler):  # the console; the API handler is not one
                 logger.removeHandler(handler)
         logger.propagate = False
         if not logger.handlers:
@@ -103,11 +104,12 @@ class PrefectRunner(LocalRunner):
                 timeout_seconds=node.spec.timeout_s, log_prints=False)
         self._eval = task(_named_call("eval"), name="eval", task_run_name="{label}", cache_policy=NO_CACHE,
                           persist_result=False)
+        self.task_runs = 0  # started so far: how many the server must record before the process may exit
         super().__init__(pipeline, pool=pool, stages=stages, run_id=run_id, hooks=hooks, resources=resources)
 
     def _execute(self, sid: str, ctx: StepContext, run: Callable, kwargs: dict[str, Any]) -> Any:
         where = f"step {ctx.step}" + (f" round {ctx.round}" if ctx.round is not None else "")
-        _count_task_run()
+        self.task_runs += 1
         try:
             return self._tasks[sid](lambda: run(**kwargs), label=f"{sid} {where}")
         except StageError:
@@ -117,7 +119,7 @@ class PrefectRunner(LocalRunner):
 
     def call_as(self, name: str, fn: Callable[[], T]) -> T:
         task = self._eval if name == "eval" else self._eval.with_options(name=name)
-        _count_task_run()
+        self.task_runs += 1
         return task(fn, label=f"{name} step {self.step}")
 
 
@@ -149,19 +151,19 @@ def _named_call(name: str) -> Callable[..., Any]:
     return call
 
 
-def run_in_flow(flow_name: str, run_name: str, body: Callable[[], T]) -> T:
-    """Call ``body`` as one flow run of a flow named ``flow_name`` (a subflow run inside a flow)."""
+def run_in_flow(flow_name: str, run_name: str, body: Callable[[], T],
+                task_runs: Callable[[], int] = lambda: 0) -> T:
+    """Call ``body`` as one flow run of a flow named ``flow_name`` (a subflow run inside a flow);
+    ``task_runs()`` counts the task runs started so far, awaited on the server at the end."""
     configure_prefect()
     from prefect import flow
+    from prefect.context import FlowRunContext
 
     started: dict[str, Any] = {}
 
     def pipeline_run() -> T:
-        from prefect.context import FlowRunContext
-
         _lower_server_priority()
-        started["id"] = FlowRunContext.get().flow_run.id
-        _TASK_RUNS[started["id"]] = 0
+        started["id"], started["before"] = FlowRunContext.get().flow_run.id, task_runs()
         return body()
 
     try:
@@ -169,18 +171,7 @@ def run_in_flow(flow_name: str, run_name: str, body: Callable[[], T]) -> T:
                     validate_parameters=False, log_prints=False)()
     finally:
         if "id" in started:
-            _drain(started["id"], _TASK_RUNS.pop(started["id"], 0))
-
-
-_TASK_RUNS: dict[Any, int] = {}  # flow run id -> task runs started in it
-
-
-def _count_task_run() -> None:
-    from prefect.context import FlowRunContext
-
-    context = FlowRunContext.get()
-    if context is not None and context.flow_run is not None and context.flow_run.id in _TASK_RUNS:
-        _TASK_RUNS[context.flow_run.id] += 1
+            _drain(started["id"], task_runs() - started["before"])
 
 
 def _drain(flow_run_id: Any, expected: int) -> None:

@@ -118,7 +118,8 @@ class Run:
             return self._train()
         from gfcr.runtime.prefect_runner import run_in_flow
 
-        return run_in_flow(self.spec.name, self.dir.path.name, self._train)
+        return run_in_flow(self.spec.name, self.dir.path.name, self._train,
+                           lambda: getattr(self.runner, "task_runs", 0))
 
     def _train(self) -> dict[str, Any]:
         total, every = self.spec.run.steps, self.spec.run.checkpoint_every
