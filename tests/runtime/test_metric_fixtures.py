@@ -1,0 +1,47 @@
+"""The seeded metrics of the shipped pipelines are a contract: quickstart, greso_arith and
+dapo_arith, run for a few steps on the local runner, give exactly the recorded
+``metrics.jsonl`` (every key but ``time``).
+
+A change that moves them re-records them on purpose, and says why in its commit:
+
+    GFCR_RECORD_FIXTURES=1 .venv/bin/python -m pytest tests/runtime/test_metric_fixtures.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from gfcr.graph import load_pipeline
+from gfcr.runtime.session import Run
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURES = REPO / "tests" / "fixtures" / "metrics"
+STEPS = 8
+OVERRIDES = [f"run.steps={STEPS}", "eval.every=4", "executor.kind=local", "tracking.mlflow=null"]
+
+
+def seeded_metrics(pipeline: str, run_dir: Path, overrides: list[str] = ()) -> list[dict]:
+    """The metrics lines of a short seeded run of a shipped pipeline, without ``time``."""
+    compiled = load_pipeline(REPO / "pipelines" / f"{pipeline}.yaml", OVERRIDES + list(overrides))
+    Run.start(compiled, run_dir).train()
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for line in lines:
+        line.pop("time")
+    return lines
+
+
+@pytest.mark.parametrize("pipeline", ["quickstart", "greso_arith", "dapo_arith"])
+def test_seeded_metrics_equal_the_fixture(pipeline: str, tmp_path: Path) -> None:
+    got = seeded_metrics(pipeline, tmp_path / "run")
+    fixture = FIXTURES / f"{pipeline}.jsonl"
+    if os.environ.get("GFCR_RECORD_FIXTURES"):
+        fixture.parent.mkdir(parents=True, exist_ok=True)
+        fixture.write_text("".join(json.dumps(line, sort_keys=True) + "\n" for line in got))
+    expected = [json.loads(line) for line in fixture.read_text().splitlines()]
+    assert len(got) == len(expected) == STEPS
+    for g, e in zip(got, expected):
+        assert g == e, f"{pipeline} step {e['step']} differs from {fixture.name}"
