@@ -1,36 +1,45 @@
-"""The transformers engine: batched sampling on CPU from the policy's own model object.
+"""The transformers engine: a KV-cached decode loop on CPU over the policy's own model object.
 
-Each call flattens the requests into ``sum(n)`` rows, left-pads the prompts, and runs one
-``model.generate`` (sampling with ``top_k=0``, so only temperature and top-p shape the
-distribution). The behaviour log-probability of each token is taken from the raw logits of
-that decoding step, tempered by the temperature and *not* truncated by top-p (the
-distribution the update's ratio is computed against). A row ends at the end-of-sequence
-token (kept, since the policy chose it) or at a stop string; its padding is cut off.
+``generate`` runs ``gfcr.engines.decode.decode_requests`` (rows, per-row seeded sampling,
+stop strings, in-flight control, refill) over a ``KVBatch``:
 
-Sampling is seeded: ``torch.manual_seed(params.seed)`` before each call, so a run that
-resumes from a checkpoint samples exactly what an uninterrupted run would. The seed and the
-draws use torch's global generator, so one lock serialises sampling across threads: runs in
-parallel threads of one process (``gfcr ablate --parallel``) stay reproducible.
+- new rows are prefilled together (left-padded, position ids from the attention mask) into
+  a fresh ``DynamicCache``, then merged into the running one (the shorter side is padded on
+  the left with zero keys and attention-mask zeros);
+- each step feeds one token per live row and computes only the last position's logits
+  (``logits_to_keep=1``: ``[B, V]``, never ``[B, T, V]``);
+- rows that end leave the batch (``DynamicCache.batch_select_indices``), and cache columns
+  that only padded the rows that left are cropped, so they stop costing compute.
+
+``score`` runs one forward pass per batch of ``max_batch`` (prompt, response) pairs and
+returns the per-token log-probs and entropies of the responses (tempered by the request's
+temperature; 0 means untempered, as greedy sampling records).
+
+Each row samples from its own seeded stream, so torch's global generator is not touched;
+one lock still serialises generation across threads (``gfcr ablate --parallel``): a
+module's forward and its train/eval switch are not thread-safe.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
-from transformers import StoppingCriteria, StoppingCriteriaList
+import torch.nn.functional as F
+from transformers import DynamicCache
 
+from gfcr.engines.decode import decode_requests, entropy_of, first_stop  # noqa: F401  (first_stop: vLLM's)
 from gfcr.engines.policy import HFPolicy
-from gfcr.stages.resources import Completion, GenerationRequest, SamplingParams
+from gfcr.stages.engine import Completion, GenerationRequest, InFlightController, Scored, ScoreRequest
 
-
-_SAMPLING = threading.Lock()  # torch's global generator: seeding and drawing must not interleave
+_GENERATING = threading.Lock()  # one model forward at a time across threads of one process
 
 
 class TransformersEngine:
-    """Samples from ``policy.model`` in-process; ``sync_weights`` has nothing to do."""
+    """Samples from ``policy.model`` in-process; ``sync_weights`` has nothing to do.
+    ``max_batch`` caps the rows decoded at once (and the rows of one ``score`` forward)."""
 
     def __init__(self, policy: HFPolicy, replica: str = "hf-0", max_batch: int = 256):
         self.policy, self.replica, self.max_batch = policy, replica, max_batch
@@ -42,89 +51,121 @@ class TransformersEngine:
     def sync_weights(self, policy_version: int) -> None:
         """The engine shares the trained model object: its weights are always current."""
 
-    def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[list[Completion]]:
-        rows = [r.prompt_token_ids for r in requests for _ in range(r.n)]
-        completions: list[Completion] = []
-        with _SAMPLING:
-            torch.manual_seed(params.seed)
-            for start in range(0, len(rows), self.max_batch):
-                completions.extend(self._generate_rows(rows[start:start + self.max_batch], params))
-        out, i = [], 0
-        for r in requests:
-            out.append(completions[i:i + r.n])
-            i += r.n
-        return out
+    @torch.no_grad()
+    def generate(self, requests: Sequence[GenerationRequest], controller: InFlightController | None = None,
+                 max_in_flight: int | None = None) -> list[list[Completion]]:
+        cap = min(self.max_batch, max_in_flight or self.max_batch)
+        with _GENERATING, evaluating(self.policy.model):
+            batch = KVBatch(self.policy.model, self.policy.tokenizer.pad_token_id)
+            return decode_requests(requests, batch, eos=self.policy.eos_token_id, decode=self.policy.decode,
+                                   controller=controller, max_in_flight=cap, replica=self.replica)
 
     @torch.no_grad()
-    def _generate_rows(self, rows: list[tuple[int, ...]], params: SamplingParams) -> list[Completion]:
-        if not rows:
-            return []
-        tok, model = self.policy.tokenizer, self.policy.model
-        input_ids, attention = left_pad(rows, tok.pad_token_id)
-        greedy = params.temperature == 0
-        kwargs = dict(do_sample=not greedy, max_new_tokens=params.max_new_tokens,
-                      eos_token_id=self.policy.eos_token_id, pad_token_id=tok.pad_token_id,
-                      return_dict_in_generate=True, output_logits=True)
-        if not greedy:
-            kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=0)
-        else:
-            kwargs.update(temperature=None, top_p=None, top_k=None)
-        if params.stop:
-            kwargs.update(stopping_criteria=StoppingCriteriaList(
-                [StopOnStrings(params.stop, input_ids.shape[1], self.policy.decode)]))
-        was_training = model.training
-        model.eval()
-        try:
-            out = model.generate(input_ids=input_ids, attention_mask=attention, **kwargs)
-        finally:
-            model.train(was_training)
-        new = out.sequences[:, input_ids.shape[1]:]  # [B, T]
-        logits = torch.stack(out.logits, dim=1).float()  # [B, T, V]
-        if not greedy:
-            logits = logits / params.temperature
-        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)  # [B, T]
-        return [self._completion(new[b], logprobs[b], params) for b in range(new.shape[0])]
-
-    def _completion(self, tokens: torch.Tensor, logprobs: torch.Tensor, params: SamplingParams) -> Completion:
-        """Cut a generated row at its end: a stop string, else the end-of-sequence token (kept),
-        else ``max_new_tokens``. Whatever follows is padding (which may equal the EOS id)."""
-        ids = tokens.tolist()
-        length, reason = len(ids), "length"
-        eos = self.policy.eos_token_id
-        if eos in ids:
-            length, reason = ids.index(eos) + 1, "stop"
-        if params.stop:
-            stop_at = first_stop(ids[:length], params.stop, self.policy.decode)
-            if stop_at is not None:
-                length, reason = stop_at, "stop"
-        text = self.policy.decode(ids[:length])
-        return Completion(tuple(ids[:length]), logprobs[:length].numpy().astype(np.float32), reason, text,
-                          self.replica)
+    def score(self, requests: Sequence[ScoreRequest]) -> list[Scored]:
+        out: list[Scored] = []
+        with _GENERATING, evaluating(self.policy.model):
+            for start in range(0, len(requests), self.max_batch):
+                out += score_batch(self.policy.model, requests[start:start + self.max_batch],
+                                   self.policy.tokenizer.pad_token_id)
+        return out
 
 
-def first_stop(ids: list[int], stop: tuple[str, ...], decode: Callable[[list[int]], str]) -> int | None:
-    """The length of the shortest prefix of ``ids`` whose text contains a stop string."""
-    if not any(s in decode(ids) for s in stop):
-        return None
-    for end in range(1, len(ids) + 1):
-        if any(s in decode(ids[:end]) for s in stop):
-            return end
-    return None
+class evaluating:
+    """Eval mode for the duration (no dropout), then the model's previous mode."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model, self.was_training = model, model.training
+
+    def __enter__(self) -> None:
+        self.model.eval()
+
+    def __exit__(self, *exc: object) -> None:
+        self.model.train(self.was_training)
 
 
-class StopOnStrings(StoppingCriteria):
-    """Per-row stop once the newly generated text contains a stop string. (transformers' own
-    ``stop_strings`` needs a tokenizer whose vocabulary it can map to bytes; character-level
-    tokenizers such as tiny-arith's fail there.)"""
+class KVBatch:
+    """The rows in flight: one ``DynamicCache`` and its left-padded attention mask (``[B, L]``)."""
 
-    def __init__(self, stop: tuple[str, ...], prompt_width: int, decode: Callable[[list[int]], str]):
-        self.stop, self.prompt_width, self.decode = stop, prompt_width, decode
-        self.window = max(len(s) for s in stop) + 2  # a stop string of n characters spans <= n tokens
+    def __init__(self, model: torch.nn.Module, pad_id: int):
+        self.model, self.pad_id = model, pad_id
+        self.device = next(model.parameters()).device
+        self.cache: DynamicCache | None = None
+        self.mask: torch.Tensor | None = None  # [B, L] long
 
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: object) -> torch.Tensor:
-        new = input_ids[:, self.prompt_width:]
-        tails = [self.decode(row[-self.window:].tolist()) for row in new]
-        return torch.tensor([any(s in t for s in self.stop) for t in tails], dtype=torch.bool)
+    def add(self, contexts: list[tuple[int, ...]]) -> torch.Tensor:
+        ids, mask = left_pad(contexts, self.pad_id)
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        cache = DynamicCache()
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), cache=cache,
+                         use_cache=True, logits_to_keep=1)
+        self._merge(cache, mask)  # the forward pass filled ``cache`` in place
+        return out.logits[:, -1].float().cpu()  # [k, V]
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        assert self.mask is not None
+        position = self.mask.sum(-1, keepdim=True)  # [B, 1]: real tokens so far
+        self.mask = torch.cat([self.mask, torch.ones_like(self.mask[:, :1])], dim=1)
+        out = self.model(input_ids=tokens[:, None].to(self.device), attention_mask=self.mask, position_ids=position,
+                         cache=self.cache, use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1].float().cpu()  # [B, V]
+
+    def keep(self, indices: list[int]) -> None:
+        if not indices:
+            self.cache = self.mask = None
+            return
+        assert self.cache is not None and self.mask is not None
+        index = torch.tensor(indices, dtype=torch.long, device=self.device)
+        self.cache.batch_select_indices(index)
+        self.mask = self.mask[index]
+        unused = int((self.mask.sum(0) == 0).long().cumprod(0).sum())  # leading columns no kept row needs
+        if unused:
+            self.mask = self.mask[:, unused:]
+            for layer in self.cache.layers:
+                layer.keys, layer.values = layer.keys[..., unused:, :], layer.values[..., unused:, :]
+
+    def _merge(self, cache: DynamicCache, mask: torch.Tensor) -> None:
+        if self.cache is None or self.mask is None:
+            self.cache, self.mask = cache, mask
+            return
+        width = max(self.mask.shape[1], mask.shape[1])
+        self.mask = torch.cat([pad_left(self.mask, width, dim=1), pad_left(mask, width, dim=1)])
+        for mine, theirs in zip(self.cache.layers, cache.layers):
+            mine.keys = torch.cat([pad_left(mine.keys, width, dim=2), pad_left(theirs.keys, width, dim=2)])
+            mine.values = torch.cat([pad_left(mine.values, width, dim=2), pad_left(theirs.values, width, dim=2)])
+
+
+def pad_left(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    """Zero-pad ``t`` on the left of ``dim`` up to ``width``."""
+    missing = width - t.shape[dim]
+    if missing == 0:
+        return t
+    pad = [0, 0] * (t.dim() - 1 - dim) + [missing, 0]
+    return F.pad(t, pad)
+
+
+def positions(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids of left-padded rows: 0 at each row's first real token."""
+    return (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def score_batch(model: torch.nn.Module, requests: Sequence[ScoreRequest], pad_id: int) -> list[Scored]:
+    """Per-token log-probs and entropies of each response, one forward pass for the batch."""
+    width = max((len(r.response_token_ids) for r in requests), default=0)
+    if width == 0:
+        return [Scored(np.zeros(0, np.float32), np.zeros(0, np.float32)) for _ in requests]
+    device = next(model.parameters()).device
+    ids, mask = left_pad([r.prompt_token_ids + r.response_token_ids for r in requests], pad_id)
+    ids, mask = ids.to(device), mask.to(device)
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask),
+                   logits_to_keep=width + 1).logits.float()  # [B, width + 1, V]
+    out = []
+    for b, r in enumerate(requests):
+        n = len(r.response_token_ids)
+        logp = torch.log_softmax(logits[b, width - n:width] / (r.temperature or 1.0), dim=-1)  # [n, V]
+        target = torch.tensor(r.response_token_ids, dtype=torch.long, device=device)
+        out.append(Scored(logp.gather(-1, target[:, None])[:, 0].cpu().numpy().astype(np.float32),
+                          entropy_of(logp).cpu().numpy().astype(np.float32)))
+    return out
 
 
 def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -47,6 +47,13 @@ Deviations:
   at the shortest prefix whose text contains one (the transformers engine's rule). The text
   is decoded from the token ids by the policy's tokenizer, not taken from vLLM's
   incremental detokenizer, so verifiers see the same text from both engines.
+- Protocol v2. Requests carry their own params; a ``ResponsePrefix`` is sent as prompt +
+  prefix token ids with ``max_tokens`` reduced by the prefix's length. In-flight control
+  (a controller) and per-token entropy are refused with an error for now (vLLM's
+  ``LLM.generate`` runs a call to the end; aborting rows needs its async engine);
+  ``max_in_flight`` is left to vLLM's own scheduler (``max_num_seqs``). ``score`` runs the
+  trained policy's own forward pass (``gfcr.engines.hf.score_batch``), so it scores under
+  the policy being trained, not under vLLM's numerics.
 - Weight sync sends parameters only (vLLM recomputes buffers such as rotary tables) and
   does not re-run vLLM's post-loading weight processing, so the vLLM side must be
   unquantized (the trained policy is). There is no sleep mode: the KV cache stays allocated
@@ -65,12 +72,15 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from gfcr.engines.hf import first_stop
+from gfcr.engines.decode import first_stop
+from gfcr.engines.hf import score_batch
 from gfcr.engines.policy import HFPolicy
 from gfcr.engines.vllm_worker import device_uuid
 from gfcr.errors import GfcrError
 from gfcr.spec.models import VLLMSpec
-from gfcr.stages.resources import Completion, GenerationRequest, SamplingParams
+from gfcr.stages.engine import (
+    Completion, GenerationRequest, InFlightController, SamplingParams, Scored, ScoreRequest,
+)
 
 MIN_VLLM = "0.10.2"  # logprobs_mode="processed_logprobs"
 WORKER_EXTENSION = "gfcr.engines.vllm_worker.WeightSync"
@@ -104,6 +114,9 @@ def check_params(params: SamplingParams) -> None:
         raise EngineError(f"the vLLM engine samples with top_p = 1 only (got {params.top_p}): vLLM records "
                           "log-probabilities of the top-p-truncated distribution, which would bias the update's "
                           "ratio\n    fix: set `top_p: 1.0` on the generate stage, or use `policy.engine: hf`")
+    if params.entropy:
+        raise EngineError("the vLLM engine does not record per-token entropy yet\n    fix: set `entropy: false` "
+                          "on the generate stage, or use `policy.engine: hf`")
 
 
 def llm_kwargs(path: Path, dtype: str, settings: VLLMSpec, seed: int) -> dict[str, Any]:
@@ -116,10 +129,11 @@ def llm_kwargs(path: Path, dtype: str, settings: VLLMSpec, seed: int) -> dict[st
                 generation_config="vllm", disable_log_stats=True)
 
 
-def sampling_kwargs(params: SamplingParams, n: int, seed: int) -> dict[str, Any]:
-    """The arguments of one request's ``vllm.SamplingParams``."""
+def sampling_kwargs(params: SamplingParams, n: int, seed: int, prefix_len: int = 0) -> dict[str, Any]:
+    """The arguments of one request's ``vllm.SamplingParams`` (``max_new_tokens`` caps the whole
+    response, so a continued prefix leaves ``max_new_tokens - prefix_len``)."""
     return dict(n=n, temperature=params.temperature, top_p=params.top_p, top_k=0, min_p=0.0,
-                max_tokens=params.max_new_tokens, stop=list(params.stop), include_stop_str_in_output=True,
+                max_tokens=max(1, params.max_new_tokens - prefix_len), stop=list(params.stop), include_stop_str_in_output=True,
                 seed=seed, logprobs=0)
 
 
@@ -129,8 +143,8 @@ def request_seed(seed: int, request_id: str) -> int:
 
 
 def to_completion(output: Any, params: SamplingParams, decode: Callable[[list[int]], str],
-                  replica: str) -> Completion:
-    """A gfcr ``Completion`` from a ``vllm.CompletionOutput``."""
+                  replica: str, prefix: tuple[int, ...] = ()) -> Completion:
+    """A gfcr ``Completion`` (the new tokens; the text of prefix + new) from a ``vllm.CompletionOutput``."""
     ids = list(output.token_ids)
     logprobs = sampled_logprobs(output.logprobs, ids)
     reason = output.finish_reason
@@ -139,10 +153,11 @@ def to_completion(output: Any, params: SamplingParams, decode: Callable[[list[in
                           "    fix: check the log above for the engine's error (out of memory, prompt longer "
                           "than policy.vllm.max_model_len)")
     if params.stop:
-        cut = first_stop(ids, params.stop, decode)
+        cut = first_stop(list(prefix) + ids, params.stop, decode, start=len(prefix) + 1)
         if cut is not None:
+            cut -= len(prefix)
             ids, logprobs, reason = ids[:cut], logprobs[:cut], "stop"
-    return Completion(tuple(ids), logprobs, reason, decode(ids), replica)
+    return Completion(tuple(ids), logprobs, reason, decode(list(prefix) + ids), replica)
 
 
 def sampled_logprobs(steps: Any, ids: list[int]) -> np.ndarray:
@@ -191,27 +206,39 @@ class VLLMEngine:
         self.llm = None
         cleanup_dist_env_and_memory()
 
-    def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[list[Completion]]:
+    def generate(self, requests: Sequence[GenerationRequest], controller: InFlightController | None = None,
+                 max_in_flight: int | None = None) -> list[list[Completion]]:
         if self.llm is None:
             raise EngineError("this vLLM engine was closed at the end of its run\n    fix: start a new run "
                               "(or a new VLLMEngine)")
-        check_params(params)
+        if controller is not None:
+            raise EngineError("in-flight control is not supported by the vLLM engine yet\n    fix: remove the "
+                              "generate stage's in-flight controller, or use `policy.engine: hf`")
+        for r in requests:
+            check_params(r.params)
         if self._version != self.policy.version:
             self.sync_weights(self.policy.version)
         active = [r for r in requests if r.n > 0]
-        outputs = iter(self._generate(active, params) if active else [])
+        outputs = iter(self._generate(active) if active else [])
         return [next(outputs) if r.n > 0 else [] for r in requests]
 
-    def _generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[list[Completion]]:
+    def score(self, requests: Sequence[ScoreRequest]) -> list[Scored]:
+        """Scored by the trained policy's forward pass (see the module docstring)."""
+        with torch.no_grad():
+            return score_batch(self.policy.model, requests, self.policy.tokenizer.pad_token_id) if requests else []
+
+    def _generate(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
         from vllm import SamplingParams as VLLMSamplingParams
         from vllm.inputs import TokensPrompt
 
-        prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_token_ids)) for r in requests]
-        sampling = [VLLMSamplingParams(**sampling_kwargs(params, r.n, request_seed(params.seed, r.request_id)))
+        prompts = [TokensPrompt(prompt_token_ids=list(r.context)) for r in requests]
+        sampling = [VLLMSamplingParams(**sampling_kwargs(r.params, r.n, request_seed(r.params.seed, r.request_id),
+                                                         len(r.context) - len(r.prompt_token_ids)))
                     for r in requests]
         results = self.llm.generate(prompts, sampling, use_tqdm=False)
-        return [[to_completion(o, params, self.policy.decode, self.replica)
-                 for o in sorted(result.outputs, key=lambda o: o.index)] for result in results]
+        return [[to_completion(o, r.params, self.policy.decode, self.replica,
+                               r.prefix.token_ids if r.prefix else ())
+                 for o in sorted(result.outputs, key=lambda o: o.index)] for r, result in zip(requests, results)]
 
 
 def start_llm(policy: HFPolicy, settings: VLLMSpec, seed: int) -> Any:

@@ -30,8 +30,8 @@ def evaluate(policy: Policy, engine: Engine, pool: PromptPool, max_new_tokens: i
     prompts = list(pool)
     for i in range(0, len(prompts), batch_size):
         chunk = prompts[i:i + batch_size]
-        requests = [GenerationRequest(p.prompt_id, tuple(prompt_tokens(policy, p)), 1) for p in chunk]
-        for prompt, (completion,) in zip(chunk, engine.generate(requests, params)):
+        requests = [GenerationRequest(p.prompt_id, tuple(prompt_tokens(policy, p)), 1, params) for p in chunk]
+        for prompt, (completion,) in zip(chunk, engine.generate(requests)):
             if prompt.verifier is None:
                 raise ValueError(f"eval prompt {prompt.prompt_id} has no verifier")
             _, score = score_text(completion.text, prompt.verifier)

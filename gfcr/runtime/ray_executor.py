@@ -28,14 +28,14 @@ directory, ``/tmp/ray/session_latest/logs``). ``Resources.close()`` at the end o
 disconnects, or shuts down a cluster gfcr started (when the last run using it ends, if
 ablation cells run in parallel threads).
 
-Reproducibility: the split depends only on the requests and K; replica ``i`` samples with
-``replica_seed(params.seed, i)`` (replica 0 keeps the seed itself), so a run is reproducible
-for a fixed replica count, and one replica samples what the in-process engine would.
+Reproducibility: the split depends only on the requests and K, and every row samples from
+its own stream (``row_seed(seed, request_id, i)``), so any number of replicas samples what
+the in-process engine would. In-flight controllers are refused: a controller must see every
+row of a call, and the rows are spread over replicas (not supported yet).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import os
@@ -53,7 +53,9 @@ except ImportError as exc:  # the optional extra is missing
 from gfcr.spec import PipelineSpec, PolicySpec
 from gfcr.spec import Resources as Placement
 from gfcr.stages.generate.sample import step_seed
-from gfcr.stages.resources import Completion, GenerationRequest, Policy, Resources, SamplingParams
+from gfcr.stages.resources import (
+    Completion, GenerationRequest, InFlightController, Policy, Resources, Scored, ScoreRequest,
+)
 
 # Set before a local cluster starts, so its processes inherit them: no usage-stats notice, and
 # no FutureWarning about accelerator variables from each worker.
@@ -148,8 +150,8 @@ def replica_name(index: int) -> str:
 
 
 def replica_seed(seed: int, index: int) -> int:
-    """Replica 0 samples with the call's seed (one replica equals the in-process engine);
-    the others with seeds derived from it and their index."""
+    """Kept for callers of the v1 protocol: rows are now seeded per row by the engine
+    (``row_seed``), so every replica samples with the call's own seed."""
     return seed if index == 0 else step_seed(seed, "replica", index)
 
 
@@ -188,8 +190,12 @@ class EngineReplica:
     def ready(self) -> str:
         return self.engine.replica
 
-    def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[list[Completion]]:
-        return self.engine.generate(requests, params)
+    def generate(self, requests: Sequence[GenerationRequest],
+                 max_in_flight: int | None = None) -> list[list[Completion]]:
+        return self.engine.generate(requests, max_in_flight=max_in_flight)
+
+    def score(self, requests: Sequence[ScoreRequest]) -> list[Scored]:
+        return self.engine.score(requests)
 
     def load_weights(self, weights: dict[str, Any], version: int) -> int:
         self.policy.model.load_state_dict(weights)
@@ -231,15 +237,28 @@ class RayEngineGroup:
     def policy_version(self) -> int:
         return self._version
 
-    def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[list[Completion]]:
+    def generate(self, requests: Sequence[GenerationRequest], controller: InFlightController | None = None,
+                 max_in_flight: int | None = None) -> list[list[Completion]]:
+        """Requests split across replicas by rows; each row is seeded by itself (``row_seed``), so
+        the samples do not depend on the replica count. ``max_in_flight`` applies per replica."""
+        if controller is not None:
+            raise GfcrError("in-flight control (an `in_flight` controller on a generate stage) is not supported "
+                            "across Ray engine replicas yet: a controller must see every row of the call\n"
+                            "    fix: run this pipeline with the local executor, or remove the in-flight "
+                            "controller")
         self._require_open()
         if self._version != self.policy.version:
             self.sync_weights(self.policy.version)
         parts = split_requests(requests, len(self.replicas))
-        refs = [replica.generate.remote([requests[i] for i in part],
-                                        dataclasses.replace(params, seed=replica_seed(params.seed, index)))
-                for index, (replica, part) in enumerate(zip(self.replicas, parts)) if len(part)]
+        refs = [replica.generate.remote([requests[i] for i in part], max_in_flight)
+                for replica, part in zip(self.replicas, parts) if len(part)]
         return [completions for answer in ray.get(refs) for completions in answer]
+
+    def score(self, requests: Sequence[ScoreRequest]) -> list[Scored]:
+        """Scored in the driver's policy (the one being trained), in one process."""
+        from gfcr.engines.hf import TransformersEngine
+
+        return TransformersEngine(self.policy).score(requests)  # type: ignore[arg-type]
 
     def sync_weights(self, policy_version: int) -> None:
         """Push the driver's weights to every replica: one ``ray.put``, one load per replica."""

@@ -6,9 +6,9 @@ and before the first step. The protocols live here, in the stages layer, so that
 be typed against them while the implementations (``gfcr.engines``) sit one layer up
 (DESIGN.md section 5) and never get imported by ``gfcr validate``.
 
-The Engine protocol (DESIGN.md section 6): generate a batch of requests, each ``n`` samples
-of one prompt's token ids, returning token ids (never re-tokenized text), per-token
-behaviour log-probabilities and a finish reason; ``sync_weights`` after each update.
+The Engine protocol and its records live in ``gfcr.stages.engine`` (per-request sampling
+params, continuation from a response prefix, in-flight control, ``score``); they are
+re-exported here, where stages have always imported them from.
 
 ``Resources.map`` is where a stage fans out pure per-item work (``filter.verify`` scores its
 rollouts through it): in-process by default, batches of Ray tasks under the Ray executor
@@ -18,58 +18,13 @@ rollouts through it): in-process by default, batches of Ray tasks under the Ray 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Protocol, Sequence
-
-import numpy as np
+from typing import Any, Callable, Protocol, Sequence
 
 from gfcr.records import Prompt
-
-
-@dataclass(frozen=True, slots=True)
-class SamplingParams:
-    """How to sample. ``temperature == 0`` means greedy."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = 64
-    stop: tuple[str, ...] = ()
-    seed: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class GenerationRequest:
-    """``n`` samples continuing ``prompt_token_ids`` (a prompt, or a prompt plus a partial)."""
-
-    request_id: str
-    prompt_token_ids: tuple[int, ...]
-    n: int = 1
-
-
-@dataclass(frozen=True, slots=True)
-class Completion:
-    """One sample: the new tokens, log mu(token) for each, and why it ended."""
-
-    token_ids: tuple[int, ...]
-    logprobs: np.ndarray  # [T] float32, under the sampling distribution (tempered, untruncated)
-    finish_reason: Literal["stop", "length"]
-    text: str
-    replica: str = "0"
-
-
-class Engine(Protocol):
-    """Samples from the current policy."""
-
-    @property
-    def policy_version(self) -> int: ...
-
-    def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[list[Completion]]:
-        """One list of ``request.n`` completions per request, in request order."""
-        ...
-
-    def sync_weights(self, policy_version: int) -> None:
-        """Make the engine sample from the policy at ``policy_version`` (a no-op when it shares
-        the trained model object)."""
-        ...
+from gfcr.stages.engine import (  # noqa: F401  (re-exported: the protocol's historical home)
+    Completion, Engine, GenerationRequest, InFlightController, InFlightView, LiveRow, ResponsePrefix,
+    SamplingParams, Scored, ScoreRequest, Steer, row_seed,
+)
 
 
 class Policy(Protocol):

@@ -3,6 +3,8 @@ forward pass reproduces, stop handling, and model resolution errors."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -17,6 +19,11 @@ from gfcr.records import Rollout, Segment
 QUESTIONS = ["What is 12 + 30? Answer:", "What is 95 - 17? Answer:", "What is 4 + 8? Answer:"]
 
 
+def _generate(engine, requests, params):
+    """One ``SamplingParams`` for every request."""
+    return engine.generate([dataclasses.replace(r, params=params) for r in requests])
+
+
 def _requests(policy, n=4):
     return [GenerationRequest(f"q{i}", tuple(policy.encode(Prompt(f"q:{i}", text=q))), n)
             for i, q in enumerate(QUESTIONS)]
@@ -25,16 +32,16 @@ def _requests(policy, n=4):
 def test_sampling_is_seeded_and_grouped_by_request(policy):
     engine = TransformersEngine(policy)
     params = SamplingParams(temperature=1.0, max_new_tokens=8, seed=7)
-    first, again = engine.generate(_requests(policy), params), engine.generate(_requests(policy), params)
+    first, again = _generate(engine, _requests(policy), params), _generate(engine, _requests(policy), params)
     assert [len(c) for c in first] == [4, 4, 4]
     assert [[c.token_ids for c in group] for group in first] == [[c.token_ids for c in group] for group in again]
-    other = engine.generate(_requests(policy), SamplingParams(temperature=1.0, max_new_tokens=8, seed=8))
+    other = _generate(engine, _requests(policy), SamplingParams(temperature=1.0, max_new_tokens=8, seed=8))
     assert [[c.token_ids for c in g] for g in other] != [[c.token_ids for c in g] for g in first]
 
 
 def test_completions_end_at_eos_and_carry_one_logprob_per_token(policy):
     engine = TransformersEngine(policy)
-    for group in engine.generate(_requests(policy), SamplingParams(max_new_tokens=8, seed=1)):
+    for group in _generate(engine, _requests(policy), SamplingParams(max_new_tokens=8, seed=1)):
         for c in group:
             assert len(c.logprobs) == len(c.token_ids) and np.all(c.logprobs <= 0)
             if c.finish_reason == "stop":
@@ -49,7 +56,7 @@ def test_behaviour_logprobs_match_the_training_forward_pass(policy):
     even with left-padded prompts of different lengths."""
     engine = TransformersEngine(policy)
     requests = _requests(policy, n=3)
-    results = engine.generate(requests, SamplingParams(temperature=0.7, max_new_tokens=8, seed=3))
+    results = _generate(engine, requests, SamplingParams(temperature=0.7, max_new_tokens=8, seed=3))
     items = []
     for req, group in zip(requests, results):
         for i, c in enumerate(group):
@@ -67,12 +74,12 @@ def test_behaviour_logprobs_match_the_training_forward_pass(policy):
 def test_greedy_is_deterministic_and_stop_strings_cut_the_row(policy):
     engine = TransformersEngine(policy)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
-    a, b = engine.generate(_requests(policy, 1), greedy), engine.generate(_requests(policy, 1), greedy)
+    a, b = _generate(engine, _requests(policy, 1), greedy), _generate(engine, _requests(policy, 1), greedy)
     assert [g[0].token_ids for g in a] == [g[0].token_ids for g in b]
     text = a[0][0].text
     assert text.strip(), "the model answers something"
     stop = text.strip()[0]  # the first character of the answer
-    cut = engine.generate(_requests(policy, 1)[:1], SamplingParams(temperature=0.0, max_new_tokens=8, stop=(stop,)))
+    cut = _generate(engine, _requests(policy, 1)[:1], SamplingParams(temperature=0.0, max_new_tokens=8, stop=(stop,)))
     assert cut[0][0].finish_reason == "stop" and cut[0][0].text.endswith(stop) and stop in cut[0][0].text
 
 

@@ -13,6 +13,7 @@ tensor_parallel_size 2 on a machine with two GPUs), and three GRPO steps of
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import json
@@ -187,6 +188,11 @@ def gpu_engine():
     engine.close()
 
 
+def _generate(engine, requests, params):
+    """The v1 call shape: one ``SamplingParams`` for every request."""
+    return engine.generate([dataclasses.replace(r, params=params) for r in requests])
+
+
 def _requests(policy, n=4):
     return [GenerationRequest(f"q{i}", tuple(policy.encode(Prompt(f"q:{i}", text=q))), n)
             for i, q in enumerate(QUESTIONS)]
@@ -214,7 +220,7 @@ def _max_gap(pairs):
 @needs_gpu
 def test_completions_are_grouped_end_at_eos_and_carry_one_logprob_per_token(gpu_engine):
     policy, engine = gpu_engine
-    results = engine.generate(_requests(policy) + [GenerationRequest("none", (5, 6), 0)],
+    results = _generate(engine, _requests(policy) + [GenerationRequest("none", (5, 6), 0)],
                               SamplingParams(max_new_tokens=8, seed=1))
     assert [len(g) for g in results] == [4, 4, 4, 0]
     for c in (c for g in results for c in g):
@@ -234,7 +240,7 @@ def test_behaviour_logprobs_match_the_training_forward_pass(gpu_engine, temperat
     """processed_logprobs = log_softmax(logits / T): the update's ratio on fresh samples is 1."""
     policy, engine = gpu_engine
     requests = _requests(policy, n=1 if temperature == 0.0 else 4)
-    results = engine.generate(requests, SamplingParams(temperature=temperature, max_new_tokens=12, seed=2))
+    results = _generate(engine, requests, SamplingParams(temperature=temperature, max_new_tokens=12, seed=2))
     assert _max_gap(_forward_logprobs(policy, requests, results, temperature or 1.0)) < 2e-3
 
 
@@ -243,11 +249,11 @@ def test_behaviour_logprobs_match_the_training_forward_pass(gpu_engine, temperat
 def test_sampling_is_seeded(gpu_engine):
     policy, engine = gpu_engine
     params = SamplingParams(temperature=1.0, max_new_tokens=8, seed=7)
-    first = _tokens(engine.generate(_requests(policy), params))
-    assert first == _tokens(engine.generate(_requests(policy), params))
+    first = _tokens(_generate(engine, _requests(policy), params))
+    assert first == _tokens(_generate(engine, _requests(policy), params))
     assert any(len(set(group)) > 1 for group in first), "the n samples of a request are not copies of one"
     other = SamplingParams(temperature=1.0, max_new_tokens=8, seed=8)
-    assert _tokens(engine.generate(_requests(policy), other)) != first
+    assert _tokens(_generate(engine, _requests(policy), other)) != first
 
 
 def _tokens(results):
@@ -259,10 +265,10 @@ def _tokens(results):
 def test_stop_strings_cut_the_row_and_are_kept(gpu_engine):
     policy, engine = gpu_engine
     greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
-    text = engine.generate(_requests(policy, 1)[:1], greedy)[0][0].text
+    text = _generate(engine, _requests(policy, 1)[:1], greedy)[0][0].text
     assert text.strip(), "the model answers something"
     stop = text.strip()[0]
-    cut = engine.generate(_requests(policy, 1)[:1], SamplingParams(temperature=0.0, max_new_tokens=8, stop=(stop,)))
+    cut = _generate(engine, _requests(policy, 1)[:1], SamplingParams(temperature=0.0, max_new_tokens=8, stop=(stop,)))
     c = cut[0][0]
     assert c.finish_reason == "stop" and c.text.endswith(stop) and len(c.logprobs) == len(c.token_ids)
     assert stop not in policy.decode(c.token_ids[:-1])
@@ -282,7 +288,7 @@ def test_weight_sync_makes_the_engine_follow_the_trained_policy(gpu_engine):
             for p in policy.model.parameters():
                 p.add_(0.05 * torch.randn_like(p))
         policy.version += 1
-        results = engine.generate(requests, params)
+        results = _generate(engine, requests, params)
         assert engine.policy_version == policy.version
         assert _max_gap(_forward_logprobs(policy, requests, results, 1.0)) < 2e-3
         policy.model.load_state_dict(original)
@@ -291,7 +297,7 @@ def test_weight_sync_makes_the_engine_follow_the_trained_policy(gpu_engine):
         policy.model.load_state_dict(original)
         policy.version += 1
         engine.sync_weights(policy.version)
-    again = engine.generate(requests, params)
+    again = _generate(engine, requests, params)
     assert _max_gap(_forward_logprobs(policy, requests, again, 1.0)) < 2e-3
 
 
@@ -319,7 +325,7 @@ def test_grpo_update_syncs_the_engine(gpu_engine):
         assert not report.skipped and abs(report.metrics["ratio_mean"] - 1.0) < 2e-3
         assert engine.policy_version == policy.version == report.policy_version
         requests = _requests(policy)
-        results = engine.generate(requests, SamplingParams(max_new_tokens=12, seed=4))
+        results = _generate(engine, requests, SamplingParams(max_new_tokens=12, seed=4))
         assert _max_gap(_forward_logprobs(policy, requests, results, 1.0)) < 2e-3
     finally:
         policy.model.load_state_dict(original)
@@ -342,7 +348,7 @@ TP2_SCRIPT = textwrap.dedent("""\
             p.add_(0.05 * torch.randn_like(p))
     engine.sync_weights(1)
     prompt = tuple(policy.encode(Prompt("q", text="What is 12 + 30? Answer:")))
-    (greedy,), = engine.generate([GenerationRequest("q", prompt, 1)], SamplingParams(temperature=0.0, max_new_tokens=8))
+    (greedy,), = engine.generate([GenerationRequest("q", prompt, 1, SamplingParams(temperature=0.0, max_new_tokens=8))])
     ids = torch.tensor([list(prompt) + list(greedy.token_ids)], device="cuda")
     with torch.no_grad():
         logits = policy.model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()

@@ -11,6 +11,8 @@ replicas need the CPUs that the module's engine group, started after it, then ho
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import os
 import re
@@ -174,6 +176,10 @@ def _requests(policy, count: int, n: int) -> list[GenerationRequest]:
     return [GenerationRequest(p.prompt_id, tuple(policy.encode(p)), n) for p in prompts]
 
 
+def _with(requests, params) -> list[GenerationRequest]:
+    return [dataclasses.replace(r, params=params) for r in requests]
+
+
 def _tokens(answers) -> list[list[tuple[int, ...]]]:
     return [[c.token_ids for c in completions] for completions in answers]
 
@@ -184,14 +190,14 @@ def test_the_group_splits_across_replicas_and_gathers_in_request_order(group, po
 
     requests, local = _requests(policy, 6, 3), TransformersEngine(policy)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
-    answers = group.generate(requests, greedy)
+    answers = group.generate(_with(requests, greedy))
     assert [[c.replica for c in cs] for cs in answers] == [["ray-0"] * 3] * 3 + [["ray-1"] * 3] * 3
-    assert _tokens(answers) == _tokens(local.generate(requests, greedy))  # same answer, same place
+    assert _tokens(answers) == _tokens(local.generate(_with(requests, greedy)))  # same answer, same place
 
     sampled = SamplingParams(temperature=1.0, max_new_tokens=8, seed=11)
-    first = group.generate(requests, sampled)
-    assert _tokens(first) == _tokens(group.generate(requests, sampled))  # reproducible for K = 2
-    assert _tokens(first[:3]) == _tokens(local.generate(requests[:3], sampled))  # replica 0 keeps the seed
+    first = group.generate(_with(requests, sampled))
+    assert _tokens(first) == _tokens(group.generate(_with(requests, sampled)))  # reproducible for K = 2
+    assert _tokens(first) == _tokens(local.generate(_with(requests, sampled)))  # rows seeded per row: K-independent
 
 
 @pytest.mark.slow
@@ -201,21 +207,22 @@ def test_sync_weights_reaches_every_replica(group, policy):
     from gfcr.engines import TransformersEngine
 
     requests, greedy = _requests(policy, 4, 1), SamplingParams(temperature=0.0, max_new_tokens=8)
-    before = _tokens(group.generate(requests, greedy))
+    before = _tokens(group.generate(_with(requests, greedy)))
     with torch.no_grad():
         for p in policy.model.parameters():
             p.add_(0.5 * torch.randn_like(p))  # a large step: greedy answers change
     policy.version += 1
     group.sync_weights(policy.version)
-    after = _tokens(group.generate(requests, greedy))
+    after = _tokens(group.generate(_with(requests, greedy)))
     assert group.policy_version == policy.version
-    assert after == _tokens(TransformersEngine(policy).generate(requests, greedy)) and after != before
+    assert after == _tokens(TransformersEngine(policy).generate(_with(requests, greedy))) and after != before
 
     with torch.no_grad():  # a resumed run loads weights into the driver only: generate syncs first
         for p in policy.model.parameters():
             p.add_(0.5 * torch.randn_like(p))
     policy.version += 1
-    assert _tokens(group.generate(requests, greedy)) == _tokens(TransformersEngine(policy).generate(requests, greedy))
+    requests = _with(requests, greedy)
+    assert _tokens(group.generate(requests)) == _tokens(TransformersEngine(policy).generate(requests))
     assert group.policy_version == policy.version
 
 

@@ -7,8 +7,21 @@ current policy version and the per-token behaviour log-probabilities, its status
 (``completed`` at end-of-sequence or a stop string, ``truncated`` at ``max_new_tokens``)
 and its decoded text for the verifiers. The rollouts of one prompt form one group.
 
-Seeding: the engine's seed is derived from ``(seed, step, loop round)``, so a step samples
-the same tokens whether the run was interrupted or not.
+Each request carries its own ``SamplingParams`` (from the Config). With ``entropy: true`` the
+per-token entropy of the sampling distribution is kept on ``Rollout.token_entropy``.
+``max_in_flight`` caps the rows the engine decodes at once (a freed slot is refilled).
+
+In-flight control: the runtime attaches the pipeline's in-flight controllers
+(``attach_in_flight``) and the engine consults them while it decodes. Several controllers
+are composed: each is called on its own schedule (``every``) and their ``Steer`` answers
+are merged (union of aborted and pruned rows; ``stop`` if any asks). A row a controller
+ends is kept with status ``aborted_partial`` (resumable) or ``pruned``; a group holding an
+``aborted_partial`` rollout is dropped for this step ("stopped in flight ... (partial kept)"),
+its rollouts kept on the record for a Replay stage to resume.
+
+Seeding: the requests' seed is derived from ``(seed, step, loop round)`` and the engine
+derives each row's stream from it, the request id and the sample index, so a step samples
+the same tokens whether the run was interrupted or not, however the engine batches rows.
 
 Deviations: none from GRPO's independent sampling (Shao et al., 2024, arXiv 2402.03300);
 sampling uses ``top_k = 0`` (no top-k truncation) as the peer baselines do, and the
@@ -40,15 +53,22 @@ YAML:
 from __future__ import annotations
 
 import zlib
-from typing import Annotated
+from typing import Annotated, Sequence
 
+import numpy as np
 from pydantic import Field
 
 from gfcr.records import (
-    Allocation, Rollout, RolloutGroup, RolloutGroups, RolloutStatus, Segment, StepContext, group_id, rollout_id,
+    Allocation, Rollout, RolloutGroup, RolloutGroups, RolloutStatus, StepContext, group_id, rollout_id,
 )
 from gfcr.registry import StageConfig
-from gfcr.stages.resources import Engine, GenerationRequest, Policy, Resources, SamplingParams, prompt_tokens
+from gfcr.stages.engine import (
+    Completion, InFlightController, InFlightView, SamplingParams, Steer, splice,
+)
+from gfcr.stages.resources import Engine, GenerationRequest, Policy, Resources, prompt_tokens
+
+STATUS = {"stop": RolloutStatus.COMPLETED, "length": RolloutStatus.TRUNCATED,
+          "aborted": RolloutStatus.ABORTED_PARTIAL, "pruned": RolloutStatus.PRUNED}
 
 
 def step_seed(*parts: object) -> int:
@@ -65,12 +85,16 @@ class Sample:
         max_new_tokens: Annotated[int, Field(ge=1)] = 64
         stop: list[str] = Field(default_factory=list, description="stop strings (kept in the response)")
         seed: int | None = Field(None, description="sampling seed; default: the run's seed")
+        entropy: bool = Field(False, description="record each token's entropy on Rollout.token_entropy")
+        max_in_flight: Annotated[int | None, Field(ge=1, description="rows decoded at once; default: the "
+                                                   "engine's batch")] = None
 
     def __init__(self, config: Config):
         self.config = config
         self.policy: Policy | None = None
         self.engine: Engine | None = None
         self.ctx = StepContext("", 0, 0, 0)
+        self.controller: InFlightController | None = None
 
     def setup(self, resources: Resources) -> None:
         self.policy = resources.require_policy("generate.sample")
@@ -79,29 +103,58 @@ class Sample:
     def before_step(self, ctx: StepContext) -> None:
         self.ctx = ctx  # the runtime updates ctx.round in place inside loop blocks
 
+    def attach_in_flight(self, controllers: Sequence[InFlightController]) -> None:
+        """The in-flight controllers the engine consults while generating (composed, see the docstring)."""
+        self.controller = Composed(list(controllers)) if controllers else None
+
     def run(self, allocation: Allocation) -> RolloutGroups:
         if self.engine is None or self.policy is None:
             raise RuntimeError("generate.sample was not set up with a policy and engine")
         cfg, round_ = self.config, self.ctx.round or 0
         seed = self.ctx.seed if cfg.seed is None else cfg.seed
         params = SamplingParams(cfg.temperature, cfg.top_p, cfg.max_new_tokens, tuple(cfg.stop),
-                                step_seed(seed, allocation.step, round_))
+                                step_seed(seed, allocation.step, round_), cfg.entropy)
         entries = allocation.active()
         requests = [GenerationRequest(group_id(e.prompt_id, allocation.step, round_),
-                                      tuple(prompt_tokens(self.policy, e.prompt)), e.n_rollouts) for e in entries]
-        results = self.engine.generate(requests, params)
+                                      tuple(prompt_tokens(self.policy, e.prompt)), e.n_rollouts, params)
+                    for e in entries]
+        results = self.engine.generate(requests, self.controller, cfg.max_in_flight)
         version = self.engine.policy_version
         groups = []
         for entry, request, completions in zip(entries, requests, results):
-            gid = request.request_id
-            rollouts = [
-                Rollout(rollout_id(gid, i), gid, entry.prompt_id, list(c.token_ids),
-                        [Segment(0, len(c.token_ids), version, c.logprobs)],
-                        status=RolloutStatus.COMPLETED if c.finish_reason == "stop" else RolloutStatus.TRUNCATED,
-                        finish_reason=c.finish_reason, created_step=allocation.step, text=c.text,
-                        replica=c.replica)
-                for i, c in enumerate(completions)
-            ]
-            groups.append(RolloutGroup(gid, entry.prompt_id, allocation.step, entry.n_rollouts, rollouts,
-                                       sample_weight=entry.sample_weight))
+            rollouts = [to_rollout(request, i, entry.prompt_id, c, version, allocation.step)
+                        for i, c in enumerate(completions)]
+            group = RolloutGroup(request.request_id, entry.prompt_id, allocation.step, entry.n_rollouts, rollouts,
+                                 sample_weight=entry.sample_weight)
+            stopped = sum(r.status == RolloutStatus.ABORTED_PARTIAL for r in rollouts)
+            if stopped:
+                group.drop("generate.sample", f"stopped in flight: {stopped} of {len(rollouts)} rollouts "
+                                              "unfinished (partial kept)")
+            groups.append(group)
         return RolloutGroups(groups)
+
+
+def to_rollout(request: GenerationRequest, index: int, prompt_id: str, c: Completion, version: int,
+               step: int) -> Rollout:
+    """A rollout from one completion; a continued prefix's segments are spliced in front."""
+    tokens, segments = splice(request.prefix, c, version)
+    entropy = None
+    if c.entropy is not None:  # unknown for a prefix's tokens: NaN there
+        entropy = np.concatenate([np.full(len(tokens) - len(c.token_ids), np.nan, np.float32), c.entropy])
+    return Rollout(rollout_id(request.request_id, index), request.request_id, prompt_id, tokens, segments,
+                   status=STATUS[c.finish_reason], finish_reason=c.finish_reason, created_step=step, text=c.text,
+                   replica=c.replica, token_entropy=entropy)
+
+
+class Composed:
+    """Several in-flight controllers as one: each steers on its own ``every``; answers are merged."""
+
+    def __init__(self, controllers: list[InFlightController]):
+        self.controllers = controllers
+        self.every = 1 if len(controllers) != 1 else max(1, controllers[0].every)
+
+    def steer(self, view: InFlightView) -> Steer:
+        answers = [c.steer(view) for c in self.controllers
+                   if len(self.controllers) == 1 or view.decoded % max(1, c.every) == 0]
+        return Steer(tuple(k for a in answers for k in a.abort), tuple(k for a in answers for k in a.prune),
+                     any(a.stop for a in answers))

@@ -1,0 +1,223 @@
+"""The decode loop shared by the transformers engine and the fake engine.
+
+A ``Batch`` (the model side) holds the rows in flight and answers, for each, the logits of
+the next token: ``add`` prefills new rows and appends them, ``step`` feeds one token per
+row, ``keep`` drops the rows that ended so they stop costing compute. ``decode_requests``
+(this module) owns everything else, identically for every backend:
+
+- rows: request ``r``'s ``n`` samples, queued in request order; at most ``max_in_flight``
+  are in the batch, and a freed slot is refilled from the queue at the next step;
+- sampling: the sampled token's log-prob under the tempered, untruncated distribution
+  (greedy: untempered), top-p truncation for drawing only, entropy on request. Each row
+  draws by inverse-CDF from its own uniforms, ``torch.rand`` of a generator seeded with
+  ``row_seed(seed, request_id, i)`` and indexed by the token's position in the whole
+  response, so a sample depends neither on the batch, nor on aborts, nor on resumption;
+- ends: the end-of-sequence token (kept), a stop string (the response is cut at the shortest
+  prefix whose text contains one, as before), ``max_new_tokens`` for the whole response
+  (prefix included), or a controller's ``Steer`` (aborted, pruned, stop all).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence
+
+import numpy as np
+import torch
+
+from gfcr.stages.engine import (
+    Completion, GenerationRequest, InFlightController, InFlightView, LiveRow, Steer, row_seed,
+)
+
+Decode = Callable[[Sequence[int]], str]
+
+
+class Batch(Protocol):
+    """The rows in flight, on the model side."""
+
+    def add(self, contexts: list[tuple[int, ...]]) -> torch.Tensor:
+        """Prefill new rows, appended after the current ones; their next-token logits ``[k, V]``."""
+        ...
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed one token per row (``[B]``); the next-token logits ``[B, V]``."""
+        ...
+
+    def keep(self, indices: list[int]) -> None:
+        """Keep only these rows, in this order."""
+        ...
+
+
+@dataclass(eq=False)
+class Row:
+    request: GenerationRequest
+    index: int
+    uniforms: torch.Tensor  # [max_new_tokens] float64, this row's draws by response position
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    entropy: list[float] = field(default_factory=list)
+    finish: str | None = None
+
+    @property
+    def prefix(self) -> tuple[int, ...]:
+        return self.request.prefix.token_ids if self.request.prefix else ()
+
+    def response(self) -> list[int]:
+        return list(self.prefix) + self.tokens
+
+    def live(self) -> LiveRow:
+        ent = np.array(self.entropy, np.float32) if self.request.params.entropy else None
+        return LiveRow(self.request.request_id, self.index, tuple(self.tokens),
+                       np.array(self.logprobs, np.float32), ent, self.finish)
+
+    def completion(self, decode: Decode, replica: str) -> Completion:
+        ent = np.array(self.entropy, np.float32) if self.request.params.entropy else None
+        return Completion(tuple(self.tokens), np.array(self.logprobs, np.float32), self.finish or "aborted",
+                          decode(self.response()), replica, ent)
+
+
+def make_rows(requests: Sequence[GenerationRequest]) -> list[Row]:
+    rows = []
+    for r in requests:
+        for i in range(r.n):
+            g = torch.Generator().manual_seed(row_seed(r.params.seed, r.request_id, i))
+            rows.append(Row(r, i, torch.rand(max(r.params.max_new_tokens, 1), generator=g, dtype=torch.float64)))
+    return rows
+
+
+def decode_requests(requests: Sequence[GenerationRequest], batch: Batch, *, eos: int, decode: Decode,
+                    controller: InFlightController | None = None, max_in_flight: int | None = None,
+                    replica: str = "0") -> list[list[Completion]]:
+    """Generate every request's completions through ``batch`` (see the module docstring)."""
+    rows = make_rows(requests)
+    queue = deque(r for r in rows if not _out_of_budget(r))
+    cap = max(1, max_in_flight or len(rows) or 1)
+    live: list[Row] = []
+    logits: torch.Tensor | None = None  # [len(live), V]
+    decoded = 0
+    while True:
+        if queue and len(live) < cap:
+            new = [queue.popleft() for _ in range(min(cap - len(live), len(queue)))]
+            fresh = batch.add([r.request.context for r in new]).float()
+            logits = fresh if logits is None else torch.cat([logits, fresh])
+            live += new
+        if not live:
+            break
+        tokens = choose(logits, live)
+        for row, token in zip(live, tokens):
+            row.finish = end_of(row, eos, decode)
+        decoded += 1
+        if controller is not None and decoded % max(1, controller.every) == 0:
+            apply_steer(controller.steer(view(rows, requests, decoded)), rows, queue)
+        kept = [i for i, r in enumerate(live) if r.finish is None]
+        if len(kept) < len(live):
+            batch.keep(kept)
+            tokens, live = [tokens[i] for i in kept], [live[i] for i in kept]
+        logits = batch.step(torch.tensor(tokens, dtype=torch.long)).float() if live else None
+    out, i = [], 0
+    for r in requests:
+        out.append([row.completion(decode, replica) for row in rows[i:i + r.n]])
+        i += r.n
+    return out
+
+
+def _out_of_budget(row: Row) -> bool:
+    """A prefix that already fills ``max_new_tokens`` ends at once, with no new token."""
+    if len(row.prefix) >= row.request.params.max_new_tokens:
+        row.finish = "length"
+        return True
+    return False
+
+
+def choose(logits: torch.Tensor, rows: list[Row]) -> list[int]:
+    """Draw each row's next token from ``logits`` (``[B, V]``); record its log-prob (and entropy)."""
+    temps = torch.tensor([r.request.params.temperature or 1.0 for r in rows], dtype=logits.dtype)
+    logp = torch.log_softmax(logits / temps[:, None], dim=-1)  # [B, V]
+    entropy = entropy_of(logp) if any(r.request.params.entropy for r in rows) else None
+    tokens = []
+    for b, row in enumerate(rows):
+        p = row.request.params
+        token = int(torch.argmax(logp[b])) if p.temperature == 0 else draw(
+            logp[b], p.top_p, float(row.uniforms[len(row.prefix) + len(row.tokens)]))
+        row.tokens.append(token)
+        row.logprobs.append(float(logp[b, token]))
+        if entropy is not None:
+            row.entropy.append(float(entropy[b]))
+        tokens.append(token)
+    return tokens
+
+
+def entropy_of(logp: torch.Tensor) -> torch.Tensor:
+    """``[..., V]`` log-probs -> ``[...]`` entropies (nats)."""
+    return -(logp.exp() * logp).sum(-1)
+
+
+def draw(logp: torch.Tensor, top_p: float, u: float) -> int:
+    """Inverse-CDF draw with uniform ``u`` from ``exp(logp)`` (``[V]``), truncated to the top-p nucleus."""
+    probs = logp.double().exp()
+    order = None
+    if top_p < 1.0:
+        probs, order = probs.sort(descending=True)
+        probs = probs * ((probs.cumsum(0) - probs) < top_p)  # keep tokens whose preceding mass is below top_p
+    cdf = probs.cumsum(0)
+    i = int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=cdf.dtype), right=True)[0])
+    i = min(i, len(cdf) - 1)
+    return int(order[i]) if order is not None else i
+
+
+def end_of(row: Row, eos: int, decode: Decode) -> str | None:
+    """Why the row ends after its newest token, or None. A stop string cuts the row."""
+    p = row.request.params
+    if p.stop and _tail_has_stop(row, decode):
+        cut = first_stop(row.response(), p.stop, decode, start=len(row.prefix) + 1)
+        if cut is not None:
+            keep = cut - len(row.prefix)
+            del row.tokens[keep:], row.logprobs[keep:], row.entropy[keep:]
+            return "stop"
+    if row.tokens[-1] == eos:
+        return "stop"
+    if len(row.prefix) + len(row.tokens) >= p.max_new_tokens:
+        return "length"
+    return None
+
+
+def _tail_has_stop(row: Row, decode: Decode) -> bool:
+    """Cheap check on the last few tokens (a stop string of n characters spans at most n tokens)."""
+    window = max(len(s) for s in row.request.params.stop) + 2
+    tail = decode(row.response()[-window:])
+    return any(s in tail for s in row.request.params.stop)
+
+
+def first_stop(ids: Sequence[int], stop: tuple[str, ...], decode: Decode, start: int = 1) -> int | None:
+    """The length (at least ``start``) of the shortest prefix of ``ids`` whose text contains a stop string."""
+    ids = list(ids)
+    if not any(s in decode(ids) for s in stop):
+        return None
+    for end in range(max(start, 1), len(ids) + 1):
+        if any(s in decode(ids[:end]) for s in stop):
+            return end
+    return None
+
+
+def view(rows: list[Row], requests: Sequence[GenerationRequest], decoded: int) -> InFlightView:
+    sizes: dict[str, int] = {}
+    for r in requests:
+        sizes[r.request_id] = sizes.get(r.request_id, 0) + r.n
+    return InFlightView(decoded, tuple(r.live() for r in rows), sizes)
+
+
+def apply_steer(steer: Steer, rows: list[Row], queue: deque[Row]) -> None:
+    """End the rows a controller named (queued ones too: they end with no tokens)."""
+    by_key = {(r.request.request_id, r.index): r for r in rows}
+    ends = [(key, "aborted") for key in steer.abort] + [(key, "pruned") for key in steer.prune]
+    if steer.stop:
+        ends += [(key, "aborted") for key, r in by_key.items() if r.finish is None]
+    for key, reason in ends:
+        row = by_key.get(tuple(key))
+        if row is not None and row.finish is None:
+            row.finish = reason
+    if any(r.finish is not None for r in queue):
+        kept = [r for r in queue if r.finish is None]
+        queue.clear()
+        queue.extend(kept)

@@ -1,0 +1,74 @@
+"""control.stop_at_target: APRIL's active partial rollouts, the abort half (an in-flight controller).
+
+Generate over-provisioned groups (an upstream control allocates more prompts than the step
+needs); while the engine decodes, once ``groups`` groups are complete (all their rows ended
+with end-of-sequence, a stop string or the length cap), every unfinished row, running or
+queued, is aborted with its partial response kept (status ``aborted_partial``). The long
+tail of a batch then no longer holds the step up. The generate stage drops the groups that
+hold a partial (reason "stopped in flight ... (partial kept)").
+
+It is not a step stage: it has ``steer`` and ``every`` and no ``run``; a Generate stage
+names it under ``in_flight`` and the engine calls ``steer`` every ``every`` decode steps.
+
+Reference: APRIL (Zhou et al., 2025, arXiv 2509.18521; code ``RLsys-Foundation/APRIL``,
+``slime/rollout/sglang_example.py``): over-sample ``N' >= N`` groups (README example 64 for
+32), ``abort_all`` once ``N`` groups are collected, keep each partial and resume it next
+round from its token ids.
+
+Deviations:
+
+- APRIL counts a group once its rewards are computed (and, optionally, it passes a dynamic
+  filter); here a group counts once its rows have ended, before verification: rewards are
+  computed after generation in gfcr, so a group that a later filter drops still counts.
+- The check runs every ``every`` decode steps (APRIL reacts as each request returns), so
+  up to ``every - 1`` extra tokens per row may be decoded after the target is reached.
+- Resuming partials next step (APRIL's buffer) is a Replay stage's job; this stage only
+  aborts. Without one, the partials are dropped with their groups.
+
+Example:
+
+>>> from gfcr.stages.engine import GenerationRequest, SamplingParams
+>>> from gfcr.engines import FakeEngine
+>>> engine = FakeEngine()
+>>> stop = StopAtTarget(StopAtTarget.Config(groups=2))
+>>> requests = [GenerationRequest(f"g{i}", engine.encode(f"{i}+{i}="), 4, SamplingParams(max_new_tokens=40))
+...             for i in range(6)]
+>>> results = engine.generate(requests, controller=stop)
+>>> complete = [all(c.finish_reason in ("stop", "length") for c in group) for group in results]
+>>> sum(complete) >= 2
+True
+>>> all(c.finish_reason == "aborted" for ok, group in zip(complete, results) if not ok
+...     for c in group if c.finish_reason not in ("stop", "length"))
+True
+
+YAML (``in_flight`` on the generate stage is the lifecycle's port; see docs):
+
+.. code-block:: yaml
+
+    stop:    {use: control.stop_at_target, with: {groups: 8}}
+    rollout: {use: generate.sample, from: budget, in_flight: [stop]}
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field
+
+from gfcr.registry import StageConfig
+from gfcr.stages.engine import InFlightView, Steer
+
+
+class StopAtTarget:
+    """Abort every unfinished row once ``groups`` groups are complete (APRIL)."""
+
+    class Config(StageConfig):
+        groups: Annotated[int, Field(ge=1, description="complete groups to wait for, then abort the rest")]
+        every: Annotated[int, Field(ge=1, description="check every this many decode steps")] = 1
+
+    def __init__(self, config: Config):
+        self.config = config
+        self.every = config.every
+
+    def steer(self, view: InFlightView) -> Steer:
+        return Steer(stop=len(view.complete_groups()) >= self.config.groups)

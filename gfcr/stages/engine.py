@@ -1,0 +1,191 @@
+"""The Engine protocol (DESIGN.md section 6, contract v2): what a Generate stage asks of an engine.
+
+A call hands the engine a list of requests, each ``n`` samples of one prompt's token ids with
+its own ``SamplingParams``, optionally continuing a response (``ResponsePrefix``: its token
+ids and the segments that tile them). Each completion holds only the NEW tokens, their
+behaviour log-probabilities (the tempered, untruncated distribution; greedy: untempered),
+optionally their entropies, and a finish reason (``stop``, ``length``, ``aborted``,
+``pruned``). The stage splices the prefix's segments and a new one, so a resumed rollout
+keeps the behaviour log-probs of every token it ever sampled.
+
+In-flight control: an ``InFlightController`` (a Control stage attached to a Generate stage)
+sees an ``InFlightView`` of every row every ``every`` decode steps and answers a ``Steer``:
+rows to abort (kept, resumable), rows to prune (kept, for good), or stop everything.
+``max_in_flight`` caps the rows decoded at once; a freed slot is refilled from the queue.
+
+Seeding: row ``i`` of request ``r`` draws from its own stream seeded by
+``row_seed(params.seed, r.request_id, i)``, indexed by the token's position in the response,
+so samples do not depend on batching, replicas, aborts or resumption.
+
+``score`` returns per-token log-probs and entropies of given responses under the current
+policy (SPEC-RL draft verification, replay importance ratios).
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, Sequence
+
+import numpy as np
+
+from gfcr.records import Segment
+
+FinishReason = Literal["stop", "length", "aborted", "pruned"]
+ENDED_WELL = ("stop", "length")  # a row that ended on its own, not by a controller
+
+
+def row_seed(seed: int, request_id: str, sample_index: int) -> int:
+    """The 31-bit seed of one row (crc32 like ``step_seed``: stable across processes)."""
+    return zlib.crc32(f"{seed}:{request_id}:{sample_index}".encode()) & 0x7FFFFFFF
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How to sample one request. ``temperature == 0`` means greedy. ``max_new_tokens`` caps the
+    whole response, a continued prefix included (APRIL's rule: a resumed partial gets the
+    budget it has left)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+    stop: tuple[str, ...] = ()
+    seed: int = 0
+    entropy: bool = False  # record the entropy of the tempered, untruncated distribution per token
+
+
+@dataclass(frozen=True, slots=True)
+class ResponsePrefix:
+    """A response to continue: its token ids and the segments that tile them."""
+
+    token_ids: tuple[int, ...]
+    segments: tuple[Segment, ...] = ()
+
+    def __post_init__(self) -> None:
+        covered = sum(len(s) for s in self.segments)
+        if covered != len(self.token_ids):
+            raise ValueError(f"the prefix's segments cover {covered} tokens, it has {len(self.token_ids)}")
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    """``n`` samples continuing ``prompt_token_ids`` (and ``prefix``, when given)."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    n: int = 1
+    params: SamplingParams = SamplingParams()
+    prefix: ResponsePrefix | None = None
+
+    @property
+    def context(self) -> tuple[int, ...]:
+        """What the model conditions on: the prompt and the prefix."""
+        return self.prompt_token_ids + (self.prefix.token_ids if self.prefix else ())
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """One sample: the NEW tokens, log mu(token) for each, and why it ended."""
+
+    token_ids: tuple[int, ...]
+    logprobs: np.ndarray  # [T] float32, under the sampling distribution (tempered, untruncated)
+    finish_reason: FinishReason
+    text: str  # the text of the whole response (prefix + new tokens), decoded together
+    replica: str = "0"
+    entropy: np.ndarray | None = None  # [T] float32, when params.entropy
+
+
+def splice(prefix: ResponsePrefix | None, completion: Completion,
+           policy_version: int) -> tuple[list[int], list[Segment]]:
+    """The whole response of a completion and its segments: the prefix's own, then one new
+    segment of the new tokens at ``policy_version`` (CoPRIS-style spliced behaviour log-probs)."""
+    head = list(prefix.token_ids) if prefix else []
+    segments = [Segment(s.start, s.end, s.policy_version, s.behavior_logprobs, s.origin)
+                for s in (prefix.segments if prefix else ())]
+    if completion.token_ids or not segments:
+        segments.append(Segment(len(head), len(head) + len(completion.token_ids), policy_version,
+                                completion.logprobs))
+    return head + list(completion.token_ids), segments
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreRequest:
+    """A response to score under the current policy."""
+
+    prompt_token_ids: tuple[int, ...]
+    response_token_ids: tuple[int, ...]
+    temperature: float = 1.0  # 0 scores under the untempered distribution, as greedy sampling does
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    logprobs: np.ndarray  # [T] float32
+    entropy: np.ndarray  # [T] float32
+
+
+@dataclass(frozen=True, slots=True)
+class LiveRow:
+    """One row as a controller sees it: the new tokens so far."""
+
+    request_id: str
+    sample_index: int
+    token_ids: tuple[int, ...]
+    logprobs: np.ndarray  # [T]
+    entropy: np.ndarray | None  # [T] when the request asked for entropy
+    finish_reason: str | None  # None: running or queued
+
+
+@dataclass(frozen=True, slots=True)
+class InFlightView:
+    """Every row of one generate call, every ``controller.every`` decode steps."""
+
+    decoded: int  # decode steps so far in this call
+    rows: tuple[LiveRow, ...]
+    group_sizes: dict[str, int] = field(default_factory=dict)  # request_id -> n
+
+    def complete_groups(self) -> list[str]:
+        """Request ids whose ``n`` rows all ended on their own (stop or length), in request order."""
+        ended: dict[str, int] = {}
+        for row in self.rows:
+            if row.finish_reason in ENDED_WELL:
+                ended[row.request_id] = ended.get(row.request_id, 0) + 1
+        return [rid for rid, n in self.group_sizes.items() if n > 0 and ended.get(rid, 0) == n]
+
+
+@dataclass(frozen=True, slots=True)
+class Steer:
+    """A controller's answer. Rows are ``(request_id, sample_index)``."""
+
+    abort: tuple[tuple[str, int], ...] = ()  # end now as ``aborted`` (kept, resumable)
+    prune: tuple[tuple[str, int], ...] = ()  # end now as ``pruned`` (kept, for good)
+    stop: bool = False  # end every unfinished (and queued) row as ``aborted``
+
+
+class InFlightController(Protocol):
+    """A Control-family stage attached to a Generate stage; the engine calls ``steer``
+    every ``every`` decode steps."""
+
+    every: int
+
+    def steer(self, view: InFlightView) -> Steer: ...
+
+
+class Engine(Protocol):
+    """Samples from the current policy."""
+
+    @property
+    def policy_version(self) -> int: ...
+
+    def generate(self, requests: Sequence[GenerationRequest], controller: InFlightController | None = None,
+                 max_in_flight: int | None = None) -> list[list[Completion]]:
+        """One list of ``request.n`` completions per request, in request order."""
+        ...
+
+    def score(self, requests: Sequence[ScoreRequest]) -> list[Scored]:
+        """Per-token log-probs and entropies of each response, in request order."""
+        ...
+
+    def sync_weights(self, policy_version: int) -> None:
+        """Make the engine sample from the policy at ``policy_version`` (a no-op when it shares
+        the trained model object)."""
+        ...
