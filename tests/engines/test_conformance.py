@@ -1,0 +1,204 @@
+"""Engine conformance (issue 10, Must show 1), parametrised over engines: the fake engine,
+the transformers engine on tiny-arith, on SmolLM2 (``slow``), and vLLM (``gpu``).
+
+Every engine must: continue a response from a prefix exactly as an uninterrupted run would
+(tokens, and spliced log-probs within 1e-5); honour per-request params in one mixed batch;
+return aborted completions whose spliced segments tile their tokens; score sampled tokens
+at their sampling log-probs (1e-5); record entropies equal to a direct computation; sample
+the same with a bounded, refilled batch as with an unbounded one; and stop at a target
+number of complete groups with the rest aborted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from typing import Callable
+
+import numpy as np
+import pytest
+import torch
+
+from gfcr.records import Prompt, Rollout, Segment
+from gfcr.stages.control.stop_at_target import StopAtTarget
+from gfcr.stages.engine import (
+    GenerationRequest, InFlightView, ResponsePrefix, SamplingParams, ScoreRequest, Steer, splice,
+)
+
+HAS_GPU_VLLM = importlib.util.find_spec("vllm") is not None and torch.cuda.is_available()
+TEXTS = ["What is 12 + 30? Answer:", "What is 95 - 17? Answer:", "What is 4 + 8? Answer:"]
+FAKE_TEXTS = ["12+30=", "95-17=", "4+8=", "7+7="]
+
+
+@dataclasses.dataclass
+class Subject:
+    """An engine under test, how to tokenize a prompt, and its logits for a context (direct)."""
+
+    engine: object
+    prompts: list[tuple[int, ...]]
+    logits: Callable[[tuple[int, ...]], torch.Tensor]  # [V] next-token logits, computed directly
+    tol: float = 1e-5
+    in_flight: bool = True
+    max_new_tokens: int = 12
+
+
+def _fake() -> Subject:
+    from gfcr.engines.fake import FakeEngine, fake_logits
+
+    e = FakeEngine()
+    return Subject(e, [e.encode(t) for t in FAKE_TEXTS], lambda ctx: fake_logits(ctx, len(e.ALPHABET)),
+                   max_new_tokens=24)
+
+
+def _hf(model: str) -> Subject:
+    from gfcr.engines import TransformersEngine, load_policy
+    from gfcr.spec import PolicySpec
+
+    policy = load_policy(PolicySpec(model=model))
+
+    @torch.no_grad()
+    def logits(ctx: tuple[int, ...]) -> torch.Tensor:
+        policy.model.eval()
+        return policy.model(input_ids=torch.tensor([list(ctx)])).logits[0, -1].float()
+
+    prompts = [tuple(policy.encode(Prompt(f"q:{i}", text=t))) for i, t in enumerate(TEXTS)]
+    return Subject(TransformersEngine(policy), prompts, logits, max_new_tokens=12 if model == "tiny-arith" else 16)
+
+
+def _vllm() -> Subject:
+    from gfcr.engines import VLLMEngine, load_policy
+    from gfcr.spec import PolicySpec
+    from gfcr.spec.models import VLLMSpec
+
+    settings = VLLMSpec(gpu_memory_utilization=0.2, enforce_eager=True)
+    policy = load_policy(PolicySpec(model="tiny-arith", engine="vllm", vllm=settings))
+    prompts = [tuple(policy.encode(Prompt(f"q:{i}", text=t))) for i, t in enumerate(TEXTS)]
+
+    @torch.no_grad()
+    def logits(ctx: tuple[int, ...]) -> torch.Tensor:
+        return policy.model(input_ids=torch.tensor([list(ctx)], device="cuda")).logits[0, -1].float().cpu()
+
+    return Subject(VLLMEngine(policy, settings), prompts, logits, tol=2e-3, in_flight=False)
+
+
+@pytest.fixture(scope="module", params=[
+    "fake", "tiny-arith",
+    pytest.param("smollm2", marks=pytest.mark.slow),
+    pytest.param("vllm", marks=[pytest.mark.gpu, pytest.mark.skipif(not HAS_GPU_VLLM, reason="needs vllm + CUDA")]),
+])
+def subject(request) -> Subject:
+    return {"fake": _fake, "tiny-arith": lambda: _hf("tiny-arith"), "smollm2": lambda: _hf("smollm2-135m-instruct"),
+            "vllm": _vllm}[request.param]()
+
+
+def _requests(s: Subject, params: SamplingParams, n: int = 1) -> list[GenerationRequest]:
+    return [GenerationRequest(f"q{i}", p, n, params) for i, p in enumerate(s.prompts)]
+
+
+class AbortAt:
+    """A test controller: abort every running row after ``k`` decode steps."""
+
+    def __init__(self, k: int):
+        self.every = k
+
+    def steer(self, view: InFlightView) -> Steer:
+        return Steer(abort=tuple((r.request_id, r.sample_index) for r in view.rows if r.finish_reason is None))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_continuing_a_prefix_equals_the_uninterrupted_generation(subject, temperature):
+    params = SamplingParams(temperature=temperature, max_new_tokens=subject.max_new_tokens, seed=3)
+    whole = [g[0] for g in subject.engine.generate(_requests(subject, params))]
+    k = 2
+    for i, c in enumerate(whole):
+        if len(c.token_ids) <= k:
+            continue
+        prefix = ResponsePrefix(c.token_ids[:k], (Segment(0, k, 0, c.logprobs[:k]),))
+        request = GenerationRequest(f"q{i}", subject.prompts[i], 1, params, prefix)
+        (rest,), = subject.engine.generate([request])
+        tokens, segments = splice(prefix, rest, 1)
+        assert tuple(tokens) == c.token_ids and rest.finish_reason == c.finish_reason
+        np.testing.assert_allclose(np.concatenate([s.behavior_logprobs for s in segments]), c.logprobs,
+                                   atol=subject.tol)
+        assert rest.text == c.text
+
+
+def test_an_aborted_row_keeps_the_uninterrupted_prefix_and_its_segments_tile_it(subject):
+    if not subject.in_flight:
+        pytest.skip("this engine has no in-flight control yet")
+    params = SamplingParams(temperature=1.0, max_new_tokens=subject.max_new_tokens, seed=5)
+    whole = subject.engine.generate(_requests(subject, params, 2))
+    cut = subject.engine.generate(_requests(subject, params, 2), controller=AbortAt(2))
+    for w_group, c_group in zip(whole, cut):
+        for w, c in zip(w_group, c_group):
+            assert w.token_ids[:len(c.token_ids)] == c.token_ids
+            assert c.finish_reason == ("aborted" if len(w.token_ids) > 2 else w.finish_reason)
+            prefix = ResponsePrefix((7,), (Segment(0, 1, 0, np.array([-0.5])),))
+            tokens, segments = splice(prefix, c, 1)
+            Rollout("r", "g", "p", tokens, segments).check_segments()  # raises unless they tile
+
+
+def test_per_request_params_are_honoured_in_one_mixed_batch(subject):
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=subject.max_new_tokens)
+    text = subject.engine.generate(_requests(subject, greedy)[:1])[0][0].text
+    stop = text.strip()[1] if len(text.strip()) > 1 else text.strip()[0]
+    mixed = [dataclasses.replace(r, params=p) for r, p in zip(_requests(subject, greedy), [
+        SamplingParams(temperature=0.0, max_new_tokens=subject.max_new_tokens, stop=(stop,)),
+        SamplingParams(temperature=0.0, max_new_tokens=2),
+        SamplingParams(temperature=0.8, max_new_tokens=subject.max_new_tokens, seed=9),
+    ])]
+    together = subject.engine.generate(mixed)
+    alone = [subject.engine.generate([r])[0] for r in mixed]
+    assert [[c.token_ids for c in g] for g in together] == [[c.token_ids for c in g] for g in alone]
+    assert together[0][0].finish_reason == "stop" and together[0][0].text.endswith(stop)
+    assert len(together[1][0].token_ids) <= 2
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_score_of_sampled_tokens_equals_their_sampling_logprobs(subject, temperature):
+    params = SamplingParams(temperature=temperature, max_new_tokens=subject.max_new_tokens, seed=1)
+    requests = _requests(subject, params, 2)
+    completions = [(r, c) for r, g in zip(requests, subject.engine.generate(requests)) for c in g]
+    scored = subject.engine.score([ScoreRequest(r.prompt_token_ids, c.token_ids, temperature) for r, c in completions])
+    for (_, c), s in zip(completions, scored):
+        np.testing.assert_allclose(s.logprobs, c.logprobs, atol=subject.tol)
+
+
+def test_entropy_matches_a_direct_computation(subject):
+    if subject.in_flight is False:
+        pytest.skip("this engine records no entropy yet")
+    params = SamplingParams(temperature=0.7, max_new_tokens=subject.max_new_tokens, seed=2, entropy=True)
+    requests = _requests(subject, params)
+    for r, (c,) in zip(requests, subject.engine.generate(requests)):
+        direct = [torch.log_softmax(subject.logits(r.prompt_token_ids + c.token_ids[:t]) / 0.7, -1)
+                  for t in range(len(c.token_ids))]
+        expected = [float(-(lp.exp() * lp).sum()) for lp in direct]
+        np.testing.assert_allclose(c.entropy, expected, atol=max(subject.tol, 1e-4))
+
+
+def test_a_bounded_refilled_batch_samples_what_an_unbounded_one_does(subject):
+    params = SamplingParams(temperature=1.0, max_new_tokens=subject.max_new_tokens, seed=4)
+    unbounded = subject.engine.generate(_requests(subject, params, 3))
+    bounded = subject.engine.generate(_requests(subject, params, 3), max_in_flight=2)
+    assert [[c.token_ids for c in g] for g in bounded] == [[c.token_ids for c in g] for g in unbounded]
+    for g, h in zip(bounded, unbounded):
+        for c, d in zip(g, h):
+            np.testing.assert_allclose(c.logprobs, d.logprobs, atol=subject.tol)
+
+
+def test_stop_at_target_ends_with_enough_complete_groups_and_the_rest_aborted(subject):
+    if not subject.in_flight:
+        pytest.skip("this engine has no in-flight control yet")
+    params = SamplingParams(temperature=1.0, max_new_tokens=subject.max_new_tokens, seed=6)
+    requests = [dataclasses.replace(r, request_id=f"{r.request_id}.{j}") for j in range(2)
+                for r in _requests(subject, params, 3)]
+    whole = subject.engine.generate(requests)
+    stopped = subject.engine.generate(requests, controller=StopAtTarget(StopAtTarget.Config(groups=2)))
+    complete = [all(c.finish_reason in ("stop", "length") for c in g) for g in stopped]
+    assert sum(complete) >= 2
+    for w_group, s_group in zip(whole, stopped):
+        for w, s in zip(w_group, s_group):
+            assert s.finish_reason in ("stop", "length", "aborted")
+            assert w.token_ids[:len(s.token_ids)] == s.token_ids  # an aborted row is a prefix of its full sample
+            if s.finish_reason != "aborted":
+                assert s.token_ids == w.token_ids

@@ -1,0 +1,121 @@
+"""The decode loop itself (on the fake engine's model) and ``generate.sample`` on the v2 protocol:
+finished rows leave the batch, the in-flight cap holds, the stage maps finish reasons, records
+entropy, splices nothing it was not given, and drops groups stopped in flight."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gfcr.engines.decode import decode_requests
+from gfcr.engines.fake import FakeEngine, HashBatch
+from gfcr.records import Allocation, AllocationEntry, Prompt, RolloutStatus, StepContext
+from gfcr.stages.control.stop_at_target import StopAtTarget
+from gfcr.stages.engine import GenerationRequest, SamplingParams
+from gfcr.stages.generate.sample import Sample
+from gfcr.stages.resources import Resources
+
+
+class CountingBatch(HashBatch):
+    """Counts the rows each step computes and the most rows held at once."""
+
+    def __init__(self, vocab: int):
+        super().__init__(vocab)
+        self.row_steps = self.most = 0
+
+    def add(self, contexts):
+        out = super().add(contexts)
+        self.most = max(self.most, len(self.contexts))
+        return out
+
+    def step(self, tokens):
+        self.row_steps += len(tokens)
+        return super().step(tokens)
+
+
+def _run(requests, max_in_flight=None, controller=None):
+    engine = FakeEngine()
+    batch = CountingBatch(len(engine.ALPHABET))
+    out = decode_requests(requests, batch, eos=0, decode=engine.decode, max_in_flight=max_in_flight,
+                          controller=controller)
+    return out, batch
+
+
+def _requests(n=4, count=5, max_new_tokens=40):
+    e = FakeEngine()
+    return [GenerationRequest(f"r{i}", e.encode(f"{i}-{i}="), n, SamplingParams(max_new_tokens=max_new_tokens, seed=1))
+            for i in range(count)]
+
+
+def test_finished_rows_leave_the_batch():
+    out, batch = _run(_requests())
+    lengths = [len(c.token_ids) for g in out for c in g]
+    assert len(set(lengths)) > 1, "the fake model ends rows at varied lengths"
+    # each row's first token comes from its prefill; every later token costs one row-step, no more
+    assert batch.row_steps == sum(lengths) - len(lengths)
+
+
+def test_the_in_flight_cap_holds_and_refills():
+    out, batch = _run(_requests(), max_in_flight=3)
+    assert batch.most == 3
+    unbounded, _ = _run(_requests())
+    assert [[c.token_ids for c in g] for g in out] == [[c.token_ids for c in g] for g in unbounded]
+
+
+def test_stop_queues_nothing_more_and_queued_rows_end_empty():
+    out, _ = _run(_requests(), max_in_flight=4, controller=StopAtTarget(StopAtTarget.Config(groups=1)))
+    reasons = [c.finish_reason for g in out for c in g]
+    assert "aborted" in reasons and any(len(c.token_ids) == 0 and c.finish_reason == "aborted" for g in out for c in g)
+
+
+class FakePolicy:
+    """TEST/FAKE: the policy side the sample stage needs (tokenizing prompts)."""
+
+    name, version = "fake", 0
+
+    def __init__(self, engine: FakeEngine):
+        self.engine = engine
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        return list(self.engine.encode(prompt.text))
+
+
+def _stage(**config):
+    engine = FakeEngine()
+    stage = Sample(Sample.Config(**config))
+    stage.setup(Resources(FakePolicy(engine), engine))
+    stage.before_step(StepContext("run", 0, 0, 0))
+    return stage
+
+
+def _allocation(count=6, n=4):
+    return Allocation(0, tuple(AllocationEntry(Prompt(f"p:{i}", text=f"{i}+{i}="), n) for i in range(count)))
+
+
+def test_sample_maps_finish_reasons_and_records_entropy():
+    groups = _stage(max_new_tokens=12, entropy=True).run(_allocation())
+    for group in groups:
+        assert group.verdict.included
+        for r in group.rollouts:
+            assert r.status == {"stop": RolloutStatus.COMPLETED, "length": RolloutStatus.TRUNCATED}[r.finish_reason]
+            assert r.token_entropy is not None and r.token_entropy.shape == (len(r),) and np.all(r.token_entropy >= 0)
+
+
+def test_sample_drops_groups_stopped_in_flight_and_keeps_their_partials():
+    stage = _stage(max_new_tokens=40, max_in_flight=8)
+    stage.attach_in_flight([StopAtTarget(StopAtTarget.Config(groups=2))])
+    groups = stage.run(_allocation())
+    dropped = [g for g in groups if not g.verdict.included]
+    kept = [g for g in groups if g not in dropped]
+    assert len(kept) >= 2 and dropped
+    for g in dropped:
+        assert "stopped in flight" in g.verdict.reason and "partial kept" in g.verdict.reason
+        assert any(r.status == RolloutStatus.ABORTED_PARTIAL for r in g.rollouts)
+    for g in kept:
+        assert all(r.status in (RolloutStatus.COMPLETED, RolloutStatus.TRUNCATED) for r in g.rollouts)
+
+
+def test_sample_is_the_same_whatever_the_in_flight_cap():
+    a = _stage(max_new_tokens=20).run(_allocation())
+    b = _stage(max_new_tokens=20, max_in_flight=2).run(_allocation())
+    assert [[r.response_token_ids for r in g.rollouts] for g in a] == [[r.response_token_ids for r in g.rollouts]
+                                                                       for g in b]
