@@ -10,7 +10,7 @@ hold a partial (reason "stopped in flight ... (partial kept)").
 It is not a step stage: it has ``steer`` and ``every`` and no ``run``; a Generate stage
 names it under ``in_flight`` and the engine calls ``steer`` every ``every`` decode steps.
 
-Reference: APRIL (Zhou et al., 2025, arXiv 2509.18521; code ``RLsys-Foundation/APRIL``,
+Reference: APRIL, Active Partial Rollouts (arXiv 2509.18521, 2025; code ``RLsys-Foundation/APRIL``,
 ``slime/rollout/sglang_example.py``): over-sample ``N' >= N`` groups (README example 64 for
 32), ``abort_all`` once ``N`` groups are collected, keep each partial and resume it next
 round from its token ids.
