@@ -31,10 +31,16 @@ class Node:
     spec: StageSpec
     loop: str | None
     bindings: tuple[Binding, ...]
+    in_flight: tuple[str, ...] = ()  # ids of the in-flight controllers this (generate) stage hosts
 
     @property
     def runtime_inputs(self) -> tuple[Port, ...]:
         return tuple(p for p in self.info.inputs if p.from_runtime)
+
+    @property
+    def runs(self) -> bool:
+        """False for an in-flight controller, which is built and attached but is no node of the plan."""
+        return not self.info.in_flight
 
 
 @dataclass(frozen=True)
@@ -68,7 +74,7 @@ class DataBinding:
 @dataclass(frozen=True)
 class CompiledPipeline:
     spec: PipelineSpec
-    nodes: dict[str, Node]  # in plan order
+    nodes: dict[str, Node]  # in plan order, then the in-flight controllers
     plan: tuple[PlanItem, ...]
     graph: nx.MultiDiGraph  # stage ids; edges carry param, type and feedback
     data: DataBinding

@@ -18,6 +18,10 @@ BUILTIN_STAGES = {
     "generate.fake": "gfcr.stages.testing:FakeGenerate",
     "update.grpo": "gfcr.stages.update.grpo:GRPOUpdate",
     "update.fake": "gfcr.stages.testing:FakeUpdate",
+    "control.fake_stop": "gfcr.stages.testing:FakeStop",
+    "replay.fake_provide": "gfcr.stages.testing:FakeProvide",
+    "replay.fake_ingest": "gfcr.stages.testing:FakeIngest",
+    "replay.fake_mix": "gfcr.stages.testing:FakeMix",
 }
 
 BUILTIN_DATA_SOURCES = {

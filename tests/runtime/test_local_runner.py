@@ -39,10 +39,11 @@ class _Logged:
         LOG.append((self.config.tag, method, self.ctx.step, self.ctx.round, *extra))
 
     def before_step(self, ctx: StepContext) -> None:
-        self.ctx = ctx
+        self.ctx = self.step_ctx = ctx
         self.log("before_step")
 
     def observe(self, report: StepReport) -> None:
+        self.ctx = self.step_ctx
         self.log("observe", report.policy_version)
 
 
@@ -59,7 +60,8 @@ class Pick(_Logged):
 class Gen(_Logged):
     """TEST STAGE: one group per prompt; logs how many groups the previous round fed back."""
 
-    def run(self, allocation: Allocation, previous: RolloutGroups | None = None) -> RolloutGroups:
+    def run(self, allocation: Allocation, ctx: StepContext, previous: RolloutGroups | None = None) -> RolloutGroups:
+        self.ctx = ctx  # this call's context: the loop round is on it
         if self.config.fail_at_step == self.ctx.step:
             raise RuntimeError("engine fell over")
         self.log("run", len(previous) if previous is not None else None)
@@ -74,7 +76,8 @@ class Gate(_Logged):
         super().before_step(ctx)
         self.rounds = 0
 
-    def run(self, groups: RolloutGroups) -> RolloutGroups:
+    def run(self, groups: RolloutGroups, ctx: StepContext) -> RolloutGroups:
+        self.ctx = ctx
         self.rounds += 1
         self.log("run")
         return groups
@@ -166,7 +169,8 @@ def test_step_report_counts_groups_and_verdicts():
     assert report.groups_kept == len(kept) == report.update.rollouts_in_update // 4 > 0
     assert report.rollouts_generated == 4 * len(report.groups)
     dropped_by = {g.verdict.dropped_by for g in report.groups if not g.verdict.included}
-    assert dropped_by <= {"filter.nonzero_variance", "filter.dynamic_sampling"}
+    assert dropped_by and dropped_by <= {"keep", "enough"}  # stamped by the runtime: stage ids
+    assert {g.group_id: g.verdict.dropped_by for g in report.groups if not g.verdict.included} == report.dropped_by
     assert all(g.stats.reward_std > 0 for g in kept)
 
 
