@@ -197,9 +197,9 @@ def _apply(steer: Any, finish: dict, ends: dict, decoded: int) -> None:
 def _cut(r: Rollout, n: int, finish: str) -> None:
     """Keep the first ``n`` tokens of ``r`` and set its status from how it ended."""
     if n < len(r):
-        logprobs = r.behavior_logprobs[:n]
         r.response_token_ids = r.response_token_ids[:n]
-        r.segments = [Segment(0, n, r.segments[0].policy_version, logprobs)]
+        r.segments = [Segment(s.start, min(s.end, n), s.policy_version, s.behavior_logprobs[: min(s.end, n) - s.start],
+                              s.origin) for s in r.segments if s.start < n]
     r.status, r.finish_reason = STATUS[finish], finish
 
 
