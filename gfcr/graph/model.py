@@ -85,11 +85,15 @@ class CompiledPipeline:
         return {item.name: item for item in self.plan if isinstance(item, LoopBlock)}
 
     def describe_plan(self) -> str:
-        """``pick -> budget -> [collect x<=3: rollout -> keep -> enough] -> update``."""
+        """``pick -> budget -> [collect x<=3: rollout (in flight: stop) -> keep -> enough] -> update``."""
         parts = []
         for item in self.plan:
             if isinstance(item, LoopBlock):
-                parts.append(f"[{item.name} x<={item.max_rounds}: {' -> '.join(item.body)}]")
+                parts.append(f"[{item.name} x<={item.max_rounds}: {' -> '.join(map(self._named, item.body))}]")
             else:
-                parts.append(item)
+                parts.append(self._named(item))
         return " -> ".join(parts)
+
+    def _named(self, sid: str) -> str:
+        hosted = self.nodes[sid].in_flight
+        return f"{sid} (in flight: {', '.join(hosted)})" if hosted else sid

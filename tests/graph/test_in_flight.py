@@ -58,6 +58,7 @@ def test_controller_is_attached_not_planned():
     assert list(pipeline.nodes) == ["pick", "budget", "rollout", "keep", "update", "stop"]
     assert pipeline.nodes["rollout"].in_flight == ("stop",) and not pipeline.nodes["stop"].runs
     assert pipeline.graph.get_edge_data("stop", "rollout")[0]["type"] == "in flight"
+    assert pipeline.describe_plan() == "pick -> budget -> rollout (in flight: stop) -> keep -> update"
 
 
 def test_controller_is_swapped_with_set():
