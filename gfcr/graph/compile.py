@@ -33,7 +33,8 @@ from gfcr.spec.problems import dotted, problems_from_validation
 LOOP_FIX = ("pipelines are acyclic; to repeat stages within a step, list them in a loop block "
             "(`loops: {name: {stages: [...], until: <stage>, max_rounds: N}}`), "
             "where only the until stage may feed back")
-IN_FLIGHT_EXAMPLE = "e.g. `stop: {use: control.stop_at_target, with: {groups: 8}}` with `in_flight: [stop]` on the generate stage"
+IN_FLIGHT_EXAMPLE = ("e.g. `stop: {use: control.stop_at_target, with: {groups: 8}}` with `in_flight: [stop]` "
+                     "on the generate stage")
 
 
 def _stage_path(sid: str) -> tuple:
@@ -142,7 +143,8 @@ class _Compiler:
                 if port is not None:
                     pairs.append((port, ref, path + (name,)))
                 elif any(p.name == name for p in info.inputs):
-                    self.problem(path + (name,), f"input `{name}` of `{stage.use}` is fed by the runtime, not by a stage",
+                    self.problem(path + (name,),
+                                 f"input `{name}` of `{stage.use}` is fed by the runtime, not by a stage",
                                  f"remove `{name}` from `from`")
                 else:
                     self.problem(path + (name,), f"`{stage.use}` has no input `{name}`",
