@@ -115,7 +115,7 @@ def _print_stage_table(infos: list) -> None:
                            for name, f in info.config.model_fields.items())
         inputs = ", ".join(f"{p.name}: {p.type.__name__}" + ("" if p.required else "?") for p in info.inputs)
         tags = (" [dim](test stage)[/]" if info.testing else "") + (" [dim](can end loop)[/]" if info.can_end_loop else "")
-        table.add_row(escape(info.alias) + tags, escape(inputs), info.output.__name__, escape(fields), info.origin)
+        table.add_row(escape(info.alias) + tags, escape(inputs), info.output_name, escape(fields), info.origin)
     out.print(table)
 
 

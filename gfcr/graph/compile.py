@@ -2,7 +2,11 @@
 
 Every problem is collected and raised together as one ``GraphError``: unknown stages,
 stage configs that do not validate, inputs left unbound, edges whose types do not match,
-cycles outside loop blocks, loop blocks that cannot end, outputs nobody reads.
+cycles outside loop blocks, loop blocks that cannot end, outputs nobody reads, in-flight
+controllers that are not attached to exactly one generate stage that can host them.
+
+In-flight controllers are nodes of the graph (an ``in flight`` edge to their host) but not
+of the plan: they never run; the runtime builds them and attaches them to their host.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from pydantic import BaseModel, ValidationError
 
 from gfcr.errors import GraphError, Problem, RegistryError, did_you_mean, known
 from gfcr.graph.model import Binding, CompiledPipeline, DataBinding, LoopBlock, Node, PlanItem
+from gfcr.records import StepOutputs
 from gfcr.registry import DATA_SOURCES, STAGES, Port, Registry, StageInfo, stage_info
 from gfcr.spec import UPDATE_ID, PipelineSpec, SourceMap, StageSpec, load_spec
 from gfcr.spec.loader import check_references
@@ -28,6 +33,8 @@ from gfcr.spec.problems import dotted, problems_from_validation
 LOOP_FIX = ("pipelines are acyclic; to repeat stages within a step, list them in a loop block "
             "(`loops: {name: {stages: [...], until: <stage>, max_rounds: N}}`), "
             "where only the until stage may feed back")
+IN_FLIGHT_EXAMPLE = ("e.g. `stop: {use: control.stop_at_target, with: {groups: 8}}` with `in_flight: [stop]` "
+                     "on the generate stage")
 
 
 def _stage_path(sid: str) -> tuple:
@@ -121,7 +128,8 @@ class _Compiler:
 
     # -- wiring --------------------------------------------------------------------------
     def producers(self, port_type: type, infos: dict[str, StageInfo], exclude: str) -> str:
-        names = [s for s, i in infos.items() if issubclass(i.output, port_type) and s != exclude]
+        names = [s for s, i in infos.items()
+                 if i.output is not None and issubclass(i.output, port_type) and s != exclude]
         return f" ({known(names)})" if names else ""
 
     def pair_inputs(self, sid: str, stage: StageSpec, info: StageInfo) -> list[tuple[Port, str, tuple]]:
@@ -135,7 +143,8 @@ class _Compiler:
                 if port is not None:
                     pairs.append((port, ref, path + (name,)))
                 elif any(p.name == name for p in info.inputs):
-                    self.problem(path + (name,), f"input `{name}` of `{stage.use}` is fed by the runtime from `data`",
+                    self.problem(path + (name,),
+                                 f"input `{name}` of `{stage.use}` is fed by the runtime, not by a stage",
                                  f"remove `{name}` from `from`")
                 else:
                     self.problem(path + (name,), f"`{stage.use}` has no input `{name}`",
@@ -150,6 +159,8 @@ class _Compiler:
         return [(p, r, path + (i,)) for i, (p, r) in enumerate(zip(inputs, refs))]
 
     def bind(self, sid: str, stage: StageSpec, info: StageInfo, infos: dict[str, StageInfo]) -> list[Binding]:
+        if info.in_flight:  # no inputs; a `from` is reported by check_controller
+            return []
         pairs = self.pair_inputs(sid, stage, info)
         bindings = []
         for port, ref, where in pairs:
@@ -172,6 +183,10 @@ class _Compiler:
 
     def check_edge(self, sid: str, port: Port, source: str, infos: dict[str, StageInfo], where: tuple) -> Binding | None:
         src = infos[source]
+        if src.output is None:
+            self.problem(where, f"`{source}` ({src.alias}) is an in-flight controller: it has no output to read",
+                         f"remove it from `from`; attach it to a generate stage with `in_flight: [{source}]`")
+            return None
         if not issubclass(src.output, port.type):
             self.problem(where,
                          f"type mismatch: `{sid}` ({infos[sid].alias}) reads input `{port.name}` of type "
@@ -191,6 +206,48 @@ class _Compiler:
         """An edge from a loop's until stage back into the same loop reads the previous round."""
         loop = self.loop_of.get(source)
         return loop is not None and loop == self.loop_of.get(sid) and source == self.spec.loops[loop].until
+
+    # -- in-flight controllers ---------------------------------------------------------------
+    def attach_in_flight(self, infos: dict[str, StageInfo]) -> dict[str, str]:
+        """Check every ``in_flight`` list and every controller; controller id -> its host id."""
+        hosts: dict[str, list[str]] = {}
+        for sid, stage in self.spec.all_stages().items():
+            info = infos.get(sid)
+            if stage.in_flight and info is not None and not info.hosts_in_flight:
+                self.problem(_stage_path(sid) + ("in_flight",),
+                             f"`{sid}` ({info.alias}) cannot host in-flight controllers: it has no "
+                             "`attach_in_flight(controllers)` method",
+                             "move `in_flight` to a generate stage that hosts controllers, e.g. `generate.sample`")
+            for i, ref in enumerate(stage.in_flight):
+                ctrl = infos.get(ref)
+                if ctrl is not None and not ctrl.in_flight:
+                    self.problem(_stage_path(sid) + ("in_flight", i),
+                                 f"`{ref}` ({ctrl.alias}) is not an in-flight controller (no `every` and `steer`)",
+                                 f"name a controller stage in `in_flight`, {IN_FLIGHT_EXAMPLE}; "
+                                 f"wire `{ref}` with `from` instead")
+                elif ctrl is not None:
+                    hosts.setdefault(ref, []).append(sid)
+        for sid, info in infos.items():
+            if info.in_flight:
+                self.check_controller(sid, info, hosts.get(sid, []))
+        return {c: h[0] for c, h in hosts.items() if len(h) == 1}
+
+    def check_controller(self, sid: str, info: StageInfo, hosts: list[str]) -> None:
+        stage, path = self.spec.all_stages()[sid], _stage_path(sid)
+        if stage.from_ is not None:
+            self.problem(path + ("from",), f"`{sid}` ({info.alias}) is an in-flight controller: it reads what the "
+                                           "engine is generating, not another stage's output",
+                         "remove `from`; the generate stage that lists it in `in_flight` feeds it")
+        if sid in self.loop_of:
+            self.problem(path, f"`{sid}` ({info.alias}) is an in-flight controller, inside loop block "
+                               f"`{self.loop_of[sid]}`", "remove it from the loop's `stages`; it goes with its host")
+        if not hosts:
+            self.problem(path, f"`{sid}` ({info.alias}) is an in-flight controller, but no generate stage lists it",
+                         f"add `in_flight: [{sid}]` to the generate stage it should steer")
+        elif len(hosts) > 1:
+            self.problem(path, f"`{sid}` ({info.alias}) is attached to {len(hosts)} generate stages "
+                               f"({known(hosts)}); a controller steers one",
+                         f"give each generate stage its own controller (a copy of `{sid}` under another id)")
 
     # -- structure -----------------------------------------------------------------------
     def check_loops(self, infos: dict[str, StageInfo]) -> None:
@@ -221,20 +278,28 @@ class _Compiler:
             self.problem(_stage_path(members[0]) + ("from",), message, LOOP_FIX)
         return ok
 
-    def check_outputs(self, graph: nx.MultiDiGraph) -> None:
+    def check_outputs(self, graph: nx.MultiDiGraph, infos: dict[str, StageInfo]) -> None:
         for sid in graph:
             readers = [v for _, v, fb in graph.out_edges(sid, data="feedback") if not fb]
-            if sid != UPDATE_ID and not readers:
+            if sid != UPDATE_ID and not readers and not infos[sid].in_flight:
                 self.problem(_stage_path(sid), f"the output of `{sid}` is not read by any stage",
                              f"connect it (`from: {sid}` on a later stage, or the update) or remove the stage")
 
-    def plan(self, graph: nx.MultiDiGraph) -> tuple[PlanItem, ...] | None:
-        unit = {sid: self.loop_of.get(sid, sid) for sid in graph}
+    def plan(self, graph: nx.MultiDiGraph, infos: dict[str, StageInfo]) -> tuple[PlanItem, ...] | None:
+        """Units (stages, loop blocks) in dependency order, ties in the author's order; an ingest
+        stage (a ``StepOutputs`` input) as late as its readers allow, so it sees the whole step."""
+        runs = [sid for sid in graph if not infos[sid].in_flight]
+        unit = {sid: self.loop_of.get(sid, sid) for sid in runs}
         condensed = nx.DiGraph()
         condensed.add_nodes_from(set(unit.values()))
         condensed.add_edges_from((unit[u], unit[v]) for u, v, fb in graph.edges(data="feedback")
-                                 if not fb and unit[u] != unit[v])
-        first = {u: min(self.order[s] for s in graph if unit[s] == u) for u in condensed}
+                                 if not fb and u in unit and v in unit and unit[u] != unit[v])
+        late = len(self.order)  # after every stage the author wrote
+
+        def key(sid: str) -> int:
+            return self.order[sid] + (late if any(p.type is StepOutputs for p in infos[sid].inputs) else 0)
+
+        first = {u: min(key(s) for s in runs if unit[s] == u) for u in condensed}
         if not nx.is_directed_acyclic_graph(condensed):
             for name in self.spec.loops:
                 if any(name in c and len(c) > 1 for c in nx.strongly_connected_components(condensed)):
@@ -248,7 +313,7 @@ class _Compiler:
                 body = graph.subgraph(loop.stages)
                 forward = nx.DiGraph([(a, b) for a, b, fb in body.edges(data="feedback") if not fb])
                 forward.add_nodes_from(loop.stages)
-                order = tuple(nx.lexicographical_topological_sort(forward, key=self.order.get))
+                order = tuple(nx.lexicographical_topological_sort(forward, key=key))
                 items.append(LoopBlock(u, order, loop.until, loop.max_rounds))
             else:
                 items.append(u)
@@ -265,20 +330,24 @@ class _Compiler:
         data, eval_data = self.resolve_data("data"), self.resolve_data("eval")
         bindings = {sid: self.bind(sid, all_stages[sid], info, infos) for sid, info in infos.items()}
         self.check_loops(infos)
+        host_of = self.attach_in_flight(infos)
         graph = nx.MultiDiGraph()
         for sid, info in infos.items():
             graph.add_node(sid, family=info.family, use=info.alias, loop=self.loop_of.get(sid))
         for source, sid, b in self.references:
             graph.add_edge(source, sid, param=b.param, type=b.type.__name__, feedback=b.feedback)
+        for ctrl, host in host_of.items():
+            graph.add_edge(ctrl, host, param="in_flight", type="in flight", feedback=False, in_flight=True)
         plan = None
         if len(infos) == len(all_stages) and self.check_cycles(graph):
-            self.check_outputs(graph)
-            plan = self.plan(graph)
+            self.check_outputs(graph, infos)
+            plan = self.plan(graph, infos)
         if self.problems or plan is None or data is None:
             raise GraphError(self.problems)
         order = [s for item in plan for s in (item.body if isinstance(item, LoopBlock) else (item,))]
+        order += [sid for sid in all_stages if infos[sid].in_flight]  # built and set up, never run
         nodes = {sid: Node(sid, infos[sid], resolved[sid][1], all_stages[sid], self.loop_of.get(sid),
-                           tuple(bindings[sid])) for sid in order}
+                           tuple(bindings[sid]), tuple(all_stages[sid].in_flight)) for sid in order}
         return CompiledPipeline(self.spec, nodes, plan, graph, data, eval_data)
 
 

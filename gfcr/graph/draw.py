@@ -1,5 +1,6 @@
 """Drawing a compiled pipeline with Graphviz: stages coloured by family, loop blocks as boxes,
-feedback edges dashed, edges labelled with their port type.
+feedback edges dashed, edges labelled with their port type; an in-flight controller is drawn
+beside its generate stage with a dashed edge labelled ``in flight``.
 
 DOT needs only the ``graphviz`` Python package; PNG and SVG also need Graphviz's ``dot``
 program (Debian/Ubuntu: ``apt-get install graphviz``; macOS: ``brew install graphviz``).
@@ -15,6 +16,7 @@ import graphviz
 
 from gfcr.errors import GfcrError
 from gfcr.graph.model import CompiledPipeline, LoopBlock
+from gfcr.records import PromptPool
 
 FAMILY_COLOURS = {
     "control": "#cfe2ff",
@@ -38,7 +40,7 @@ def to_dot(pipeline: CompiledPipeline) -> graphviz.Digraph:
         style = "rounded,filled,dashed" if node.info.testing else "rounded,filled"
         graph.node(sid, label, fillcolor=FAMILY_COLOURS[node.info.family], style=style)
 
-    if any(p.from_runtime for n in pipeline.nodes.values() for p in n.info.inputs):
+    if any(p.type is PromptPool for n in pipeline.nodes.values() for p in n.info.inputs):
         dot.node("__data__", f"data: {pipeline.data.name}", shape="cylinder", style="filled", fillcolor="#eeeeee")
     for item in pipeline.plan:
         if isinstance(item, LoopBlock):
@@ -50,8 +52,13 @@ def to_dot(pipeline: CompiledPipeline) -> graphviz.Digraph:
         else:
             add_node(dot, item)
     for sid, node in pipeline.nodes.items():
-        if node.runtime_inputs:
+        if not node.runs:
+            add_node(dot, sid)
+    for sid, node in pipeline.nodes.items():
+        if any(p.type is PromptPool for p in node.runtime_inputs):
             dot.edge("__data__", sid, label="PromptPool", style="dotted")
+        for ctrl in node.in_flight:
+            dot.edge(ctrl, sid, label="in flight", style="dashed", arrowhead="odot")
         for b in node.bindings:
             dot.edge(b.source, sid, label=b.type.__name__ + (" (previous round)" if b.feedback else ""),
                      style="dashed" if b.feedback else "solid", constraint="false" if b.feedback else "true")

@@ -31,10 +31,16 @@ class Node:
     spec: StageSpec
     loop: str | None
     bindings: tuple[Binding, ...]
+    in_flight: tuple[str, ...] = ()  # ids of the in-flight controllers this (generate) stage hosts
 
     @property
     def runtime_inputs(self) -> tuple[Port, ...]:
         return tuple(p for p in self.info.inputs if p.from_runtime)
+
+    @property
+    def runs(self) -> bool:
+        """False for an in-flight controller, which is built and attached but is no node of the plan."""
+        return not self.info.in_flight
 
 
 @dataclass(frozen=True)
@@ -68,7 +74,7 @@ class DataBinding:
 @dataclass(frozen=True)
 class CompiledPipeline:
     spec: PipelineSpec
-    nodes: dict[str, Node]  # in plan order
+    nodes: dict[str, Node]  # in plan order, then the in-flight controllers
     plan: tuple[PlanItem, ...]
     graph: nx.MultiDiGraph  # stage ids; edges carry param, type and feedback
     data: DataBinding
@@ -79,11 +85,15 @@ class CompiledPipeline:
         return {item.name: item for item in self.plan if isinstance(item, LoopBlock)}
 
     def describe_plan(self) -> str:
-        """``pick -> budget -> [collect x<=3: rollout -> keep -> enough] -> update``."""
+        """``pick -> budget -> [collect x<=3: rollout (in flight: stop) -> keep -> enough] -> update``."""
         parts = []
         for item in self.plan:
             if isinstance(item, LoopBlock):
-                parts.append(f"[{item.name} x<={item.max_rounds}: {' -> '.join(item.body)}]")
+                parts.append(f"[{item.name} x<={item.max_rounds}: {' -> '.join(map(self._named, item.body))}]")
             else:
-                parts.append(item)
+                parts.append(self._named(item))
         return " -> ".join(parts)
+
+    def _named(self, sid: str) -> str:
+        hosted = self.nodes[sid].in_flight
+        return f"{sid} (in flight: {', '.join(hosted)})" if hosted else sid

@@ -1,23 +1,26 @@
 """The records of DESIGN.md section 2: the only things that travel between stages.
 
-Port types, the values on the pipeline graph's edges, are ``Allocation``, ``RolloutGroups``
-and ``UpdateReport``; ``PromptPool`` is fed to stages by the runtime.
+Port types, the values on the pipeline graph's edges, are ``Allocation``, ``RolloutGroups``,
+``UpdateReport`` and ``Provided`` (the Replay provide port); ``PromptPool``, ``StepContext``
+and ``StepOutputs`` (the Replay ingest port) are fed to stages by the runtime.
 """
 
 from gfcr.records.allocation import Allocation, AllocationEntry, Budget
 from gfcr.records.group import GroupStats, RolloutGroup, RolloutGroups, TreeIndex, Verdict
 from gfcr.records.ids import group_id, prompt_id, rollout_id
 from gfcr.records.prompt import Prompt, PromptPool, VerifierSpec
+from gfcr.records.replay import Provided, ProvidedKind, ProvidedRollout, StepOutputs
 from gfcr.records.report import StepContext, StepReport, UpdateReport
 from gfcr.records.rollout import Origin, Rollout, RolloutStatus, Segment, SegmentOrigin
 from gfcr.records.stats import Lifecycle, Observation, ObservationSource, PromptStats
 
-PORT_TYPES = (Allocation, RolloutGroups, UpdateReport)
-RUNTIME_INPUTS = (PromptPool,)
+PORT_TYPES = (Allocation, RolloutGroups, UpdateReport, Provided)
+RUNTIME_INPUTS = (PromptPool, StepContext, StepOutputs)
 
 __all__ = [
     "Allocation", "AllocationEntry", "Budget", "GroupStats", "Lifecycle", "Observation",
-    "ObservationSource", "Origin", "PORT_TYPES", "Prompt", "PromptPool", "PromptStats",
+    "ObservationSource", "Origin", "PORT_TYPES", "Prompt", "PromptPool", "PromptStats", "Provided",
+    "ProvidedKind", "ProvidedRollout", "StepOutputs",
     "RUNTIME_INPUTS", "Rollout", "RolloutGroup", "RolloutGroups", "RolloutStatus", "Segment",
     "SegmentOrigin", "StepContext", "StepReport", "TreeIndex", "UpdateReport", "Verdict",
     "VerifierSpec", "group_id", "prompt_id", "rollout_id",

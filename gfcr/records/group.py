@@ -55,7 +55,8 @@ class TreeIndex:
 
 @dataclass(slots=True)
 class Verdict:
-    """What the filters decided about a group. A dropped group records who dropped it and why."""
+    """What the filters decided about a group. A dropped group records why; the runtime stamps
+    ``dropped_by`` with the id of the stage that dropped it."""
 
     included: bool = True
     dropped_by: str | None = None
@@ -95,8 +96,9 @@ class RolloutGroup:
     def rewards(self) -> np.ndarray:  # [n] float64; NaN where unscored
         return np.array([np.nan if r.reward is None else r.reward for r in self.rollouts], dtype=np.float64)
 
-    def drop(self, by: str, reason: str) -> None:
-        self.verdict = Verdict(included=False, dropped_by=by, reason=reason)
+    def drop(self, reason: str) -> None:
+        """Leave the group out of the update, saying why (the runtime records which stage did)."""
+        self.verdict = Verdict(included=False, reason=reason)
 
 
 @dataclass(slots=True)

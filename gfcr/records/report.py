@@ -9,10 +9,12 @@ from typing import Any
 from gfcr.records.group import RolloutGroup
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class StepContext:
-    """Handed to a stage's ``before_step``. The runtime updates ``round`` in place as a loop
-    block repeats, so a stage holding the context sees the current round."""
+    """Where a stage call stands: handed to ``before_step`` and, as a runtime input, to a ``run``
+    parameter annotated ``StepContext``. Frozen: each loop round gets a fresh context
+    (``dataclasses.replace(ctx, round=r)``), so a stage reads the round from the context it is
+    given, never from one it kept."""
 
     run_id: str
     step: int
@@ -52,6 +54,7 @@ class StepReport:
     metrics: dict[str, Any] = field(default_factory=dict)
     created_by: dict[str, str] = field(default_factory=dict)  # group id -> stage that first output it
     dropped_by: dict[str, str] = field(default_factory=dict)  # group id -> id of the stage that dropped it
+    changed_by: dict[str, tuple[str, ...]] = field(default_factory=dict)  # group id -> stages that changed it
     update_group_ids: frozenset[str] = frozenset()  # groups handed to the update stage
     controller_state: dict[str, dict[str, Any]] = field(default_factory=dict)  # control stage id -> its state
 

@@ -11,6 +11,7 @@ BUILTIN_STAGES = {
     "control.uniform": "gfcr.stages.control.uniform:UniformControl",
     "control.fixed_n": "gfcr.stages.control.fixed_n:FixedN",
     "control.greso": "gfcr.stages.control.greso:Greso",
+    "control.stop_at_target": "gfcr.stages.control.stop_at_target:StopAtTarget",
     "filter.nonzero_variance": "gfcr.stages.filter.nonzero_variance:NonzeroVariance",
     "filter.dynamic_sampling": "gfcr.stages.filter.dynamic_sampling:DynamicSampling",
     "filter.verify": "gfcr.stages.filter.verify:Verify",
@@ -18,6 +19,10 @@ BUILTIN_STAGES = {
     "generate.fake": "gfcr.stages.testing:FakeGenerate",
     "update.grpo": "gfcr.stages.update.grpo:GRPOUpdate",
     "update.fake": "gfcr.stages.testing:FakeUpdate",
+    "control.fake_stop": "gfcr.stages.testing:FakeStop",
+    "replay.fake_provide": "gfcr.stages.testing:FakeProvide",
+    "replay.fake_ingest": "gfcr.stages.testing:FakeIngest",
+    "replay.fake_mix": "gfcr.stages.testing:FakeMix",
 }
 
 BUILTIN_DATA_SOURCES = {

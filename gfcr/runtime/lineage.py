@@ -11,7 +11,11 @@ A row follows a rollout from its prompt to the update:
   ``finish_reason``, ``n_tokens`` and ``created_by`` (the id of the first stage that output it);
 - what was decided: ``reward``, ``correct``, ``reward_reason``, ``advantage`` (the mean over
   tokens for per-token estimators), ``dropped_by`` (the id of the stage that dropped its group,
-  or null) with ``drop_reason``, and ``in_update`` (its group reached the update stage).
+  or null) with ``drop_reason``, ``changed_by`` (the ids of the stages that changed its group's
+  rewards, advantages, loss masks, sample weights or verdict, in order) and ``in_update`` (its
+  group reached the update stage).
+
+The runtime, not the stages, records ``created_by``, ``dropped_by`` and ``changed_by``.
 
 Filters drop whole groups, so every rollout of a group shares its verdict.
 """
@@ -36,7 +40,7 @@ SCHEMA = pa.schema([
     ("status", pa.string()), ("finish_reason", pa.string()), ("n_tokens", pa.int64()),
     ("reward", pa.float64()), ("correct", pa.bool_()), ("reward_reason", pa.string()),
     ("advantage", pa.float64()), ("created_by", pa.string()), ("dropped_by", pa.string()),
-    ("drop_reason", pa.string()), ("in_update", pa.bool_()),
+    ("drop_reason", pa.string()), ("in_update", pa.bool_()), ("changed_by", pa.list_(pa.string())),
 ])
 
 
@@ -59,6 +63,7 @@ def _row(report: StepReport, group: RolloutGroup, r: Rollout) -> dict[str, Any]:
         "advantage": _scalar_advantage(r.advantage), "created_by": report.created_by.get(group.group_id),
         "dropped_by": dropped_by, "drop_reason": group.verdict.reason if dropped_by is not None else None,
         "in_update": group.group_id in report.update_group_ids,
+        "changed_by": list(report.changed_by.get(group.group_id, ())),
     }
 
 
@@ -82,4 +87,13 @@ def read_lineage(lineage_dir: Path) -> pa.Table:
     files = sorted(Path(lineage_dir).glob("step-*.parquet"))
     if not files:
         return SCHEMA.empty_table()
-    return pa.concat_tables([pq.read_table(f, schema=SCHEMA) for f in files])
+    return pa.concat_tables([_read(f) for f in files])
+
+
+def _read(path: Path) -> pa.Table:
+    """One step's rows; a file written before a column existed gets that column as nulls."""
+    table = pq.read_table(path)
+    for name in SCHEMA.names:
+        if name not in table.column_names:
+            table = table.append_column(name, pa.nulls(len(table), SCHEMA.field(name).type))
+    return table.select(SCHEMA.names).cast(SCHEMA)

@@ -1,23 +1,38 @@
 """The in-process runner: run a compiled plan step after step.
 
-Before the first step, ``setup(resources)`` on every stage that has it (the policy and
-engine the runtime lends). Per step: ``before_step(ctx)`` on every stage that has it; the plan's items in order (a
-loop block repeats its body until its until stage is done or ``max_rounds`` have run);
-then ``observe(report)`` on every stage that has it. An exception raised inside a stage
-becomes a ``StageError`` naming the stage, step, round and run.
+The runner is typed against the lifecycle roles of ``gfcr.registry.lifecycle``. After
+building the stages it attaches every generate stage's in-flight controllers
+(``attach_in_flight``), then calls ``setup(resources)`` on every ``SetsUp`` stage (the policy
+and engine the runtime lends). Per step: ``before_step(ctx)`` on every ``BeforeStep`` stage;
+the plan's items in order (a loop block repeats its body, each round with a fresh
+``StepContext`` carrying the round, until its until stage is ``done()`` or ``max_rounds``
+have run); then ``observe(report)`` on every ``Observes`` stage. Runtime inputs of ``run``
+(``PromptPool``, ``StepContext``, ``StepOutputs``) are filled by type.
+
+The runner, not the stages, records who did what to a group: the stage that first output
+it (``created_by``), the stage that dropped it (stamped on its verdict as ``dropped_by``) and
+the stages that changed its rewards, advantages, loss masks, sample weights or verdict
+(``changed_by``, found by comparing a cheap fingerprint of every group before and after each
+stage). An exception raised inside a stage becomes a ``StageError`` naming the stage, step,
+round and run.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Hashable, Protocol
+
+import numpy as np
 
 from gfcr.errors import StageError
 from gfcr.graph import CompiledPipeline, LoopBlock, Node
 from gfcr.records import (
-    Allocation, PromptPool, RolloutGroup, RolloutGroups, StepContext, StepReport, UpdateReport,
+    Allocation, PromptPool, Provided, RolloutGroup, RolloutGroups, StepContext, StepOutputs, StepReport,
+    UpdateReport,
 )
+from gfcr.registry.lifecycle import BeforeStep, EndsLoop, HostsInFlight, Observes, SetsUp, Stateful
+from gfcr.registry.contract import Port
 from gfcr.spec import UPDATE_ID
 from gfcr.stages.resources import Resources
 
@@ -25,6 +40,7 @@ from gfcr.stages.resources import Resources
 _EMPTY: dict[type, Callable[[int], Any]] = {
     RolloutGroups: lambda step: RolloutGroups(),
     Allocation: lambda step: Allocation(step),
+    Provided: lambda step: Provided(step),
 }
 
 
@@ -37,8 +53,20 @@ class RunnerHooks(Protocol):
 
 
 def build_stages(pipeline: CompiledPipeline) -> dict[str, Any]:
-    """Instantiate every stage from its class and validated config, in plan order."""
+    """Instantiate every stage (in-flight controllers too) from its class and validated config,
+    in plan order."""
     return {sid: node.info.cls(node.config) for sid, node in pipeline.nodes.items()}
+
+
+def fingerprint(group: RolloutGroup) -> Hashable:
+    """What a stage may change about a group, cheaply comparable: verdict, sample weights,
+    rewards, advantages and loss masks (arrays by a hash of their bytes)."""
+    return (group.verdict.included, group.verdict.reason, group.sample_weight,
+            tuple((r.reward, r.sample_weight, _value(r.advantage), _value(r.loss_mask)) for r in group.rollouts))
+
+
+def _value(x: float | np.ndarray | None) -> Hashable:
+    return (x.shape, hash(x.tobytes())) if isinstance(x, np.ndarray) else x
 
 
 @dataclass
@@ -50,6 +78,11 @@ class _StepState:
     rounds: dict[str, int] = field(default_factory=dict)
     created_by: dict[str, str] = field(default_factory=dict)  # group id -> first stage that output it
     dropped_by: dict[str, str] = field(default_factory=dict)  # group id -> stage id that dropped it
+    changed_by: dict[str, list[str]] = field(default_factory=dict)  # group id -> stages that changed it
+
+    def outputs_so_far(self) -> StepOutputs:
+        return StepOutputs(self.ctx.step, tuple(self.groups.values()), dict(self.created_by), dict(self.dropped_by),
+                           {g: tuple(s) for g, s in self.changed_by.items()})
 
 
 class LocalRunner:
@@ -71,8 +104,13 @@ class LocalRunner:
         self.resources = resources or Resources()
         self.stages = stages if stages is not None else build_stages(pipeline)
         setup_ctx = StepContext(self.run_id, 0, pipeline.spec.run.seed, 0)
+        for sid, node in pipeline.nodes.items():
+            host = self.stages[sid]
+            if node.in_flight and isinstance(host, HostsInFlight):  # the compiler checked the role
+                self._call(sid, setup_ctx, host.attach_in_flight, [self.stages[c] for c in node.in_flight])
         for sid, stage in self.stages.items():
-            self._call(sid, setup_ctx, getattr(stage, "setup", None), self.resources)
+            if isinstance(stage, SetsUp):
+                self._call(sid, setup_ctx, stage.setup, self.resources)
 
     def _hook(self, name: str, *args: Any) -> None:
         for hook in self.hooks:
@@ -90,7 +128,8 @@ class LocalRunner:
         state = _StepState(ctx)
         self._hook("before_step", ctx)
         for sid, stage in self.stages.items():
-            self._call(sid, ctx, getattr(stage, "before_step", None), ctx)
+            if isinstance(stage, BeforeStep):
+                self._call(sid, ctx, stage.before_step, ctx)
         for item in self.pipeline.plan:
             if isinstance(item, LoopBlock):
                 self._run_loop(item, state)
@@ -98,7 +137,8 @@ class LocalRunner:
                 self._run_stage(self.pipeline.nodes[item], state)
         report = self._report(state)
         for sid, stage in self.stages.items():
-            self._call(sid, ctx, getattr(stage, "observe", None), report)
+            if isinstance(stage, Observes):
+                self._call(sid, ctx, stage.observe, report)
         self._hook("after_step", report)
         self.policy_version = report.policy_version
         self.step += 1
@@ -106,38 +146,62 @@ class LocalRunner:
 
     def _run_loop(self, loop: LoopBlock, state: _StepState) -> None:
         until = self.stages[loop.until]
+        assert isinstance(until, EndsLoop)  # the compiler checked the role
+        step_ctx = state.ctx
         for round in range(loop.max_rounds):
-            state.ctx.round = round
+            state.ctx = replace(step_ctx, round=round)
             state.rounds[loop.name] = round + 1
             for sid in loop.body:
                 self._run_stage(self.pipeline.nodes[sid], state)
             if self._call(loop.until, state.ctx, until.done):
                 break
-        state.ctx.round = None
+        state.ctx = step_ctx
+
+    def _runtime_input(self, port: Port, state: _StepState) -> Any:
+        if port.type is StepContext:
+            return state.ctx
+        if port.type is StepOutputs:
+            return state.outputs_so_far()
+        return self.pool
 
     def _run_stage(self, node: Node, state: _StepState) -> None:
-        kwargs = {p.name: self.pool for p in node.runtime_inputs}
+        kwargs = {p.name: self._runtime_input(p, state) for p in node.runtime_inputs}
         for b in node.bindings:
             if b.source in state.outputs:
                 kwargs[b.param] = state.outputs[b.source]
             else:  # a feedback input in round 0
                 kwargs[b.param] = _EMPTY[b.type](state.ctx.step)
-        included_before = {gid for gid, g in state.groups.items() if g.verdict.included}
+        before = {gid: fingerprint(g) for gid, g in state.groups.items()}
         start = time.perf_counter()
         output = self._execute(node.id, state.ctx, self.stages[node.id].run, kwargs)
         seconds = time.perf_counter() - start
-        for gid in included_before:
-            if not state.groups[gid].verdict.included:
-                state.dropped_by.setdefault(gid, node.id)
         state.seconds[node.id] = state.seconds.get(node.id, 0.0) + seconds
         state.outputs[node.id] = output
-        if isinstance(output, RolloutGroups):
-            for g in output:
-                state.groups.setdefault(g.group_id, g)
-                state.created_by.setdefault(g.group_id, node.id)
-                if not g.verdict.included:  # dropped by the stage that produced it
-                    state.dropped_by.setdefault(g.group_id, node.id)
+        self._stamp(node.id, state, before, output)
         self._hook("after_stage", node.id, state.ctx, output, seconds)
+
+    def _stamp(self, sid: str, state: _StepState, before: dict[str, Hashable], output: Any) -> None:
+        """Record what stage ``sid`` created, dropped and changed (groups it output or mutated)."""
+        touched = {gid: [g] for gid, g in state.groups.items()}
+        for g in output if isinstance(output, RolloutGroups) else ():
+            if g.group_id not in state.groups:
+                state.groups[g.group_id] = g
+                state.created_by[g.group_id] = sid
+                if not g.verdict.included:  # dropped by the stage that produced it
+                    self._dropped(sid, state, g)
+            elif g is not state.groups[g.group_id]:
+                touched[g.group_id].append(g)  # a copy of a group seen before
+        for gid, copies in touched.items():
+            if gid in before and any(fingerprint(g) != before[gid] for g in copies):
+                state.changed_by.setdefault(gid, []).append(sid)
+                for g in copies:
+                    if not g.verdict.included and gid not in state.dropped_by:
+                        self._dropped(sid, state, g)
+
+    @staticmethod
+    def _dropped(sid: str, state: _StepState, group: RolloutGroup) -> None:
+        group.verdict = replace(group.verdict, dropped_by=sid)
+        state.dropped_by[group.group_id] = sid
 
     def call_as(self, name: str, fn: Callable[[], Any]) -> Any:
         """Run ``fn``, a runtime job that is not a stage (evaluation); the Prefect runner makes it a task."""
@@ -147,7 +211,7 @@ class LocalRunner:
         """One stage execution (its ``run``). The Prefect runner overrides this to make it a task."""
         return self._call(sid, ctx, run, **kwargs)
 
-    def _call(self, sid: str, ctx: StepContext, method: Callable | None, *args: Any, **kwargs: Any) -> Any:
+    def _call(self, sid: str, ctx: StepContext, method: Callable | None, /, *args: Any, **kwargs: Any) -> Any:
         if method is None:
             return None
         try:
@@ -169,6 +233,7 @@ class LocalRunner:
             run_id=self.run_id, step=state.ctx.step, policy_version=version,
             groups=tuple(state.groups.values()), update=update, stage_seconds=dict(state.seconds),
             loop_rounds=dict(state.rounds), created_by=dict(state.created_by), dropped_by=dict(state.dropped_by),
+            changed_by={gid: tuple(s) for gid, s in state.changed_by.items()},
             update_group_ids=frozenset(in_update), controller_state=controls,
         )
 
@@ -177,10 +242,14 @@ class LocalRunner:
         return {
             "step": self.step,
             "policy_version": self.policy_version,
-            "stages": {sid: s.state_dict() for sid, s in self.stages.items() if hasattr(s, "state_dict")},
+            "stages": {sid: s.state_dict() for sid, s in self.stages.items() if isinstance(s, Stateful)},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step, self.policy_version = int(state["step"]), int(state["policy_version"])
         for sid, stage_state in state["stages"].items():
-            self.stages[sid].load_state_dict(stage_state)
+            stage = self.stages[sid]
+            if not isinstance(stage, Stateful):
+                raise StageError(sid, self.step, self.run_id,
+                                 TypeError(f"the checkpoint holds state for `{sid}`, which is not stateful"))
+            stage.load_state_dict(stage_state)

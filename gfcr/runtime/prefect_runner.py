@@ -98,6 +98,8 @@ class PrefectRunner(LocalRunner):
 
         self._tasks = {}
         for sid, node in pipeline.nodes.items():
+            if not node.runs:  # an in-flight controller runs inside its host's generation
+                continue
             self._tasks[sid] = task(
                 _named_call(sid), name=sid, task_run_name="{label}", cache_policy=NO_CACHE, persist_result=False,
                 retries=stage_retries(pipeline, sid), retry_delay_seconds=node.spec.retry_delay_s,

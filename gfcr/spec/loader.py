@@ -107,6 +107,12 @@ def check_references(spec: PipelineSpec, source: SourceMap) -> list[Problem]:
             elif ref not in readable:
                 add(base + ("from",) + key, f"`{ref}` is not a stage or loop of this pipeline",
                     did_you_mean(ref, readable) or f"name one of {known(readable)}")
+        for i, ref in enumerate(stage.in_flight):
+            if ref not in spec.stages or ref == sid:
+                others = [s for s in spec.stages if s != sid]
+                add(base + ("in_flight", i), f"`{ref}` is not another stage of this pipeline",
+                    did_you_mean(ref, others) or f"name an in-flight controller stage, e.g. "
+                    f"`stop: {{use: control.stop_at_target, with: {{groups: 8}}}}`")
     seen: dict[str, str] = {}
     for name, loop in spec.loops.items():
         if name in spec.stages:

@@ -64,6 +64,9 @@ class StageSpec(StrictModel):
     use: Alias
     from_: StageRefs = Field(default=None, alias="from")
     with_: dict[str, Any] = Field(default_factory=dict, alias="with")
+    in_flight: list[StageId] = Field(default_factory=list, description=(
+        "in-flight controller stages (control stages with `steer`) this generate stage hands to the engine, "
+        "which calls them every few decode steps"))
     resources: Resources = Field(default_factory=Resources)
     retries: Annotated[int, Field(ge=0, description="Prefect retries of a failed call; default: 2 for "
                                   "generate and filter stages, 0 for the others")] | None = None

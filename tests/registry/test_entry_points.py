@@ -62,7 +62,7 @@ def test_plugin_stage_runs_in_a_pipeline(plugin_env, tmp_path):
         "for r in reports:\n"
         "    dropped = [g.verdict.dropped_by for g in r.groups if not g.verdict.included]\n"
         "    kept = [g.stats.reward_mean for g in r.groups if g.verdict.included]\n"
-        "    assert set(dropped) <= {'filter.min_mean_reward'} and all(m >= 0.5 for m in kept)\n"
+        "    assert set(dropped) <= {'good'} and all(m >= 0.5 for m in kept)\n"
         "    print(r.step, len(dropped), len(kept))\n"
     )
     out = subprocess.run([sys.executable, "-c", code, str(spec)], env=plugin_env, capture_output=True, text=True)

@@ -39,10 +39,11 @@ class _Logged:
         LOG.append((self.config.tag, method, self.ctx.step, self.ctx.round, *extra))
 
     def before_step(self, ctx: StepContext) -> None:
-        self.ctx = ctx
+        self.ctx = self.step_ctx = ctx
         self.log("before_step")
 
     def observe(self, report: StepReport) -> None:
+        self.ctx = self.step_ctx
         self.log("observe", report.policy_version)
 
 
@@ -59,7 +60,8 @@ class Pick(_Logged):
 class Gen(_Logged):
     """TEST STAGE: one group per prompt; logs how many groups the previous round fed back."""
 
-    def run(self, allocation: Allocation, previous: RolloutGroups | None = None) -> RolloutGroups:
+    def run(self, allocation: Allocation, ctx: StepContext, previous: RolloutGroups | None = None) -> RolloutGroups:
+        self.ctx = ctx  # this call's context: the loop round is on it
         if self.config.fail_at_step == self.ctx.step:
             raise RuntimeError("engine fell over")
         self.log("run", len(previous) if previous is not None else None)
@@ -74,7 +76,8 @@ class Gate(_Logged):
         super().before_step(ctx)
         self.rounds = 0
 
-    def run(self, groups: RolloutGroups) -> RolloutGroups:
+    def run(self, groups: RolloutGroups, ctx: StepContext) -> RolloutGroups:
+        self.ctx = ctx
         self.rounds += 1
         self.log("run")
         return groups
@@ -166,7 +169,8 @@ def test_step_report_counts_groups_and_verdicts():
     assert report.groups_kept == len(kept) == report.update.rollouts_in_update // 4 > 0
     assert report.rollouts_generated == 4 * len(report.groups)
     dropped_by = {g.verdict.dropped_by for g in report.groups if not g.verdict.included}
-    assert dropped_by <= {"filter.nonzero_variance", "filter.dynamic_sampling"}
+    assert dropped_by and dropped_by <= {"keep", "enough"}  # stamped by the runtime: stage ids
+    assert {g.group_id: g.verdict.dropped_by for g in report.groups if not g.verdict.included} == report.dropped_by
     assert all(g.stats.reward_std > 0 for g in kept)
 
 
@@ -218,3 +222,88 @@ def test_pinned_numbers_of_a_seeded_fake_dapo_run():
     assert [r.loop_rounds["collect"] for r in reports] == [2] * 5
     assert [r.update.rollouts_in_update for r in reports] == [64] * 5
     assert reports[0].groups[0].group_id == "arithmetic:train-0:105@s0"
+
+
+# --- contract v2: frozen context, runtime stamps, in-flight controllers, Replay ports ---------
+
+def test_step_context_is_frozen():
+    import dataclasses
+
+    ctx = StepContext("r", 0, 0, 0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ctx.round = 1  # type: ignore[misc]
+
+
+def test_runtime_stamps_changed_by_and_dropped_by():
+    from tests.conftest import DAPO
+
+    report = LocalRunner(compile_pipeline(load_spec_text(DAPO))).run_step()
+    dropped = {g.group_id for g in report.groups if not g.verdict.included}
+    assert dropped and all(report.changed_by[gid][-1] == report.dropped_by[gid] for gid in dropped)
+    assert all(report.created_by[g.group_id] == "rollout" for g in report.groups)
+    kept = [g.group_id for g in report.groups if g.verdict.included]
+    assert all(gid not in report.changed_by for gid in kept)  # nothing changed the kept groups
+
+
+STOP = """\
+name: stop
+data: {source: arithmetic, with: {n: 50}}
+stages:
+  pick:    {use: control.uniform, with: {batch_size: 6}}
+  budget:  {use: control.fixed_n, from: pick, with: {n: 4}}
+  stop:    {use: control.fake_stop, with: {groups: 2, every: 1}}
+  rollout: {use: generate.fake, from: budget, in_flight: [stop], with: {length: 16}}
+update: {use: update.fake, from: rollout}
+run: {steps: 2}
+"""
+
+
+def test_in_flight_controller_steers_the_fake_decode_loop():
+    r = LocalRunner(compile_pipeline(load_spec_text(STOP)))
+    assert r.stages["rollout"].controllers == (r.stages["stop"],)  # attached once, before setup
+    reports = r.run()
+    for report in reports:
+        statuses = [str(x.status) for g in report.groups for x in g.rollouts]
+        assert sum(g.complete for g in report.groups) >= 2  # stopped once two groups were complete
+        assert "aborted_partial" in statuses  # the rest was cut short, kept as partials
+        assert all(len(x) <= 16 for g in report.groups for x in g.rollouts)
+    stop = r.stages["stop"]
+    assert stop.total_calls > 0 and "stop" in r.state_dict()["stages"]  # before_step, observe, state
+
+
+def test_in_flight_controller_is_no_task_and_no_plan_item():
+    r = LocalRunner(compile_pipeline(load_spec_text(STOP)))
+    report = r.run_step()
+    assert "stop" not in report.stage_seconds and "stop" not in r.pipeline.plan
+
+
+REPLAY = """\
+name: replay
+data: {source: arithmetic, with: {n: 50}}
+stages:
+  pick:    {use: control.uniform, with: {batch_size: 4}}
+  budget:  {use: control.fixed_n, from: pick, with: {n: 4}}
+  offer:   {use: replay.fake_provide, from: budget, with: {tokens: 3}}
+  past:    {use: replay.fake_ingest, with: {max_groups: 2}}
+  rollout: {use: generate.fake, from: {allocation: budget, provided: offer}}
+  keep:    {use: filter.nonzero_variance, from: rollout}
+  mix:     {use: replay.fake_mix, from: {fresh: keep, replayed: past}, with: {max_replayed: 2}}
+update: {use: update.fake, from: mix}
+run: {steps: 3}
+"""
+
+
+def test_replay_ports_wire_and_run():
+    pipeline = compile_pipeline(load_spec_text(REPLAY))
+    # the ingest stage runs as late as its reader allows: after the step's groups are made
+    assert pipeline.plan == ("pick", "budget", "offer", "rollout", "keep", "past", "mix", "update")
+    reports = LocalRunner(pipeline).run()
+    first = reports[0]
+    resumed = [x for g in first.groups for x in g.rollouts if str(x.origin) == "resumed"]
+    assert len(resumed) == len(first.groups) and all(x.response_token_ids[:3] == [1, 1, 1] for x in resumed)
+    later = reports[1]
+    resumed = [x for g in later.groups for x in g.rollouts if str(x.origin) == "resumed"]
+    assert [s.policy_version for s in resumed[0].segments] == [0, 1]  # the partial's, then the new tokens
+    replayed = [g for g in later.groups if later.created_by[g.group_id] == "past"]
+    assert replayed and all(str(x.origin) == "replayed" and x.replayed_from for g in replayed for x in g.rollouts)
+    assert {g.group_id for g in replayed} <= later.update_group_ids

@@ -140,3 +140,14 @@ def test_retries_default_by_family(write_spec):
     pipeline = load_pipeline(_flaky(write_spec, "k", 0, "d.yaml"), ["stages.rollout.retries=0"], stages=REGISTRY)
     retries = {sid: stage_retries(pipeline, sid) for sid in pipeline.nodes}
     assert retries == {"pick": 0, "budget": 0, "rollout": 0, "flaky": 2, "keep": 2, "update": 0}
+
+
+def test_an_in_flight_controller_is_no_task(write_spec):
+    from gfcr.runtime.prefect_runner import PrefectRunner
+
+    text = BASE.replace("  rollout: {use: generate.fake, from: budget}",
+                        "  stop:    {use: control.fake_stop, with: {groups: 2}}\n"
+                        "  rollout: {use: generate.fake, from: budget, in_flight: [stop]}")
+    runner = PrefectRunner(load_pipeline(write_spec(text)))
+    assert "stop" not in runner._tasks and "rollout" in runner._tasks
+    assert runner.stages["rollout"].controllers == (runner.stages["stop"],)

@@ -16,6 +16,11 @@ from gfcr.registry import STAGES
 from gfcr.stages.data.arithmetic import ArithmeticSource
 from tests.conftest import BASE, DAPO
 
+# a generate stage hosting a TEST in-flight controller (control.fake_stop)
+STOP = BASE.replace("  rollout: {use: generate.fake, from: budget}",
+                    "  stop:    {use: control.fake_stop, with: {groups: 2}}\n"
+                    "  rollout: {use: generate.fake, from: budget, in_flight: [stop]}")
+
 
 @dataclass
 class Case:
@@ -117,6 +122,28 @@ CASES = [
          "url", "tracking.mlflow.url", "unknown key `url`", "did you mean `uri`?"),
     Case("merge keys refused", BASE + "x: &a {steps: 1}\nrun2:\n  <<: *a\n",
          "<<:", "run2", "merge keys (`<<`) are not supported", "write the keys out"),
+    Case("in_flight names a missing stage", edit(STOP, "in_flight: [stop]", "in_flight: [stpo]"),
+         "in_flight: [stpo]", "stages.rollout.in_flight.0", "`stpo` is not another stage", "did you mean `stop`?"),
+    Case("in_flight names a stage that is not a controller", edit(STOP, "in_flight: [stop]", "in_flight: [budget]"),
+         "in_flight: [budget]", "stages.rollout.in_flight.0",
+         "`budget` (control.fixed_n) is not an in-flight controller", "name a controller stage in `in_flight`"),
+    Case("in-flight controller attached to no generate stage", edit(STOP, ", in_flight: [stop]", ""),
+         "stop:    {use: control.fake_stop", "stages.stop", "no generate stage lists it",
+         "add `in_flight: [stop]` to the generate stage"),
+    Case("in-flight controller with from",
+         edit(STOP, "{use: control.fake_stop, with", "{use: control.fake_stop, from: pick, with"),
+         "stop:    {use: control.fake_stop", "stages.stop.from", "is an in-flight controller: it reads what the engine",
+         "remove `from`"),
+    Case("in_flight on a stage that cannot host controllers",
+         edit(edit(STOP, ", in_flight: [stop]", ""), "from: rollout}", "from: rollout, in_flight: [stop]}"),
+         "in_flight: [stop]", "stages.keep.in_flight", "cannot host in-flight controllers",
+         "move `in_flight` to a generate stage"),
+    Case("Replay provide port fed by a control stage",
+         edit(BASE, "rollout: {use: generate.fake, from: budget}",
+              "rollout: {use: generate.fake, from: {allocation: budget, provided: pick}}"),
+         "provided: pick", "stages.rollout.from.provided",
+         "reads input `provided` of type Provided, but `pick` (control.uniform) outputs Allocation",
+         "read `provided` from a stage that outputs Provided"),
 ]
 
 

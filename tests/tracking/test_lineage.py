@@ -56,9 +56,11 @@ def test_dropped_rollouts_name_the_stage_and_reason_and_match_the_metrics(grpo_r
         assert len({row["group_id"] for row in dropped}) == record["zero_variance_groups"]
         assert all(row["dropped_by"] == "keep" and row["drop_reason"].startswith("zero variance") for row in dropped)
         assert not any(row["in_update"] for row in dropped)
+        assert all(row["changed_by"] == ["reward", "keep"] for row in dropped)  # scored, then dropped
         kept = [row for row in step_rows if row["dropped_by"] is None]
         assert len({row["group_id"] for row in kept}) == record["groups_kept"]
         assert all(row["in_update"] and row["drop_reason"] is None for row in kept)
+        assert all(row["changed_by"] == ["reward", "update"] for row in kept)  # scored, then given advantages
         assert all(row["created_by"] == "rollout" and row["origin"] == "fresh" and row["replica"] for row in step_rows)
         assert {(row["policy_version_min"], row["policy_version_max"]) for row in step_rows} == {(version, version)}
         assert all(row["reward"] is not None and row["reward_reason"] for row in step_rows)
@@ -104,3 +106,16 @@ def test_gfcr_lineage_suggests_near_ids_and_rejects_folders_that_are_not_runs(gr
     assert f"did you mean `{group}/0`" in result.output
     result = cli.invoke(app, ["lineage", str(tmp_path), "x"])
     assert result.exit_code == 1 and "not a gfcr run directory" in result.output
+
+
+def test_lineage_written_before_a_column_existed_reads_it_as_null(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from gfcr.runtime.lineage import SCHEMA
+
+    old = SCHEMA.remove(SCHEMA.get_field_index("changed_by"))
+    pq.write_table(pa.Table.from_pylist([{"run_id": "r", "step": 0, "rollout_id": "p@s0/0"}], schema=old),
+                   tmp_path / "step-000000.parquet")
+    (row,) = read_lineage(tmp_path).to_pylist()
+    assert row["rollout_id"] == "p@s0/0" and row["changed_by"] is None

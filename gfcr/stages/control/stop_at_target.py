@@ -62,6 +62,8 @@ from gfcr.stages.engine import InFlightView, Steer
 class StopAtTarget:
     """Abort every unfinished row once ``groups`` groups are complete (APRIL)."""
 
+    every: int  # decode steps between steer calls (the in-flight controller role)
+
     class Config(StageConfig):
         groups: Annotated[int, Field(ge=1, description="complete groups to wait for, then abort the rest")]
         every: Annotated[int, Field(ge=1, description="check every this many decode steps")] = 1

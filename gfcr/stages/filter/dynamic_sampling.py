@@ -50,8 +50,6 @@ from pydantic import Field
 from gfcr.records import RolloutGroup, RolloutGroups, StepContext
 from gfcr.registry import StageConfig
 
-ALIAS = "filter.dynamic_sampling"
-
 
 class DynamicSampling:
     """Accumulate kept groups over loop rounds; done once ``target_groups`` are collected."""
@@ -70,7 +68,7 @@ class DynamicSampling:
         self._collected.extend(g for g in groups if g.verdict.included)
         target = self.config.target_groups
         for excess in self._collected[target:]:
-            excess.drop(ALIAS, f"excess beyond target ({target} groups)")
+            excess.drop(f"excess beyond target ({target} groups)")
         self._collected = self._collected[:target]
         return RolloutGroups(list(self._collected))
 

@@ -35,8 +35,6 @@ from pydantic import Field
 from gfcr.records import RolloutGroup, RolloutGroups
 from gfcr.registry import StageConfig
 
-ALIAS = "filter.nonzero_variance"
-
 
 def zero_variance_reason(group: RolloutGroup, tolerance: float) -> str | None:
     """Why ``group`` has no reward variance, or None if it has some."""
@@ -68,5 +66,5 @@ class NonzeroVariance:
             if reason is None:
                 kept.append(group)
             else:
-                group.drop(ALIAS, reason)
+                group.drop(reason)
         return RolloutGroups(kept)

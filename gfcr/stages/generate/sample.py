@@ -30,13 +30,14 @@ recorded log-probabilities are those of the tempered distribution before top-p t
 Example (the ``tiny-arith`` policy on the transformers engine):
 
 >>> from gfcr.engines import TransformersEngine, load_policy
->>> from gfcr.records import Allocation, AllocationEntry, Prompt
+>>> from gfcr.records import Allocation, AllocationEntry, Prompt, StepContext
 >>> from gfcr.spec import PolicySpec
 >>> from gfcr.stages.resources import Resources
 >>> policy = load_policy(PolicySpec(model="tiny-arith"))
 >>> stage = Sample(Sample.Config(max_new_tokens=8))
 >>> stage.setup(Resources(policy, TransformersEngine(policy)))
->>> groups = stage.run(Allocation(0, (AllocationEntry(Prompt("a:0", text="What is 12 + 30? Answer:"), 4),)))
+>>> groups = stage.run(Allocation(0, (AllocationEntry(Prompt("a:0", text="What is 12 + 30? Answer:"), 4),)),
+...                    StepContext("run", step=0, seed=0, policy_version=0))
 >>> group = groups.groups[0]
 >>> len(group.rollouts), group.rollouts[0].rollout_id
 (4, 'a:0@s0/0')
@@ -93,25 +94,22 @@ class Sample:
         self.config = config
         self.policy: Policy | None = None
         self.engine: Engine | None = None
-        self.ctx = StepContext("", 0, 0, 0)
         self.controller: InFlightController | None = None
 
     def setup(self, resources: Resources) -> None:
         self.policy = resources.require_policy("generate.sample")
         self.engine = resources.require_engine("generate.sample")
 
-    def before_step(self, ctx: StepContext) -> None:
-        self.ctx = ctx  # the runtime updates ctx.round in place inside loop blocks
-
     def attach_in_flight(self, controllers: Sequence[InFlightController]) -> None:
         """The in-flight controllers the engine consults while generating (composed, see the docstring)."""
         self.controller = Composed(list(controllers)) if controllers else None
 
-    def run(self, allocation: Allocation) -> RolloutGroups:
+    def run(self, allocation: Allocation, ctx: StepContext | None = None) -> RolloutGroups:
         if self.engine is None or self.policy is None:
             raise RuntimeError("generate.sample was not set up with a policy and engine")
-        cfg, round_ = self.config, self.ctx.round or 0
-        seed = self.ctx.seed if cfg.seed is None else cfg.seed
+        ctx = ctx or StepContext("", allocation.step, 0, 0)  # the runtime passes the current one
+        cfg, round_ = self.config, ctx.round or 0
+        seed = ctx.seed if cfg.seed is None else cfg.seed
         params = SamplingParams(cfg.temperature, cfg.top_p, cfg.max_new_tokens, tuple(cfg.stop),
                                 step_seed(seed, allocation.step, round_), cfg.entropy)
         entries = allocation.active()
@@ -128,8 +126,8 @@ class Sample:
                                  sample_weight=entry.sample_weight)
             stopped = sum(r.status == RolloutStatus.ABORTED_PARTIAL for r in rollouts)
             if stopped:
-                group.drop("generate.sample", f"stopped in flight: {stopped} of {len(rollouts)} rollouts "
-                                              "unfinished (partial kept)")
+                group.drop(f"stopped in flight: {stopped} of {len(rollouts)} rollouts "
+                                "unfinished (partial kept)")
             groups.append(group)
         return RolloutGroups(groups)
 

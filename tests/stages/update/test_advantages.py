@@ -112,7 +112,7 @@ def test_bad_inputs_raise_clear_errors():
 
 def test_assign_advantages_writes_included_groups_and_counts_nonzero():
     mixed, easy, dropped = scored_group("p:0", [1, 0, 0, 0]), scored_group("p:1", [1, 1]), scored_group("p:2", [0, 1])
-    dropped.drop("filter.test", "not wanted")
+    dropped.drop("not wanted")
     nonzero = assign_advantages(RolloutGroups([mixed, easy, dropped]), "mean")
     assert nonzero == 4
     assert [r.advantage for r in mixed.rollouts] == [0.75, -0.25, -0.25, -0.25]
