@@ -8,7 +8,7 @@ import numpy as np
 
 from gfcr.engines.decode import decode_requests
 from gfcr.engines.fake import FakeEngine, HashBatch
-from gfcr.records import Allocation, AllocationEntry, Prompt, RolloutStatus, StepContext
+from gfcr.records import Allocation, AllocationEntry, Prompt, RolloutStatus
 from gfcr.stages.control.stop_at_target import StopAtTarget
 from gfcr.stages.engine import GenerationRequest, SamplingParams
 from gfcr.stages.generate.sample import Sample
@@ -83,7 +83,6 @@ def _stage(**config):
     engine = FakeEngine()
     stage = Sample(Sample.Config(**config))
     stage.setup(Resources(FakePolicy(engine), engine))
-    stage.before_step(StepContext("run", 0, 0, 0))
     return stage
 
 
