@@ -68,6 +68,12 @@ YAML:
 .. code-block:: yaml
 
     update: {use: update.grpo, from: keep, with: {lr: 1.0e-4, clip: [0.2, 0.28], advantage: {use: mean_std}}}
+
+Another estimator, with truncated importance sampling and a staleness limit for replayed or
+resumed rollouts:
+
+.. code-block:: yaml
+
     update: {use: update.grpo, from: keep, with: {advantage: {use: gapo, with: {fraction: 0.5}}, tis_cap: 2.0, max_staleness: 4}}
 """
 
@@ -122,7 +128,7 @@ class GRPOUpdate:
         lr: Annotated[float, Field(gt=0.0, description="AdamW learning rate (constant)")] = 1e-6
         clip: tuple[Annotated[float, Field(ge=0.0)], Annotated[float, Field(ge=0.0)]] = Field(
             (0.2, 0.2), description="(eps_low, eps_high) of the ratio clip; [0.2, 0.28] is DAPO's clip-higher")
-        advantage: AdvantageSpec = Field(default_factory=AdvantageSpec,
+        advantage: AdvantageSpec = Field(AdvantageSpec(),
                                          description="advantage estimator: {use: mean_std | mean | median | gapo | mc_grpo, with: {...}}")
         loss_agg: Literal["token_mean", "seq_mean"] = "token_mean"
         kl_coef: Annotated[float, Field(ge=0.0, description="weight of the k3 KL to the initial policy")] = 0.0
