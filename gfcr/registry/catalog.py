@@ -1,5 +1,5 @@
-"""The registries gfcr ships: stages (entry-point group ``gfcr.stages``) and data sources
-(``gfcr.data``), with the built-ins registered lazily by ``module:attr``."""
+"""The registries gfcr ships: stages (entry-point group ``gfcr.stages``), data sources
+(``gfcr.data``) and advantage estimators (``gfcr.advantages``), with the built-ins registered lazily by ``module:attr``."""
 
 from __future__ import annotations
 
@@ -25,6 +25,14 @@ BUILTIN_STAGES = {
     "replay.fake_mix": "gfcr.stages.testing:FakeMix",
 }
 
+BUILTIN_ADVANTAGE_ESTIMATORS = {
+    "mean_std": "gfcr.stages.update.advantage.mean_std:MeanStd",
+    "mean": "gfcr.stages.update.advantage.mean:Mean",
+    "median": "gfcr.stages.update.advantage.median:Median",
+    "gapo": "gfcr.stages.update.advantage.gapo:GAPO",
+    "mc_grpo": "gfcr.stages.update.advantage.mc_grpo:MCGRPO",
+}
+
 BUILTIN_DATA_SOURCES = {
     "arithmetic": "gfcr.stages.data.arithmetic:ArithmeticSource",
     "jsonl": "gfcr.stages.data.jsonl:JsonlSource",
@@ -47,8 +55,18 @@ def make_data_registry() -> Registry[type]:
     return registry
 
 
+def make_advantage_registry() -> Registry[type]:
+    """Advantage estimators (``update.with.advantage.use``); third parties add theirs through
+    the entry-point group ``gfcr.advantages``."""
+    registry: Registry[type] = Registry("advantage estimator", "gfcr.advantages")
+    for name, target in BUILTIN_ADVANTAGE_ESTIMATORS.items():
+        registry.register_lazy(name, target, origin="gfcr")
+    return registry
+
+
 STAGES = make_stage_registry()
 DATA_SOURCES = make_data_registry()
+ADVANTAGE_ESTIMATORS = make_advantage_registry()
 
 
 def stage_info(alias: str, registry: Registry[type] = STAGES) -> StageInfo:

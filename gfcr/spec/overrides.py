@@ -15,9 +15,12 @@ from gfcr.spec.yaml_source import SourceMap, parse_scalar
 
 
 def _open_mapping(annotation: Any) -> bool:
-    """True for ``dict[str, Any]`` (a `with` block): any key goes."""
+    """True for ``dict[str, Any]`` (a `with` block) and for anything inside one
+    (``update.with.advantage.use``): any key goes, the stage's Config checks it later."""
     import typing
 
+    if annotation is Any:
+        return True
     return typing.get_origin(annotation) is dict and typing.get_args(annotation)[1] is Any
 
 

@@ -38,7 +38,7 @@ def test_bad_vary_options_say_how_to_fix_them(vary, message):
 def test_a_bad_value_in_any_cell_fails_before_anything_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["ablate", str(REPO / "pipelines" / "quickstart.yaml"),
-                                      "--vary", "update.with.advantage=mean_std,medain", "--steps", "1"])
+                                      "--vary", "update.with.advantage.use=mean_std,medain", "--steps", "1"])
     assert result.exit_code == 2
     assert "medain" in result.output and "median" in result.output
     assert not (tmp_path / "runs").exists()
@@ -56,7 +56,7 @@ def test_ablate_runs_four_child_runs_and_a_report_that_matches_them(tmp_path, mo
 
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["ablate", str(REPO / "pipelines" / "quickstart.yaml"),
-                                      "--vary", "update.with.advantage=mean_std,median", "--seeds", "0,1",
+                                      "--vary", "update.with.advantage.use=mean_std,median", "--seeds", "0,1",
                                       "--steps", "20"])
     assert result.exit_code == 0, result.output
     client = MlflowClient(resolve_uri())
@@ -68,13 +68,13 @@ def test_ablate_runs_four_child_runs_and_a_report_that_matches_them(tmp_path, mo
     children = client.search_runs([experiment.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
     assert len(children) == 4 and all(c.info.status == "FINISHED" for c in children)
     assert {(c.data.tags["gfcr.variant"], c.data.tags["gfcr.seed"]) for c in children} == {
-        (f"update.with.advantage={a}", s) for a in ("mean_std", "median") for s in ("0", "1")}
-    assert {c.data.params["update.with.advantage"] for c in children} == {"mean_std", "median"}
+        (f"update.with.advantage.use={a}", s) for a in ("mean_std", "median") for s in ("0", "1")}
+    assert {c.data.params["update.with.advantage.use"] for c in children} == {"mean_std", "median"}
 
     report = json.loads((root / "report" / "report.json").read_text())
     assert (root / "report" / "index.html").is_file() and (root / "report" / "report.md").is_file()
     rows = {row["variant"]: row for row in report["rows"]}
-    assert set(rows) == {"update.with.advantage=mean_std", "update.with.advantage=median"}
+    assert set(rows) == {"update.with.advantage.use=mean_std", "update.with.advantage.use=median"}
     target = report["target"]
     for variant, row in rows.items():
         mine = [c for c in children if c.data.tags["gfcr.variant"] == variant]
@@ -92,4 +92,4 @@ def test_ablate_runs_four_child_runs_and_a_report_that_matches_them(tmp_path, mo
         assert row["seeds_reaching"] == len(reached)
         if len(reached) == len(mine):
             assert row["rollouts_to_target"] == pytest.approx(mean(reached))
-    assert "update.with.advantage=median" in result.output  # the table is printed too
+    assert "update.with.advantage.use=median" in result.output  # the table is printed too

@@ -51,14 +51,14 @@ def test_a_report_of_real_runs_holds_what_their_directories_hold(tmp_path):
     dirs = []
     for advantage in ("mean_std", "median"):
         for seed in (0, 1):
-            overrides = [*SMALL, f"update.with.advantage={advantage}", f"run.seed={seed}"]
+            overrides = [*SMALL, f"update.with.advantage.use={advantage}", f"run.seed={seed}"]
             dirs.append(tmp_path / f"{advantage}-{seed}")
             Run.start(load_pipeline(REPO / "pipelines" / "quickstart.yaml", overrides), dirs[-1]).train()
     result = cli.invoke(app, ["report", *map(str, dirs), "--out", str(tmp_path / "report")])
     assert result.exit_code == 0, result.output
     data = json.loads((tmp_path / "report" / "report.json").read_text())
     target = data["target"]
-    assert [r["variant"] for r in data["rows"]] == ["update.with.advantage=mean_std", "update.with.advantage=median"]
+    assert [r["variant"] for r in data["rows"]] == ["update.with.advantage.use=mean_std", "update.with.advantage.use=median"]
     for row, pair in zip(data["rows"], (dirs[:2], dirs[2:])):
         finals = [_read(d)[1]["eval_accuracy_after"] for d in pair]
         assert row["seeds"] == [0, 1] and row["final_accuracy"] == pytest.approx(mean(finals))

@@ -1,34 +1,48 @@
 """update.grpo: the GRPO-family policy update (PPO-clip against the behaviour policy).
 
-For every included group, an advantage estimator turns the group's rewards into one
-advantage per rollout (``mean_std`` for GRPO, ``mean``, ``median`` for MC-GRPO, ``gapo``;
-see ``gfcr.stages.update.advantages``), scaled by the group's and the rollout's sample
-weight. The loss is the token-level clipped surrogate
+For every included group, an advantage estimator (its own registry, chosen by
+``advantage: {use: ..., with: {...}}``; see ``gfcr.stages.update.advantage``) gives one
+advantage per rollout, a scalar or a ``[T]`` array, and optionally a ``[T]`` loss mask; the
+advantage is scaled by the group's and the rollout's sample weight. The loss is the
+token-level clipped surrogate
 
     ratio_t = exp(log pi_theta(y_t) - log mu(y_t))
-    l_t     = -min(ratio_t * A, clip(ratio_t, 1 - eps_low, 1 + eps_high) * A) + beta * KL_t
+    l_t     = -min(ratio_t * A_t, clip(ratio_t, 1 - eps_low, 1 + eps_high) * A_t) + beta * KL_t
 
 with ``mu`` the behaviour log-probabilities the engine recorded, asymmetric clipping
 (DAPO's clip-higher: ``clip: [0.2, 0.28]``), and an optional KL to a frozen copy of the
-initial policy (the k3 estimator, as GRPO). Aggregation is ``token_mean`` (the sum over
-every response token of the batch divided by their count, DAPO) or ``seq_mean`` (each
-response's token mean, averaged over responses, GRPO). One AdamW step per call, with
-gradient-norm clipping, over micro-batches whose gradients accumulate.
+initial policy (the k3 estimator, as GRPO). Every token has a weight ``w_t``: the product of
+the rollout's ``loss_mask`` (a Filter stage's), the estimator's loss mask, the staleness
+limit and, in a tree group, the shared-prefix weight (``1/k`` on a position that ``k``
+leaves share: ``gfcr.stages.update.tree_weights``). Aggregation is ``token_mean``
+(``sum_t w_t l_t / sum_t w_t`` over the batch, DAPO: a shared prefix counts once) or
+``seq_mean`` (each response's ``sum_t w_t l_t`` over its unmasked token count, averaged over
+the responses with any unmasked token, GRPO). One AdamW step per call, with gradient-norm
+clipping, over micro-batches whose gradients accumulate.
+
+Off-policy corrections, each its own field, all off by default (``gfcr.stages.update.off_policy``):
+``tis_cap`` (truncated importance sampling), ``decoupled_clip`` (AReaL's decoupled PPO for
+stale tokens) and ``max_staleness`` (mask tokens too many versions old). With any of them on,
+the metrics add ``off_policy_token_fraction`` (tokens with staleness > 0, before the
+staleness limit), ``is_weight_mean``, ``is_weight_max`` and ``is_clipped_fraction``.
 
 Logits are computed only at response positions (``logits_to_keep``), and rollouts whose
-advantage is exactly zero (with no KL term) never enter the forward or backward pass: their
-loss and gradient are zero, and they still count in the aggregation's denominator, so the
-gradient is unchanged (a test checks this). An empty batch, or one whose advantages are all
-zero, skips the update; a NaN or infinite loss or gradient norm skips it too (the reason is
-reported) and the run goes on.
+advantage is zero on every counted token (with no KL term) never enter the forward or
+backward pass: their loss and gradient are zero, and they still count in the aggregation's
+denominator, so the gradient is unchanged (a test checks this). An empty batch, or one whose
+advantages are all zero, skips the update; a NaN or infinite loss or gradient norm skips it
+too (the reason is reported) and the run goes on.
 
 Deviations:
 - one optimizer step per batch (no PPO epochs or mini-batches yet), so on fresh rollouts
-  the ratio is 1 up to numerics; the ratio is taken against the engine's behaviour
-  log-probabilities, not against recomputed ``pi_old`` log-probabilities;
+  the ratio is 1 up to numerics; without an off-policy option the ratio is taken against
+  the engine's behaviour log-probabilities, not against recomputed ``pi_old``;
 - the sample weights of Prompt-GDRO-style stages multiply the advantage;
 - position ids follow the attention mask (left-padded prompts), as generation does; TRL
-  and the peer hand loop do not pass them.
+  and the peer hand loop do not pass them;
+- under ``seq_mean`` a tree's shared tokens are weighted ``1/k`` in each leaf's sum but each
+  leaf is still divided by its own length, so "counts once" is exact only under
+  ``token_mean`` (the default).
 
 Example (one update of the ``tiny-arith`` policy on a hand-scored group):
 
@@ -53,7 +67,14 @@ YAML:
 
 .. code-block:: yaml
 
-    update: {use: update.grpo, from: keep, with: {lr: 1.0e-4, clip: [0.2, 0.28], advantage: mean_std}}
+    update: {use: update.grpo, from: keep, with: {lr: 1.0e-4, clip: [0.2, 0.28], advantage: {use: mean_std}}}
+
+Another estimator, with truncated importance sampling and a staleness limit for replayed or
+resumed rollouts:
+
+.. code-block:: yaml
+
+    update: {use: update.grpo, from: keep, with: {advantage: {use: gapo, with: {fraction: 0.5}}, tis_cap: 2.0, max_staleness: 4}}
 """
 
 from __future__ import annotations
@@ -63,12 +84,15 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from gfcr.records import PromptPool, Rollout, RolloutGroups, UpdateReport
 from gfcr.registry import StageConfig
 from gfcr.stages.resources import Policy, Resources, prompt_tokens
-from gfcr.stages.update.advantages import Estimator, group_advantages
+from gfcr.stages.update.advantage import AdvantageSpec
+from gfcr.stages.update.logprobs import padded, response_logprobs
+from gfcr.stages.update.off_policy import CorrectionStats, token_correction
+from gfcr.stages.update.tree_weights import shared_prefix_weights
 
 
 @dataclass
@@ -77,21 +101,40 @@ class _Item:
 
     prompt_ids: list[int]
     rollout: Rollout
-    advantage: float
+    advantage: float | np.ndarray  # scalar, or [T]
+    weights: np.ndarray | None = None  # [T] float64 token weights; None: every token weighs 1
+
+    def counts(self) -> bool:
+        """Some token of the rollout counts in the loss (an empty rollout counts, as before)."""
+        return self.weights is None or bool(self.weights.any())
+
+    def token_count(self) -> float | int:
+        return len(self.rollout) if self.weights is None else float(self.weights.sum())
+
+    def has_signal(self) -> bool:
+        if isinstance(self.advantage, np.ndarray):
+            live = self.advantage if self.weights is None else self.advantage * (self.weights > 0)
+            return bool(np.any(live != 0.0))
+        return self.advantage != 0.0 and self.counts()
+
+    def advantage_abs(self) -> float:
+        return float(np.mean(np.abs(self.advantage))) if isinstance(self.advantage, np.ndarray) else abs(self.advantage)
 
 
 class GRPOUpdate:
-    """Clipped-surrogate policy update with a typed advantage estimator."""
+    """Clipped-surrogate policy update with a registered advantage estimator."""
 
     class Config(StageConfig):
         lr: Annotated[float, Field(gt=0.0, description="AdamW learning rate (constant)")] = 1e-6
         clip: tuple[Annotated[float, Field(ge=0.0)], Annotated[float, Field(ge=0.0)]] = Field(
             (0.2, 0.2), description="(eps_low, eps_high) of the ratio clip; [0.2, 0.28] is DAPO's clip-higher")
-        advantage: Estimator = Field("mean_std", description="group baseline: mean_std | mean | median | gapo")
-        mad_scale: bool = Field(False, description="median: divide by MAD + 1e-3 (MC-GRPO code; off by default)")
-        gapo_fraction: Annotated[float, Field(gt=0.0, le=1.0)] = 0.5
+        advantage: AdvantageSpec = Field(AdvantageSpec(),
+                                         description="advantage estimator: {use: mean_std | mean | median | gapo | mc_grpo, with: {...}}")
         loss_agg: Literal["token_mean", "seq_mean"] = "token_mean"
         kl_coef: Annotated[float, Field(ge=0.0, description="weight of the k3 KL to the initial policy")] = 0.0
+        tis_cap: Annotated[float, Field(gt=0.0, description="truncated IS: weight tokens by min(pi_old/mu, C)")] | None = None
+        decoupled_clip: bool = Field(False, description="stale tokens: clip around pi_old, weight by pi_old/mu (AReaL)")
+        max_staleness: Annotated[int, Field(ge=0, description="mask tokens more than K policy versions old")] | None = None
         max_grad_norm: Annotated[float, Field(gt=0.0)] | None = 1.0
         weight_decay: Annotated[float, Field(ge=0.0)] = 0.0
         betas: tuple[float, float] = (0.9, 0.999)
@@ -99,8 +142,22 @@ class GRPOUpdate:
         micro_batch_size: Annotated[int, Field(ge=1, description="rollouts per forward/backward pass")] = 16
         temperature: Annotated[float, Field(gt=0.0, description="the sampling temperature (log-probs are tempered)")] = 1.0
 
+        @model_validator(mode="after")
+        def _one_ratio_rule(self) -> "GRPOUpdate.Config":
+            if self.tis_cap is not None and self.decoupled_clip:
+                raise ValueError("`tis_cap` already clips every token's ratio around pi_old (with the weight "
+                                 "min(pi_old/mu, C)), so `decoupled_clip` would add nothing; set one of them: "
+                                 "`tis_cap` for capped weights on all tokens, `decoupled_clip` for uncapped "
+                                 "weights on stale tokens only")
+            return self
+
+        @property
+        def off_policy(self) -> bool:
+            return self.tis_cap is not None or self.decoupled_clip or self.max_staleness is not None
+
     def __init__(self, config: Config):
         self.config = config
+        self.estimator = config.advantage.build()
         self.policy: Policy | None = None
         self.resources: Resources | None = None
         self.optimizer: Any = None
@@ -122,10 +179,12 @@ class GRPOUpdate:
     def run(self, groups: RolloutGroups, pool: PromptPool) -> UpdateReport:
         policy = self._policy()
         items, batch_groups, zero_var = self._batch(groups, pool)
-        n_rollouts, n_tokens = len(items), sum(len(i.rollout) for i in items)
+        n_rollouts, n_tokens = batch_denominators(items)
         metrics: dict[str, float] = {"batch_groups": batch_groups, "batch_rollouts": n_rollouts,
                                      "batch_tokens": n_tokens, "batch_zero_variance_groups": zero_var}
-        forward = [i for i in items if len(i.rollout) and (i.advantage != 0.0 or self.config.kl_coef > 0)]
+        if self.config.off_policy:
+            metrics["off_policy_token_fraction"] = off_policy_fraction(items, policy.version)
+        forward = [i for i in items if len(i.rollout) and (i.has_signal() or (self.config.kl_coef > 0 and i.counts()))]
         if not forward:
             reason = "empty batch" if not items else "every advantage is zero"
             return UpdateReport(policy.version, skipped=True, skip_reason=reason, metrics=metrics)
@@ -156,62 +215,89 @@ class GRPOUpdate:
 
     def _batch(self, groups: RolloutGroups, pool: PromptPool) -> tuple[list[_Item], int, int]:
         """Every rollout of the included groups, with its advantage written onto it."""
-        cfg, policy, items = self.config, self._policy(), []
+        policy, items = self._policy(), []
         included = [g for g in groups if g.verdict.included and g.rollouts]
         zero_var = 0
         for g in included:
-            rewards = g.rewards
-            if np.isnan(rewards).any():
-                raise ValueError(f"group {g.group_id} has unscored rollouts; put a verifier stage "
-                                 "(filter.verify) between generation and the update")
-            zero_var += int(len(rewards) > 1 and np.ptp(rewards) == 0)
-            advantages = group_advantages(rewards, cfg.advantage, mad_scale=cfg.mad_scale,
-                                          gapo_fraction=cfg.gapo_fraction)
+            estimate = self.estimator.estimate(g)  # raises on unscored rollouts, naming the group
+            zero_var += int(len(g.rollouts) > 1 and np.ptp(g.rewards) == 0)
             prompt_ids = prompt_tokens(policy, pool.get(g.prompt_id))
-            for r, a in zip(g.rollouts, advantages):
-                r.advantage = float(a) * g.sample_weight * r.sample_weight
-                items.append(_Item(r.context_token_ids or prompt_ids, r, r.advantage))
+            tree = shared_prefix_weights(g)
+            for index, (r, a) in enumerate(zip(g.rollouts, estimate.values)):
+                r.advantage = _scaled(a, g.sample_weight * r.sample_weight)
+                weights = self._token_weights(r, estimate.mask(index), tree.get(r.rollout_id), policy.version)
+                items.append(_Item(r.context_token_ids or prompt_ids, r, r.advantage, weights))
         return items, len(included), zero_var
 
-    def accumulate_gradients(self, items: list[_Item], n_rollouts: int, n_tokens: int) -> tuple[float, dict[str, float]]:
+    def _token_weights(self, r: Rollout, estimator_mask: np.ndarray | None, tree: np.ndarray | None,
+                       version: int) -> np.ndarray | None:
+        """``[T]`` weights, or None when every token weighs 1 (the default path stays exact)."""
+        factors = [m for m in (r.loss_mask, estimator_mask) if m is not None]
+        if tree is not None:
+            factors.append(tree)
+        if self.config.max_staleness is not None:
+            factors.append(r.staleness(version) <= self.config.max_staleness)
+        if not factors:
+            return None
+        weights = np.ones(len(r), dtype=np.float64)
+        for f in factors:
+            weights = weights * np.asarray(f, dtype=np.float64)
+        return weights
+
+    def accumulate_gradients(self, items: list[_Item], n_rollouts: int, n_tokens: float | int
+                             ) -> tuple[float, dict[str, float]]:
         """Backward the loss of ``items`` in micro-batches; the denominators are the whole
-        batch's (``n_rollouts`` responses, ``n_tokens`` tokens), so leaving out zero-advantage
-        rollouts changes nothing. Returns the loss and diagnostics."""
+        batch's (``n_rollouts`` responses, ``n_tokens`` token weights), so leaving out
+        zero-advantage rollouts changes nothing. Returns the loss and diagnostics."""
         import torch
 
         cfg = self.config
         eps_low, eps_high = cfg.clip
         total, clipped, ratio_sum, kl_sum, counted = 0.0, 0.0, 0.0, 0.0, 0
+        correction_stats = CorrectionStats()
         for start in range(0, len(items), cfg.micro_batch_size):
             chunk = items[start:start + cfg.micro_batch_size]
             logp, mask = response_logprobs(self._policy().model, chunk, cfg.temperature)  # [B, R]
-            behaviour = _padded([i.rollout.behavior_logprobs for i in chunk], mask.shape[1])  # [B, R]
-            behaviour = behaviour.to(logp.device)
-            adv = torch.tensor([i.advantage for i in chunk], dtype=logp.dtype, device=logp.device)[:, None]  # [B, 1]
-            ratio = torch.exp(logp - behaviour)
+            width, device = mask.shape[1], logp.device
+            behaviour = padded([i.rollout.behavior_logprobs for i in chunk], width, device)  # [B, R]
+            adv = _advantages(chunk, width, logp)  # [B, 1] or [B, R]
+            weight = mask if all(i.weights is None for i in chunk) else mask * padded(
+                [_ones_if_none(i) for i in chunk], width, device)  # [B, R]
+            if cfg.off_policy:
+                stale = padded([i.rollout.staleness(self._policy().version) > 0 for i in chunk], width, device) > 0
+                correction = token_correction(logp, behaviour, stale, cfg.tis_cap, cfg.decoupled_clip)
+                correction_stats.add(correction, weight, cfg.tis_cap)
+                _write_old_logprobs(chunk, logp)
+                ratio = correction.ratio
+            else:
+                ratio = torch.exp(logp - behaviour)
             surrogate = torch.min(ratio * adv, torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * adv)
-            per_token = -surrogate
+            per_token = -surrogate if not cfg.off_policy else -surrogate * correction.weight
             if self.reference is not None:
                 with torch.no_grad():
                     ref, _ = response_logprobs(self.reference, chunk, cfg.temperature)
                 kl = torch.exp(ref - logp) - (ref - logp) - 1
                 per_token = per_token + cfg.kl_coef * kl
-                kl_sum += float((kl.detach() * mask).sum())
+                kl_sum += float((kl.detach() * weight).sum())
             if cfg.loss_agg == "token_mean":
-                loss = (per_token * mask).sum() / n_tokens
+                loss = (per_token * weight).sum() / n_tokens
             else:
-                loss = ((per_token * mask).sum(1) / mask.sum(1).clamp(min=1)).sum() / n_rollouts
+                lengths = (weight > 0).to(weight.dtype).sum(1) if weight is not mask else mask.sum(1)
+                loss = ((per_token * weight).sum(1) / lengths.clamp(min=1)).sum() / n_rollouts
             loss.backward()
             total += float(loss.detach())
             with torch.no_grad():
                 outside = ((ratio < 1 - eps_low) | (ratio > 1 + eps_high)).float()
-                clipped += float((outside * mask).sum())
-                ratio_sum += float((ratio * mask).sum())
-                counted += int(mask.sum())
+                counted_mask = mask if weight is mask else (weight > 0).to(mask.dtype)
+                clipped += float((outside * counted_mask).sum())
+                ratio_sum += float((ratio * counted_mask).sum())
+                counted += int(counted_mask.sum())
         stats = {"loss": total, "clip_fraction": clipped / max(counted, 1), "ratio_mean": ratio_sum / max(counted, 1),
-                 "advantage_abs_mean": float(np.mean([abs(i.advantage) for i in items]))}
+                 "advantage_abs_mean": float(np.mean([i.advantage_abs() for i in items]))}
         if self.reference is not None:
             stats["kl"] = kl_sum / max(counted, 1)
+        if cfg.off_policy:
+            stats.update(correction_stats.metrics())
         return total, stats
 
     def _clip_gradients(self) -> float:
@@ -233,39 +319,46 @@ class GRPOUpdate:
             self.optimizer.load_state_dict(state["optimizer"])
 
 
-def response_logprobs(model: Any, items: list[_Item], temperature: float) -> tuple[Any, Any]:
-    """log pi(y_t) at every response position: ``[B, R]`` log-probs and ``[B, R]`` mask.
+def batch_denominators(items: list[_Item]) -> tuple[int, float | int]:
+    """(responses that count, token weight of the batch): ``seq_mean`` and ``token_mean``
+    divide by them."""
+    n_rollouts = sum(1 for i in items if i.counts())
+    if all(i.weights is None for i in items):
+        return n_rollouts, sum(len(i.rollout) for i in items)
+    return n_rollouts, float(sum(i.token_count() for i in items))
 
-    The batch is ``[left-padded prompt | right-padded response]``, and the model computes
-    logits only for the last ``R + 1`` positions (the response's predictors)."""
+
+def off_policy_fraction(items: list[_Item], version: int) -> float:
+    """The share of the batch's response tokens with staleness > 0 (before the staleness limit)."""
+    total = sum(len(i.rollout) for i in items)
+    stale = sum(int((i.rollout.staleness(version) > 0).sum()) for i in items)
+    return stale / total if total else 0.0
+
+
+def _scaled(advantage: float | np.ndarray, weight: float) -> float | np.ndarray:
+    if isinstance(advantage, np.ndarray):
+        return np.asarray(advantage, dtype=np.float64) * weight
+    return float(advantage) * weight
+
+
+def _ones_if_none(item: _Item) -> np.ndarray:
+    return np.ones(len(item.rollout)) if item.weights is None else item.weights
+
+
+def _advantages(chunk: list[_Item], width: int, like: Any) -> Any:
+    """``[B, 1]`` scalar advantages, or ``[B, R]`` when any rollout has per-token ones."""
     import torch
 
-    prompts = [i.prompt_ids for i in items]
-    responses = [i.rollout.response_token_ids for i in items]
-    p_len, r_len = max(len(p) for p in prompts), max(len(r) for r in responses)
-    ids = torch.zeros((len(items), p_len + r_len), dtype=torch.long)
-    attention = torch.zeros_like(ids)
-    for b, (p, r) in enumerate(zip(prompts, responses)):
-        ids[b, p_len - len(p):p_len] = torch.tensor(p, dtype=torch.long)
-        ids[b, p_len:p_len + len(r)] = torch.tensor(r, dtype=torch.long)
-        attention[b, p_len - len(p):p_len + len(r)] = 1
-    device = next(model.parameters()).device  # the policy trains on the GPU beside the vLLM engine
-    ids, attention = ids.to(device), attention.to(device)
-    positions = (attention.cumsum(1) - 1).clamp(min=0)
-    logits = model(input_ids=ids, attention_mask=attention, position_ids=positions,
-                   logits_to_keep=r_len + 1).logits[:, :-1, :].float()  # [B, R, V]
-    if temperature != 1.0:
-        logits = logits / temperature
-    targets = ids[:, p_len:]  # [B, R]
-    logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-    mask = attention[:, p_len:].to(logp.dtype)
-    return logp * mask, mask
+    if not any(isinstance(i.advantage, np.ndarray) for i in chunk):
+        return torch.tensor([i.advantage for i in chunk], dtype=like.dtype, device=like.device)[:, None]
+    rows = [i.advantage if isinstance(i.advantage, np.ndarray) else np.full(len(i.rollout), i.advantage)
+            for i in chunk]
+    return padded(rows, width, like.device).to(like.dtype)
 
 
-def _padded(arrays: list[np.ndarray], width: int) -> Any:
-    import torch
+def _write_old_logprobs(chunk: list[_Item], logp: Any) -> None:
+    old = logp.detach().cpu().numpy()
+    for b, item in enumerate(chunk):
+        item.rollout.old_logprobs = old[b, :len(item.rollout)].astype(np.float32)
 
-    out = torch.zeros((len(arrays), width), dtype=torch.float32)
-    for b, a in enumerate(arrays):
-        out[b, :len(a)] = torch.from_numpy(np.asarray(a, dtype=np.float32))
-    return out
+

@@ -104,14 +104,23 @@ def test_a_non_finite_loss_skips_the_update_and_keeps_the_weights(resources):
     assert all(p.grad is None for p in resources.policy.model.parameters())
 
 
-def test_the_estimator_is_a_typed_choice(resources):
+def test_the_estimator_is_a_registered_choice(resources):
     groups = _groups(resources, [[1, 0, 0, 0]])
-    _update(resources, advantage="median")._batch(groups, POOL)
+    _update(resources, advantage={"use": "median"})._batch(groups, POOL)
     assert [r.advantage for r in groups.groups[0].rollouts] == [1.0, 0.0, 0.0, 0.0]
-    _update(resources, advantage="mean")._batch(groups, POOL)
+    _update(resources, advantage={"use": "mean"})._batch(groups, POOL)
     assert [r.advantage for r in groups.groups[0].rollouts] == [0.75, -0.25, -0.25, -0.25]
-    with pytest.raises(Exception, match="advantage"):
-        GRPOUpdate.Config(advantage="mean-std")
+    with pytest.raises(Exception, match="did you mean `mean_std`"):
+        GRPOUpdate.Config(advantage={"use": "mean-std"})
+    with pytest.raises(Exception, match="mapping now"):
+        GRPOUpdate.Config(advantage="median")
+
+
+def test_unscored_rollouts_are_refused_once_naming_the_group(resources):
+    groups = _groups(resources, [[1, 0, 0, 0]])
+    groups.groups[0].rollouts[1].reward = None
+    with pytest.raises(ValueError, match="rewards are NaN .*filter.verify"):
+        _update(resources)._batch(groups, POOL)
 
 
 def test_a_kl_term_forwards_zero_advantage_rollouts_too(resources):
