@@ -205,9 +205,9 @@ def _train(make_run) -> None:
     except GfcrError as exc:
         if hook is not None:
             hook.stop()
-        if isinstance(exc, StageError) and not exc.user_error:  # a bug in a stage: show where
+        if isinstance(exc, StageError) and not exc.user_error:  # a bug in a stage: its traceback, then what failed
+            err.print(escape("".join(traceback.format_exception(exc.cause)).rstrip()), markup=True)
             err.print(f"[red]error:[/] {escape(str(exc))}", markup=True)
-            err.print(escape("".join(traceback.format_exception(exc.cause))), markup=True)
             raise typer.Exit(1) from None
         _fail(exc)
         raise typer.Exit(2) from None

@@ -48,7 +48,8 @@ KIND = "gfcr-checkpoint"
 FORMAT = 2
 MANIFEST, RUNNER, POLICY = "manifest.json", "runner.json", "policy.safetensors"
 RNG_TORCH, RNG_NUMPY, RNG_PYTHON = "rng/torch.safetensors", "rng/numpy.json", "rng/python.json"
-_DAMAGED = "the checkpoint is damaged or incomplete: delete {path} to resume from the checkpoint before it"
+_DAMAGED = ("the checkpoint is damaged or incomplete: delete {path} to resume from an older checkpoint, "
+            "or start the run again with `gfcr run`")
 
 
 # --- writing ---------------------------------------------------------------------------------

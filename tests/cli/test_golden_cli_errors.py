@@ -79,7 +79,7 @@ RESUME_CASES = [
     Case("truncated manifest", lambda run: _truncate(run / CKPT / MANIFEST),
          [f"{{run}}/{CKPT}/manifest.json is truncated or corrupt"], f"delete {{run}}/{CKPT}"),
     Case("a file listed in the manifest is missing", lambda run: (run / CKPT / "rng" / "numpy.json").unlink(),
-         [f"{{run}}/{CKPT}/rng/numpy.json is missing"], "to resume from the checkpoint before it"),
+         [f"{{run}}/{CKPT}/rng/numpy.json is missing"], "to resume from an older checkpoint"),
     Case("corrupt state file", lambda run: _flip_a_byte(run / CKPT / "stages" / "pick" / "state.json"),
          [f"{{run}}/{CKPT}/stages/pick/state.json is corrupt: its sha256 differs"], f"delete {{run}}/{CKPT}"),
     Case("missing stage state", lambda run: _drop_stage(run / CKPT, "pick"),
