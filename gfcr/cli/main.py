@@ -47,7 +47,9 @@ def _compile(file: Path, overrides: list[str] | None) -> CompiledPipeline:
 def _fail(exc: GfcrError) -> None:
     """Print a user's mistake: what and where, then the fix (each problem's, for spec and data errors)."""
     if isinstance(exc, StageError) and isinstance(exc.cause, GfcrError):  # a stage met a user's mistake
-        err.print(f"[red]error:[/] {escape(exc.message.split(': ', 1)[0])}:", markup=True)
+        where = f"step {exc.step}" + (f", loop round {exc.round}" if exc.round is not None else "")
+        err.print(f"[red]error:[/] stage `{escape(exc.stage_id)}` failed at {where} of run {escape(exc.run_id)}:",
+                  markup=True)
         exc = exc.cause
     problems = getattr(exc, "problems", None)
     if problems is None:

@@ -17,6 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gfcr.cli.main import app
+from gfcr.errors import EvalError
 from gfcr.runtime.checkpoint import MANIFEST
 from gfcr.stages.testing import FakeUpdate
 from tests.conftest import BASE
@@ -189,3 +190,15 @@ def test_a_bug_in_a_stage_exits_1_with_its_traceback(tmp_path, monkeypatch):
     assert result.exit_code == 1, result.output
     assert "stage `update` failed at step 0" in result.output
     assert "Traceback" in result.output and "ZeroDivisionError: a bug" in result.output
+
+
+def test_a_user_error_met_inside_a_stage_exits_2_naming_the_stage(tmp_path, monkeypatch):
+    def refuses(self, groups):
+        raise EvalError("the eval set `x` has no answers", "give every eval row an answer")
+
+    monkeypatch.setattr(FakeUpdate, "run", refuses)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(BASE)
+    result = cli.invoke(app, ["run", str(spec), "--run-dir", str(tmp_path / "run"), "--executor", "local"])
+    _assert_user_error(result, ["stage `update` failed at step 0 of run run:", "the eval set `x` has no answers"],
+                       "give every eval row an answer")
