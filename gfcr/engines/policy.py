@@ -16,7 +16,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
-from gfcr.engines.models import ModelError, resolve_model
+from gfcr.engines.models import resolve_model
+from gfcr.errors import ModelError
 from gfcr.records import Prompt
 from gfcr.spec import PolicySpec
 
@@ -26,6 +27,8 @@ hf_logging.disable_progress_bar()
 # transformers builds a model on the meta device by patching torch globally while it loads:
 # two loads in parallel threads (`gfcr ablate --parallel`) must not overlap
 _LOADING = threading.Lock()
+BAD_FOLDER_FIX = ("point policy.model at a model alias or a folder written by save_pretrained "
+                  "(config.json, tokenizer files and model.safetensors)")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -34,7 +37,7 @@ class HFPolicy:
 
     def __init__(self, name: str, path: Path, dtype: str = "float32", device: str = "cpu"):
         self.name, self.path, self.dtype, self.device = name, path, DTYPES[dtype], torch.device(device)
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.tokenizer = self._load_tokenizer()
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
@@ -42,12 +45,20 @@ class HFPolicy:
         self.model.train()
         self.version = 0
 
+    def _load_tokenizer(self) -> Any:
+        try:
+            return AutoTokenizer.from_pretrained(self.path)
+        except (OSError, ValueError, TypeError, KeyError) as exc:  # a bad folder: transformers raises any of these
+            raise ModelError(f"cannot load the tokenizer of policy `{self.name}` from {self.path}: "
+                             f"{type(exc).__name__}: {exc}", BAD_FOLDER_FIX) from None
+
     def _load(self) -> Any:
         try:
             with _LOADING:
                 model = AutoModelForCausalLM.from_pretrained(self.path, dtype=self.dtype)
-        except (OSError, ValueError) as exc:
-            raise ModelError(f"cannot load policy `{self.name}` from {self.path}: {exc}") from exc
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            raise ModelError(f"cannot load policy `{self.name}` from {self.path}: {type(exc).__name__}: {exc}",
+                             BAD_FOLDER_FIX) from None
         model.generation_config.pad_token_id = self.tokenizer.pad_token_id
         return model.to(self.device)
 

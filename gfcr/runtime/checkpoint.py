@@ -1,63 +1,283 @@
-"""Checkpoints: the complete state of a run after a step, in one atomically written file.
+"""Checkpoints: the complete state of a run after a step, as a directory with a manifest.
 
-A checkpoint holds the runner's position and every stateful stage's state (optimizer
-included), the policy's weights and version, and the RNG states of torch, numpy and
-Python. Loading one and running on gives exactly the steps an uninterrupted run would
-have run (on CPU, with a fixed seed): the engine reseeds per step from the run's seed,
-and the stages derive their draws from ``(seed, step)`` or carry them in their state.
+    checkpoints/step-000008/
+      manifest.json              format, step, policy version, gfcr version, every file's size and sha256
+      runner.json                the runner's position: step, policy version, the stateful stages
+      policy.safetensors         the policy's weights (tied weights stored once)
+      rng/torch.safetensors      torch's RNG state, a uint8 tensor
+      rng/numpy.json             numpy's legacy global RNG state
+      rng/python.json            Python's ``random`` state
+      stages/<stage id>/state.json            a stateful stage's state tree (see state_tree.py)
+      stages/<stage id>/tensors.safetensors   its tensors and arrays (an optimizer's moments)
+      stages/<stage id>/files/                the files a stage owns (``save_files``), e.g. an index
+
+Nothing is a pickle: loading a checkpoint from anyone reads JSON and safetensors and runs no
+code. The directory is built in a hidden temporary sibling, every file fsynced, then renamed,
+so a kill leaves the previous checkpoints untouched and no half-written ``step-N``.
+``latest_checkpoint`` takes the newest directory whose manifest reads and whose files all
+exist with their sizes; ``load_checkpoint`` also checks every file's sha256.
+
+Loading one and running on gives exactly the steps an uninterrupted run would have run (on
+CPU, with a fixed seed): the engine reseeds per step from the run's seed, and the stages
+derive their draws from ``(seed, step)`` or carry them in their state.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import random
-import zipfile
+import shutil
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import load_file, load_model, save_file, save_model
 
+from gfcr.errors import CheckpointError
 from gfcr.runtime.local import LocalRunner
-from gfcr.runtime.rundir import RunDir, atomic_path
+from gfcr.runtime.rundir import RunDir, gfcr_version
+from gfcr.runtime.state_tree import read_tree, write_tree
 from gfcr.stages.resources import Resources
 
-FORMAT = 1
+KIND = "gfcr-checkpoint"
+FORMAT = 2
+MANIFEST, RUNNER, POLICY = "manifest.json", "runner.json", "policy.safetensors"
+RNG_TORCH, RNG_NUMPY, RNG_PYTHON = "rng/torch.safetensors", "rng/numpy.json", "rng/python.json"
+_DAMAGED = ("the checkpoint is damaged or incomplete: delete {path} to resume from an older checkpoint, "
+            "or start the run again with `gfcr run`")
 
+
+# --- writing ---------------------------------------------------------------------------------
 
 def save_checkpoint(run_dir: RunDir, runner: LocalRunner, resources: Resources, keep: int = 2) -> Path:
-    path = run_dir.checkpoint(runner.step)
-    state = {
-        "format": FORMAT,
-        "runner": runner.state_dict(),
-        "policy": None if resources.policy is None else {
-            "version": resources.policy.version, "weights": resources.policy.model.state_dict()},
-        "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
-    }
-    with atomic_path(path) as tmp:
-        torch.save(state, tmp)
+    """Write the checkpoint of ``runner.step`` atomically, then keep the newest ``keep``."""
+    final = run_dir.checkpoint(runner.step)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+    try:
+        _write(tmp, runner, resources)
+        _fsync_tree(tmp)
+        _replace_dir(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     run_dir.prune_checkpoints(keep)
-    return path
+    return final
 
 
-def load_checkpoint(path: Path, runner: LocalRunner, resources: Resources) -> None:
-    state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=False)
-    if state.get("format") != FORMAT:
-        raise ValueError(f"{path}: checkpoint format {state.get('format')!r}, this gfcr reads format {FORMAT}")
-    if state["policy"] is not None:
-        if resources.policy is None:
-            raise ValueError(f"{path} holds policy weights but the pipeline has no policy")
-        resources.policy.model.load_state_dict(state["policy"]["weights"])
-        resources.policy.version = int(state["policy"]["version"])
-    runner.load_state_dict(state["runner"])
-    torch.set_rng_state(state["rng"]["torch"])
-    np.random.set_state(state["rng"]["numpy"])
-    random.setstate(state["rng"]["python"])
+def _write(root: Path, runner: LocalRunner, resources: Resources) -> None:
+    state = runner.state_dict()
+    stages: dict[str, Any] = state["stages"]
+    policy = resources.policy
+    _write_json(root / RUNNER, {"step": state["step"], "policy_version": state["policy_version"],
+                                "stages": sorted(stages)})
+    if policy is not None:
+        save_model(policy.model, str(root / POLICY), metadata={"policy_version": str(policy.version)})
+    _write_rng(root)
+    for sid, tree in stages.items():
+        write_tree(tree, root / "stages" / sid, where=f"stage `{sid}`")
+        stage = runner.stages[sid]
+        # the OwnsFiles role (save_files/load_files): the lifecycle helper's typed protocol replaces this check
+        if hasattr(stage, "save_files"):
+            (root / "stages" / sid / "files").mkdir(parents=True)
+            stage.save_files(root / "stages" / sid / "files")
+    _write_json(root / MANIFEST, {
+        "kind": KIND, "format": FORMAT, "step": state["step"], "policy_version": state["policy_version"],
+        "weights_version": None if policy is None else policy.version, "gfcr": gfcr_version(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": _file_list(root),
+    })
+
+
+def _write_rng(root: Path) -> None:
+    (root / "rng").mkdir()
+    save_file({"state": torch.get_rng_state()}, str(root / RNG_TORCH))
+    name, key, pos, has_gauss, gauss = np.random.get_state()
+    _write_json(root / RNG_NUMPY, {"bit_generator": name, "key": key.tolist(), "pos": int(pos),
+                                   "has_gauss": int(has_gauss), "cached_gaussian": float(gauss)})
+    version, internal, gauss_next = random.getstate()
+    _write_json(root / RNG_PYTHON, {"version": version, "state": list(internal), "gauss_next": gauss_next})
+
+
+def _write_json(path: Path, value: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(value, indent=1, allow_nan=False) + "\n", encoding="utf-8")
+
+
+def _file_list(root: Path) -> list[dict[str, Any]]:
+    files = sorted(p for p in root.rglob("*") if p.is_file())
+    return [{"path": p.relative_to(root).as_posix(), "bytes": p.stat().st_size, "sha256": _sha256(p)} for p in files]
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fsync_tree(root: Path) -> None:
+    for path in sorted(root.rglob("*"), key=lambda p: len(p.parts), reverse=True) + [root]:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _replace_dir(tmp: Path, final: Path) -> None:
+    """Rename ``tmp`` to ``final``. A directory cannot be renamed over a non-empty one, so an old
+    ``final`` (a damaged checkpoint of this step, skipped on resume) is moved aside first."""
+    if final.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", suffix=".tmp", dir=final.parent))
+        os.replace(final, old / final.name)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    fd = os.open(final.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# --- reading ---------------------------------------------------------------------------------
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """The manifest of checkpoint directory ``path``, checked: the right kind and format, and every
+    listed file present with its size (``CheckpointError`` naming the file, else)."""
+    manifest_file = path / MANIFEST
+    if not path.is_dir():
+        raise CheckpointError(f"{path} is not a checkpoint directory", _DAMAGED.format(path=path))
+    if not manifest_file.is_file():
+        raise CheckpointError(f"{path} is not a complete checkpoint: it has no {MANIFEST}", _DAMAGED.format(path=path))
+    try:
+        manifest = json.loads(manifest_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{manifest_file} is truncated or corrupt: {exc}", _DAMAGED.format(path=path)) from None
+    if not isinstance(manifest, dict) or manifest.get("kind") != KIND or not isinstance(manifest.get("files"), list):
+        raise CheckpointError(f"{manifest_file} is not a gfcr checkpoint manifest", _DAMAGED.format(path=path))
+    if manifest.get("format") != FORMAT:
+        raise CheckpointError(
+            f"{manifest_file}: checkpoint format {manifest.get('format')!r} (written by gfcr {manifest.get('gfcr')}); "
+            f"this gfcr reads format {FORMAT}",
+            f"resume it with the gfcr version that wrote it, or start the run again with `gfcr run`")
+    for entry in manifest["files"]:
+        _check_size(path, entry)
+    return manifest
+
+
+def _check_size(root: Path, entry: Any) -> None:
+    try:
+        file, size = root / entry["path"], int(entry["bytes"])
+    except (TypeError, KeyError, ValueError):
+        raise CheckpointError(f"{root / MANIFEST}: a bad file entry {entry!r}", _DAMAGED.format(path=root)) from None
+    if not file.is_file():
+        raise CheckpointError(f"{file} is missing (listed in {root / MANIFEST})", _DAMAGED.format(path=root))
+    if file.stat().st_size != size:
+        raise CheckpointError(f"{file} has {file.stat().st_size} bytes, the manifest says {size}",
+                              _DAMAGED.format(path=root))
+
+
+def verify_checkpoint(path: Path) -> dict[str, Any]:
+    """``read_manifest`` plus every file's sha256: the manifest of a checkpoint safe to load."""
+    manifest = read_manifest(path)
+    for entry in manifest["files"]:
+        if _sha256(path / entry["path"]) != entry["sha256"]:
+            raise CheckpointError(f"{path / entry['path']} is corrupt: its sha256 differs from the manifest's",
+                                  _DAMAGED.format(path=path))
+    return manifest
 
 
 def latest_checkpoint(run_dir: RunDir) -> Path | None:
-    """The newest complete checkpoint. Writes are atomic (a killed write leaves only a hidden
-    temporary file), so a final name is complete; the zip check guards against a copy cut short."""
+    """The newest complete checkpoint: a directory whose manifest reads and whose listed files all
+    exist with the right sizes. A damaged newer one is skipped (``checkpoint_problems`` says why)."""
     for _, path in run_dir.checkpoints():
-        if zipfile.is_zipfile(path):
-            return path
+        try:
+            read_manifest(path)
+        except CheckpointError:
+            continue
+        return path
     return None
+
+
+def checkpoint_problems(run_dir: RunDir) -> list[CheckpointError]:
+    """Why each checkpoint newer than the latest complete one cannot be used, newest first."""
+    problems = []
+    for _, path in run_dir.checkpoints():
+        try:
+            read_manifest(path)
+        except CheckpointError as exc:
+            problems.append(exc)
+            continue
+        break
+    return problems
+
+
+def load_checkpoint(path: Path, runner: LocalRunner, resources: Resources) -> None:
+    """Restore the run's state from checkpoint directory ``path`` (verified first: a damaged
+    checkpoint fails before anything is changed)."""
+    manifest = verify_checkpoint(path)
+    position = _read_json(path, RUNNER)
+    stage_states = _read_stages(path, runner, position)
+    _load_policy(path, manifest, resources)
+    runner.load_state_dict({"step": position["step"], "policy_version": position["policy_version"],
+                            "stages": stage_states})
+    for sid in stage_states:
+        stage = runner.stages[sid]
+        if hasattr(stage, "load_files"):  # the OwnsFiles role; see _write
+            stage.load_files(path / "stages" / sid / "files")
+    _load_rng(path)
+
+
+def _read_stages(path: Path, runner: LocalRunner, position: dict[str, Any]) -> dict[str, Any]:
+    stateful = {sid for sid, s in runner.stages.items() if hasattr(s, "state_dict")}
+    saved = set(position["stages"])
+    if missing := sorted(stateful - saved):
+        raise CheckpointError(
+            f"{path}: no state for stage `{missing[0]}` ({type(runner.stages[missing[0]]).__name__}), which keeps state",
+            "the pipeline changed since this checkpoint was written: resume with the spec.yaml it was saved with, "
+            "or start a new run with `gfcr run`")
+    if extra := sorted(saved - stateful):
+        raise CheckpointError(
+            f"{path}: holds the state of stage `{extra[0]}`, which this pipeline has no stateful stage for",
+            "resume with the spec.yaml this checkpoint was saved with, or start a new run with `gfcr run`")
+    return {sid: read_tree(path / "stages" / sid) for sid in position["stages"]}
+
+
+def _load_policy(path: Path, manifest: dict[str, Any], resources: Resources) -> None:
+    has_weights = (path / POLICY).is_file()
+    if has_weights != (resources.policy is not None):
+        what = "holds policy weights but the pipeline has no policy" if has_weights else \
+            "holds no policy weights but the pipeline has a policy"
+        raise CheckpointError(f"{path} {what}", "resume with the spec.yaml this checkpoint was saved with")
+    if resources.policy is None:
+        return
+    try:
+        model = resources.policy.model
+        load_model(model, str(path / POLICY), strict=True, device=str(next(model.parameters()).device))
+    except RuntimeError as exc:  # missing/unexpected keys or a shape mismatch: another model's weights
+        raise CheckpointError(f"{path / POLICY} does not fit the policy `{resources.policy.name}`: {exc}",
+                              "resume with the policy.model this checkpoint was trained from") from None
+    resources.policy.version = int(manifest["weights_version"])
+
+
+def _load_rng(path: Path) -> None:
+    torch.set_rng_state(load_file(str(path / RNG_TORCH))["state"])
+    n = _read_json(path, RNG_NUMPY)
+    np.random.set_state((n["bit_generator"], np.array(n["key"], dtype=np.uint32), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
+    p = _read_json(path, RNG_PYTHON)
+    random.setstate((p["version"], tuple(p["state"]), p["gauss_next"]))
+
+
+def _read_json(root: Path, name: str) -> Any:
+    try:
+        return json.loads((root / name).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{root / name}: cannot read it: {exc}", _DAMAGED.format(path=root)) from None

@@ -9,8 +9,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from gfcr.records import PromptPool
+from gfcr.errors import EvalError
+from gfcr.records import Prompt, PromptPool
 from gfcr.stages.filter.verify import score_text
+from gfcr.stages.verifiers import Score
 from gfcr.stages.resources import Engine, GenerationRequest, Policy, SamplingParams, prompt_tokens
 
 
@@ -32,10 +34,19 @@ def evaluate(policy: Policy, engine: Engine, pool: PromptPool, max_new_tokens: i
         chunk = prompts[i:i + batch_size]
         requests = [GenerationRequest(p.prompt_id, tuple(prompt_tokens(policy, p)), 1, params) for p in chunk]
         for prompt, (completion,) in zip(chunk, engine.generate(requests)):
-            if prompt.verifier is None:
-                raise ValueError(f"eval prompt {prompt.prompt_id} has no verifier")
-            _, score = score_text(completion.text, prompt.verifier)
+            score = _score(prompt, completion.text, pool.name)
             correct += score.correct
             tokens += len(completion.token_ids)
     n = len(prompts)
     return EvalResult(correct / n if n else 0.0, n, tokens / n if n else 0.0, time.perf_counter() - start)
+
+
+def _score(prompt: Prompt, text: str, source: str) -> Score:
+    if prompt.verifier is None:
+        raise EvalError(f"eval prompt {prompt.prompt_id} of `{source}` has no verifier (no ground truth)",
+                        "give every eval row an answer, or point `eval` at a source with answers")
+    try:
+        return score_text(text, prompt.verifier)[1]
+    except ValueError as exc:  # the verifiers' way of saying a ground truth is unusable
+        raise EvalError(f"eval prompt {prompt.prompt_id} of `{source}` cannot be scored: {exc}",
+                        "fix that row's answer in the eval data") from None

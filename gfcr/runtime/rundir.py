@@ -5,12 +5,14 @@
       run.json               run id, gfcr version, start time, command line
       metrics.jsonl          one JSON object per step
       lineage/step-000007.parquet   one row per rollout of step 7
-      checkpoints/step-000008.pt    the state after 8 steps (policy, optimizer, stages, RNG)
+      checkpoints/step-000008/      the state after 8 steps (policy, optimizer, stages, RNG):
+                                    a directory with a manifest, see gfcr/runtime/checkpoint.py
       summary.json           the closing summary (eval before/after, totals, where things are)
 
 Every file is written to a temporary name in the same folder, flushed and fsynced, then
 renamed over its final name, so a process killed at any moment leaves either the old file
-or the new one. ``metrics.jsonl`` grows by whole lines; a resumed run first cuts it back to
+or the new one. A checkpoint directory is built the same way: in a hidden temporary sibling,
+then renamed. ``metrics.jsonl`` grows by whole lines; a resumed run first cuts it back to
 the steps its checkpoint covers.
 """
 
@@ -19,13 +21,16 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-CHECKPOINT = re.compile(r"^step-(\d{6})\.pt$")
+CHECKPOINT = re.compile(r"^step-(\d{6})$")
+LEGACY_CHECKPOINT = re.compile(r"^step-(\d{6})\.pt$")  # format 1 (a pickle): found to explain, never loaded
+TEMPORARY = re.compile(r"^\.step-\d{6}\..*\.tmp$")  # a checkpoint being written, or one a kill cut short
 
 
 @contextmanager
@@ -47,6 +52,16 @@ def atomic_path(path: Path) -> Iterator[Path]:
 def write_text(path: Path, text: str) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
+
+
+def gfcr_version() -> str:
+    """The installed gfcr's version (run.json and checkpoint manifests record it)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gfcr")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def new_run_dir(name: str, base: Path = Path("runs")) -> Path:
@@ -76,13 +91,22 @@ class RunDir:
         return self.lineage_dir / f"step-{step:06d}.parquet"
 
     def checkpoint(self, step: int) -> Path:
-        return self.checkpoint_dir / f"step-{step:06d}.pt"
+        return self.checkpoint_dir / f"step-{step:06d}"
 
     def checkpoints(self) -> list[tuple[int, Path]]:
-        """Complete checkpoints, newest first (temporary files of a killed write are ignored)."""
+        """Checkpoint directories by their final names, newest first (a killed write leaves only a
+        hidden temporary directory, which is not listed). ``latest_checkpoint`` checks completeness."""
+        return self._matching(CHECKPOINT, want_dir=True)
+
+    def legacy_checkpoints(self) -> list[tuple[int, Path]]:
+        """Format-1 checkpoint files (``step-000008.pt``, pickles) of a run from gfcr before v2."""
+        return self._matching(LEGACY_CHECKPOINT, want_dir=False)
+
+    def _matching(self, pattern: re.Pattern, want_dir: bool) -> list[tuple[int, Path]]:
         if not self.checkpoint_dir.is_dir():
             return []
-        found = [(int(m.group(1)), p) for p in self.checkpoint_dir.iterdir() if (m := CHECKPOINT.match(p.name))]
+        found = [(int(m.group(1)), p) for p in self.checkpoint_dir.iterdir()
+                 if (m := pattern.match(p.name)) and p.is_dir() == want_dir]
         return sorted(found, reverse=True)
 
     def append_metrics(self, record: dict[str, Any]) -> None:
@@ -109,5 +133,10 @@ class RunDir:
         write_text(self.metrics, "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
 
     def prune_checkpoints(self, keep: int) -> None:
+        """Keep the newest ``keep`` checkpoints; delete older ones and the leftovers of killed writes."""
         for _, path in self.checkpoints()[keep:]:
-            path.unlink(missing_ok=True)
+            shutil.rmtree(path, ignore_errors=True)
+        if self.checkpoint_dir.is_dir():
+            for path in self.checkpoint_dir.iterdir():
+                if TEMPORARY.match(path.name):
+                    shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)

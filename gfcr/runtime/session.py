@@ -20,15 +20,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gfcr.errors import GfcrError
+from gfcr.errors import CheckpointError, EvalError, RunDirError
 from gfcr.graph import CompiledPipeline, load_pipeline
 from gfcr.records import StepReport
 from gfcr.registry import STAGES, Registry
-from gfcr.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from gfcr.runtime.checkpoint import checkpoint_problems, latest_checkpoint, load_checkpoint, save_checkpoint
 from gfcr.runtime.evaluation import EvalResult, evaluate
 from gfcr.runtime.lineage import write_lineage
 from gfcr.runtime.local import LocalRunner
-from gfcr.runtime.rundir import RunDir, new_run_dir, write_text
+from gfcr.runtime.rundir import RunDir, gfcr_version, new_run_dir, write_text
 from gfcr.spec import PipelineSpec
 from gfcr.stages.resources import Resources
 
@@ -68,19 +68,22 @@ class Run:
             from gfcr.runtime.prefect_runner import PrefectRunner as runner_cls  # type: ignore[assignment]
         self.runner = runner_cls(pipeline, pool=self.pool, run_id=run_dir.path.name, resources=self.resources)
         self.last_checkpoint: Path | None = None
+        self.skipped_checkpoints: list[CheckpointError] = []
 
     @classmethod
     def start(cls, pipeline: CompiledPipeline, run_dir: Path | None = None, hooks: tuple[Any, ...] = ()) -> "Run":
         path = Path(run_dir) if run_dir is not None else new_run_dir(pipeline.spec.name)
-        if path.exists() and any(path.iterdir()):
-            raise GfcrError(f"run directory {path} is not empty\n    fix: pick another --run-dir, "
-                            f"or continue that run with `gfcr resume {path}`")
+        _check_new_run_dir(path)
         run = cls(pipeline, RunDir(path), hooks)  # data and policy load before anything is written
-        path.mkdir(parents=True, exist_ok=True)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise RunDirError(f"cannot create the run directory {path}: {exc.strerror}",
+                              "pick a --run-dir in a folder you can write to") from None
         write_text(run.dir.spec, pipeline.spec.to_yaml())
         write_text(run.dir.info, json.dumps({
             "run_id": path.name, "pipeline": pipeline.spec.name, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "command": sys.argv, "python": platform.python_version(), "gfcr": _version(),
+            "command": sys.argv, "python": platform.python_version(), "gfcr": gfcr_version(),
         }, indent=2) + "\n")
         return run
 
@@ -91,8 +94,9 @@ class Run:
         to run until ``steps`` (default: its ``run.steps``), on ``executor`` (default: its own)."""
         rd = RunDir(path)
         if not rd.spec.is_file():
-            raise GfcrError(f"{path} is not a gfcr run directory (no spec.yaml)\n"
-                            "    fix: pass the folder `gfcr run` printed, e.g. runs/quickstart-20261130-101500")
+            state = "does not exist" if not Path(path).exists() else "is not a gfcr run directory (no spec.yaml)"
+            raise RunDirError(f"{path} {state}",
+                              "pass the folder `gfcr run` printed, e.g. runs/quickstart-20261130-101500")
         overrides = [f"run.steps={steps}"] if steps is not None else []
         overrides += [f"executor.kind={executor}"] if executor is not None else []
         pipeline = load_pipeline(rd.spec, overrides, stages)
@@ -101,9 +105,8 @@ class Run:
         run = cls(pipeline, rd, hooks)
         checkpoint = latest_checkpoint(rd)
         if checkpoint is None:
-            raise GfcrError(f"{path} has no checkpoint to resume from\n"
-                            "    fix: start it again with `gfcr run`; set `run.checkpoint_every` to checkpoint "
-                            "during a run")
+            raise _no_checkpoint(rd)
+        run.skipped_checkpoints = checkpoint_problems(rd)  # newer ones that are damaged: the CLI warns
         load_checkpoint(checkpoint, run.runner, run.resources)
         rd.truncate_metrics(run.runner.step)
         run.last_checkpoint = checkpoint
@@ -152,7 +155,7 @@ class Run:
         assert self.eval_pool is not None and self.spec.eval is not None
         policy, engine = self.resources.policy, self.resources.engine
         if policy is None or engine is None:
-            raise GfcrError("`eval` needs a policy to evaluate\n    fix: add `policy: {model: ...}` or remove `eval`")
+            raise EvalError("`eval` needs a policy to evaluate", "add `policy: {model: ...}` or remove `eval`")
         self._hook("before_eval", step)
         spec, pool = self.spec.eval, self.eval_pool
         result = self.runner.call_as("eval", lambda: evaluate(policy, engine, pool, spec.max_new_tokens,
@@ -233,10 +236,25 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+def _check_new_run_dir(path: Path) -> None:
+    if path.exists() and not path.is_dir():
+        raise RunDirError(f"run directory {path} is a file", "pick another --run-dir")
+    if path.is_dir() and any(path.iterdir()):
+        raise RunDirError(f"run directory {path} is not empty",
+                          f"pick another --run-dir, or continue that run with `gfcr resume {path}`")
 
-    try:
-        return version("gfcr")
-    except PackageNotFoundError:
-        return "unknown"
+
+def _no_checkpoint(rd: RunDir) -> CheckpointError:
+    """Why ``rd`` cannot resume: its newest checkpoint is damaged, it holds only format-1 pickles,
+    or it never checkpointed."""
+    problems = checkpoint_problems(rd)
+    if problems:
+        first = problems[0]
+        return CheckpointError(f"{rd.path} has no complete checkpoint to resume from: {first.message}", first.fix)
+    if legacy := rd.legacy_checkpoints():
+        return CheckpointError(
+            f"{legacy[0][1]} is a format-1 checkpoint (a pickle, written by an earlier gfcr); this gfcr reads only "
+            "checkpoint directories, because loading a pickle can run any code",
+            "resume it with the gfcr that wrote it, or start the run again with `gfcr run`")
+    return CheckpointError(f"{rd.path} has no checkpoint to resume from",
+                           "start it again with `gfcr run`; set `run.checkpoint_every` to checkpoint during a run")

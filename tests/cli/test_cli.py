@@ -105,14 +105,14 @@ def test_resume_continues_a_run_to_the_requested_step(write_spec, tmp_path):
 
 def test_resume_of_a_folder_that_is_not_a_run_says_so(tmp_path):
     result = cli.invoke(app, ["resume", str(tmp_path)])
-    assert result.exit_code == 1 and "not a gfcr run directory" in result.output
+    assert result.exit_code == 2 and "not a gfcr run directory" in result.output
 
 
 def test_run_refuses_a_run_dir_that_is_in_use(write_spec, tmp_path):
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "metrics.jsonl").write_text("{}\n")
     result = cli.invoke(app, ["run", str(write_spec(DAPO)), "--run-dir", str(tmp_path / "busy")])
-    assert result.exit_code == 1 and "gfcr resume" in result.output
+    assert result.exit_code == 2 and "gfcr resume" in result.output
 
 
 BAD_DATA_SPEC = """\
@@ -138,6 +138,6 @@ def test_bad_data_rows_fail_the_run_or_are_skipped(write_spec, tmp_path, on_erro
     assert f"{data}:2: missing field `answer`" in result.output
     if on_error == "fail":
         assert f"{data}:3: unusable answer" in result.output  # every bad row, at once
-        assert result.exit_code == 1 and not run_dir.exists()  # nothing ran, nothing written
+        assert result.exit_code == 2 and not run_dir.exists()  # nothing ran, nothing written
     else:
         assert result.exit_code == 0 and len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2

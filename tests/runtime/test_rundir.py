@@ -30,12 +30,17 @@ def test_metrics_are_cut_back_to_the_checkpoint_and_a_torn_last_line_is_ignored(
     assert [json.loads(line)["step"] for line in rd.metrics.read_text().splitlines()] == [0, 1, 2]
 
 
-def test_only_complete_checkpoints_are_listed_newest_first(tmp_path):
+def test_checkpoint_directories_are_listed_newest_first_and_pruned(tmp_path):
     rd = RunDir(tmp_path)
     rd.checkpoint_dir.mkdir()
     for step in (2, 4, 6):
-        rd.checkpoint(step).write_bytes(b"x")
-    (rd.checkpoint_dir / ".step-000008.pt.abc.tmp").write_bytes(b"partial")
+        rd.checkpoint(step).mkdir()
+        (rd.checkpoint(step) / "manifest.json").write_text("{}")
+    (rd.checkpoint_dir / ".step-000008.abc.tmp").mkdir()  # a write a kill cut short
+    (rd.checkpoint_dir / "step-000001.pt").write_bytes(b"format 1")
+    assert rd.checkpoint(6).name == "step-000006"
     assert [s for s, _ in rd.checkpoints()] == [6, 4, 2]
+    assert [s for s, _ in rd.legacy_checkpoints()] == [1]
     rd.prune_checkpoints(keep=2)
     assert [s for s, _ in rd.checkpoints()] == [6, 4]
+    assert sorted(p.name for p in rd.checkpoint_dir.iterdir()) == ["step-000001.pt", "step-000004", "step-000006"]

@@ -1,5 +1,6 @@
 """The golden table of bad specs: each must fail with the right place, key path and fix, make
-`gfcr validate` exit 2, and run nothing."""
+`gfcr validate` exit 2, and run nothing. The user errors met when running (a bad checkpoint,
+model, run directory, evaluation or data) have their own table: tests/cli/test_golden_cli_errors.py."""
 
 from __future__ import annotations
 

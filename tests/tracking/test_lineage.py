@@ -102,10 +102,10 @@ def test_gfcr_lineage_suggests_near_ids_and_rejects_folders_that_are_not_runs(gr
     run_dir, _, rows = grpo_run
     group = rows[0]["group_id"]
     result = cli.invoke(app, ["lineage", str(run_dir), group])  # a group id, not a rollout id
-    assert result.exit_code == 1 and f"has no rollout `{group}`" in result.output
+    assert result.exit_code == 2 and f"has no rollout `{group}`" in result.output
     assert f"did you mean `{group}/0`" in result.output
     result = cli.invoke(app, ["lineage", str(tmp_path), "x"])
-    assert result.exit_code == 1 and "not a gfcr run directory" in result.output
+    assert result.exit_code == 2 and "not a gfcr run directory" in result.output
 
 
 def test_lineage_written_before_a_column_existed_reads_it_as_null(tmp_path):

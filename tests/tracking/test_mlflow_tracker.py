@@ -191,5 +191,5 @@ def test_a_store_that_cannot_be_opened_stops_gfcr_run_before_the_run_directory_i
     spec = write_spec(BASE)
     result = cli.invoke(app, ["run", str(spec), "--run-dir", str(tmp_path / "run"),
                               "--set", "tracking.mlflow.uri=nosuchstore://x", "--set", "executor.kind=local"])
-    assert result.exit_code == 1 and "cannot open the MLflow store nosuchstore://x" in result.output
+    assert result.exit_code == 2 and "cannot open the MLflow store nosuchstore://x" in result.output
     assert "fix: set `tracking.mlflow.uri`" in result.output and not (tmp_path / "run").exists()

@@ -1,0 +1,204 @@
+"""The golden table of user errors at the command line: a bad checkpoint, model, run directory,
+evaluation or data. Each runs through `gfcr run` / `gfcr resume` and must exit 2 with what
+happened, where (the file or folder) and the fix, and no traceback. A bug in a stage still
+exits 1 with its traceback.
+
+The spec-level golden table (bad YAML, config, wiring) is tests/spec/test_golden_errors.py."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import pytest
+from typer.testing import CliRunner
+
+from gfcr.cli.main import app
+from gfcr.errors import EvalError
+from gfcr.runtime.checkpoint import MANIFEST
+from gfcr.stages.testing import FakeUpdate
+from tests.conftest import BASE
+from tests.runtime.test_checkpoint import _drop_stage
+
+cli = CliRunner()
+CKPT = "checkpoints/step-000002"
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    """A 2-step run of the fake pipeline, checkpointed at step 2: each case damages a copy."""
+    root = tmp_path_factory.mktemp("golden-cli")
+    (root / "spec.yaml").write_text(BASE)
+    result = cli.invoke(app, ["run", str(root / "spec.yaml"), "--run-dir", str(root / "run"), "--executor", "local"])
+    assert result.exit_code == 0, result.output
+    assert (root / "run" / CKPT / MANIFEST).is_file()
+    return root / "run"
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
+
+
+def _flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _set_format(path: Path, value: int) -> None:
+    manifest = json.loads(path.read_text())
+    path.write_text(json.dumps({**manifest, "format": value, "gfcr": "9.9.9"}))
+
+
+def _not_a_checkpoint(ckpt: Path) -> None:
+    shutil.rmtree(ckpt)
+    ckpt.mkdir()
+    (ckpt / "notes.txt").write_text("not a checkpoint")
+
+
+def _only_a_pickle(run: Path) -> None:
+    shutil.rmtree(run / "checkpoints")
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "step-000002.pt").write_bytes(b"\x80\x04K\x01.")
+
+
+@dataclass
+class Case:
+    id: str
+    damage: Callable[[Path], None]  # applied to a copy of the finished run
+    says: list[str]  # what and where, with {run} for the run directory
+    fix: str
+    args: list[str] = field(default_factory=lambda: ["resume", "{run}"])
+
+
+RESUME_CASES = [
+    Case("bad checkpoint directory", lambda run: _not_a_checkpoint(run / CKPT),
+         [f"{{run}}/{CKPT} is not a complete checkpoint: it has no manifest.json"], f"delete {{run}}/{CKPT}"),
+    Case("truncated manifest", lambda run: _truncate(run / CKPT / MANIFEST),
+         [f"{{run}}/{CKPT}/manifest.json is truncated or corrupt"], f"delete {{run}}/{CKPT}"),
+    Case("a file listed in the manifest is missing", lambda run: (run / CKPT / "rng" / "numpy.json").unlink(),
+         [f"{{run}}/{CKPT}/rng/numpy.json is missing"], "to resume from an older checkpoint"),
+    Case("corrupt state file", lambda run: _flip_a_byte(run / CKPT / "stages" / "pick" / "state.json"),
+         [f"{{run}}/{CKPT}/stages/pick/state.json is corrupt: its sha256 differs"], f"delete {{run}}/{CKPT}"),
+    Case("missing stage state", lambda run: _drop_stage(run / CKPT, "pick"),
+         [f"{{run}}/{CKPT}: no state for stage `pick`"], "resume with the spec.yaml it was saved with"),
+    Case("format mismatch", lambda run: _set_format(run / CKPT / MANIFEST, 3),
+         ["checkpoint format 3 (written by gfcr 9.9.9); this gfcr reads format 2"], "resume it with the gfcr version"),
+    Case("format-1 pickle checkpoint", _only_a_pickle,
+         ["{run}/checkpoints/step-000002.pt is a format-1 checkpoint", "loading a pickle can run any code"],
+         "start the run again with `gfcr run`"),
+    Case("no checkpoint", lambda run: shutil.rmtree(run / "checkpoints"),
+         ["{run} has no checkpoint to resume from"], "set `run.checkpoint_every`"),
+    Case("not a run directory", lambda run: (run / "spec.yaml").unlink(),
+         ["{run} is not a gfcr run directory (no spec.yaml)"], "pass the folder `gfcr run` printed"),
+    Case("run directory does not exist", lambda run: shutil.rmtree(run),
+         ["{run} does not exist"], "pass the folder `gfcr run` printed"),
+    Case("run directory in use", lambda run: None,
+         ["run directory {run} is not empty"], "continue that run with `gfcr resume {run}`",
+         ["run", "{run}/spec.yaml", "--run-dir", "{run}", "--executor", "local"]),
+]
+
+
+def _spec_with(tmp_path: Path, old: str, new: str) -> Path:
+    assert old in BASE
+    path = tmp_path / "spec.yaml"
+    path.write_text(BASE.replace(old, new, 1))
+    return path
+
+
+def _bad_model_folder(tmp_path: Path) -> Path:
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    return _spec_with(tmp_path, "data:", f"policy: {{model: {tmp_path / 'model'}}}\ndata:")
+
+
+def _eval_without_policy(tmp_path: Path) -> Path:
+    return _spec_with(tmp_path, "stages:", "eval: {source: arithmetic, with: {n: 4, split: eval}}\nstages:")
+
+
+def _bad_rows(tmp_path: Path) -> Path:
+    (tmp_path / "rows.jsonl").write_text('{"prompt": "What is 1 + 1? Answer:"}\n')
+    return _spec_with(tmp_path, "source: arithmetic, with: {n: 50}",
+                      f"source: jsonl, with: {{path: {tmp_path / 'rows.jsonl'}, verifier: arithmetic}}")
+
+
+RUN_CASES = [
+    ("missing model", lambda tmp: _spec_with(tmp, "data:", "policy: {model: tiny-arithmetic}\ndata:"),
+     ["policy.model `tiny-arithmetic` is neither a model alias nor a local Hugging Face folder",
+      "did you mean `tiny-arith`?"], "use one of `tiny-arith`"),
+    ("model folder without config.json", lambda tmp: _spec_with(tmp, "data:", f"policy: {{model: {tmp}}}\ndata:"),
+     ["is a folder without config.json"], "save_pretrained"),
+    ("bad model folder", _bad_model_folder,
+     ["cannot load the tokenizer of policy", "/model"], "a folder written by save_pretrained"),
+    ("eval without a policy", _eval_without_policy, ["`eval` needs a policy to evaluate"], "remove `eval`"),
+    ("bad data rows", _bad_rows, ["rows.jsonl:1: missing field `answer`"], ""),
+]
+
+
+def _assert_user_error(result, says: list[str], fix: str) -> None:
+    output = result.output
+    assert result.exit_code == 2, output
+    for text in says:
+        assert text in output, f"{text!r} not in:\n{output}"
+    assert "fix: " in output and fix in output.split("fix: ", 1)[1], output
+    assert "Traceback" not in output, output
+
+
+def test_the_table_covers_every_user_error_class():
+    assert len(RESUME_CASES) + len(RUN_CASES) >= 15
+
+
+@pytest.mark.parametrize("case", RESUME_CASES, ids=[c.id for c in RESUME_CASES])
+def test_a_bad_checkpoint_or_run_dir_exits_2_with_what_where_and_the_fix(case, finished_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    case.damage(run)
+    result = cli.invoke(app, [a.format(run=run) for a in case.args])
+    _assert_user_error(result, [s.format(run=run) for s in case.says], case.fix.format(run=run))
+
+
+@pytest.mark.parametrize("make, says, fix", [c[1:] for c in RUN_CASES], ids=[c[0] for c in RUN_CASES])
+def test_a_bad_model_eval_or_data_exits_2_with_what_where_and_the_fix(make, says, fix, tmp_path):
+    spec = make(tmp_path)
+    result = cli.invoke(app, ["run", str(spec), "--run-dir", str(tmp_path / "run"), "--executor", "local"])
+    _assert_user_error(result, [s.format(tmp=tmp_path) for s in says], fix)
+
+
+def test_a_damaged_newest_checkpoint_is_skipped_with_a_warning(finished_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    newer = run / "checkpoints" / "step-000003"
+    shutil.copytree(run / CKPT, newer)
+    _truncate(newer / MANIFEST)
+    result = cli.invoke(app, ["resume", str(run), "--steps", "3", "--executor", "local"])
+    assert result.exit_code == 0, result.output
+    assert f"warning: skipped a damaged checkpoint: {newer}/manifest.json is truncated" in result.output
+    assert (newer / MANIFEST).is_file() and json.loads((newer / MANIFEST).read_text())["step"] == 3  # rewritten
+
+
+def test_a_bug_in_a_stage_exits_1_with_its_traceback(tmp_path, monkeypatch):
+    def broken(self, groups):
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(FakeUpdate, "run", broken)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(BASE)
+    result = cli.invoke(app, ["run", str(spec), "--run-dir", str(tmp_path / "run"), "--executor", "local"])
+    assert result.exit_code == 1, result.output
+    assert "stage `update` failed at step 0" in result.output
+    assert "Traceback" in result.output and "ZeroDivisionError: a bug" in result.output
+
+
+def test_a_user_error_met_inside_a_stage_exits_2_naming_the_stage(tmp_path, monkeypatch):
+    def refuses(self, groups):
+        raise EvalError("the eval set `x` has no answers", "give every eval row an answer")
+
+    monkeypatch.setattr(FakeUpdate, "run", refuses)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(BASE)
+    result = cli.invoke(app, ["run", str(spec), "--run-dir", str(tmp_path / "run"), "--executor", "local"])
+    _assert_user_error(result, ["stage `update` failed at step 0 of run run:", "the eval set `x` has no answers"],
+                       "give every eval row an answer")
