@@ -39,6 +39,7 @@ import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
 from gfcr.errors import CheckpointError
+from gfcr.registry import OwnsFiles, Stateful
 from gfcr.runtime.local import LocalRunner
 from gfcr.runtime.rundir import RunDir, gfcr_version
 from gfcr.runtime.state_tree import read_tree, write_tree
@@ -80,9 +81,8 @@ def _write(root: Path, runner: LocalRunner, resources: Resources) -> None:
     _write_rng(root)
     for sid, tree in stages.items():
         write_tree(tree, root / "stages" / sid, where=f"stage `{sid}`")
-        stage = runner.stages[sid]
-        # the OwnsFiles role (save_files/load_files): the lifecycle helper's typed protocol replaces this check
-        if hasattr(stage, "save_files"):
+    for sid, stage in runner.stages.items():
+        if isinstance(stage, OwnsFiles):
             (root / "stages" / sid / "files").mkdir(parents=True)
             stage.save_files(root / "stages" / sid / "files")
     _write_json(root / MANIFEST, {
@@ -228,15 +228,14 @@ def load_checkpoint(path: Path, runner: LocalRunner, resources: Resources) -> No
     _load_policy(path, manifest, resources)
     runner.load_state_dict({"step": position["step"], "policy_version": position["policy_version"],
                             "stages": stage_states})
-    for sid in stage_states:
-        stage = runner.stages[sid]
-        if hasattr(stage, "load_files"):  # the OwnsFiles role; see _write
+    for sid, stage in runner.stages.items():
+        if isinstance(stage, OwnsFiles):
             stage.load_files(path / "stages" / sid / "files")
     _load_rng(path)
 
 
 def _read_stages(path: Path, runner: LocalRunner, position: dict[str, Any]) -> dict[str, Any]:
-    stateful = {sid for sid, s in runner.stages.items() if hasattr(s, "state_dict")}
+    stateful = {sid for sid, s in runner.stages.items() if isinstance(s, Stateful)}
     saved = set(position["stages"])
     if missing := sorted(stateful - saved):
         raise CheckpointError(

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
+from gfcr.errors import ModelError
 from gfcr.records import Prompt
 from gfcr.stages.engine import (  # noqa: F401  (re-exported: the protocol's historical home)
     Completion, Engine, GenerationRequest, InFlightController, InFlightView, LiveRow, ResponsePrefix,
@@ -78,13 +79,14 @@ class Resources:
 
     def require_policy(self, stage: str) -> Policy:
         if self.policy is None:
-            raise ValueError(f"`{stage}` needs a policy: add `policy: {{model: tiny-arith}}` to the pipeline")
+            raise ModelError(f"`{stage}` needs a policy, and the pipeline has none",
+                             "add `policy: {model: tiny-arith}` to the pipeline")
         return self.policy
 
     def require_engine(self, stage: str) -> Engine:
         if self.engine is None:
-            raise ValueError(f"`{stage}` needs an engine: add `policy: {{model: tiny-arith, engine: hf}}` "
-                             "to the pipeline")
+            raise ModelError(f"`{stage}` needs an engine, and the pipeline has none",
+                             "add `policy: {model: tiny-arith, engine: hf}` to the pipeline")
         return self.engine
 
 
