@@ -97,8 +97,11 @@ class RolloutGroup:
         return np.array([np.nan if r.reward is None else r.reward for r in self.rollouts], dtype=np.float64)
 
     def drop(self, reason: str) -> None:
-        """Leave the group out of the update, saying why (the runtime records which stage did)."""
-        self.verdict = Verdict(included=False, reason=reason)
+        """Leave the group out of the update, saying why (the runtime records which stage did).
+        A group already dropped keeps its first verdict: the stage that dropped it first is the one
+        the lineage names, with that stage's reason."""
+        if self.verdict.included:
+            self.verdict = Verdict(included=False, reason=reason)
 
 
 @dataclass(slots=True)

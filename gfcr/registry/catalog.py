@@ -41,7 +41,8 @@ BUILTIN_DATA_SOURCES = {
 
 
 def make_stage_registry(builtins: bool = True, entry_points: bool = True) -> Registry[type]:
-    registry: Registry[type] = Registry("stage", "gfcr.stages" if entry_points else None)
+    # a class registered eagerly is checked at once (a lazy one when first looked up)
+    registry: Registry[type] = Registry("stage", "gfcr.stages" if entry_points else None, check=describe_stage)
     if builtins:
         for alias, target in BUILTIN_STAGES.items():
             registry.register_lazy(alias, target, origin="gfcr")

@@ -32,9 +32,11 @@ def _target_of(obj: object) -> str:
 class Registry(Generic[T]):
     """Names of one kind (``stage``, ``data source``, ...) mapped to objects of type ``T``."""
 
-    def __init__(self, kind: str, entry_point_group: str | None = None):
+    def __init__(self, kind: str, entry_point_group: str | None = None,
+                 check: Callable[[str, T, str], object] | None = None):
         self.kind = kind
         self.entry_point_group = entry_point_group
+        self.check = check  # called as check(name, obj, origin) on eager registration; raises RegistryError
         self._entries: dict[str, _Entry[T]] = {}
         self._entry_points_loaded = entry_point_group is None
         self._entry_point_error: RegistryError | None = None
@@ -58,6 +60,8 @@ class Registry(Generic[T]):
                 f"({existing.target or _target_of(existing.obj)}) and by {origin} ({_target_of(obj)})",
                 "rename one of them; aliases are public API and must be unique",
             )
+        if self.check is not None:
+            self.check(name, obj, origin)
         self._entries[name] = _Entry(None, obj, origin)
         return obj
 

@@ -93,3 +93,12 @@ def test_prompt_stats_streaks_survive_a_short_history():
     assert (stats.easy_streak, stats.hard_streak, len(stats.history)) == (4, 0, 2)
     stats.record(Observation(step=1, policy_version=1, n=8, n_correct=0, mean_reward=0.0, reward_std=0.0))
     assert (stats.easy_streak, stats.hard_streak) == (0, 1)
+
+
+def test_a_group_dropped_twice_keeps_its_first_reason():
+    from gfcr.stages.testing import scored_group
+
+    group = scored_group("p:0", [1, 0])
+    group.drop("stopped in flight")
+    group.drop("zero variance")
+    assert not group.verdict.included and group.verdict.reason == "stopped in flight"

@@ -135,3 +135,12 @@ def test_only_replay_stages_output_provided():
     with pytest.raises(RegistryError, match="control stages return Allocation"):
         describe_stage("control.provide", _stage(run), "test")
     assert describe_stage("replay.provide", _stage(run), "test").output is Provided
+
+
+def test_registering_a_class_with_a_near_miss_name_fails_at_once():
+    from gfcr.registry import make_stage_registry
+
+    registry = make_stage_registry(builtins=False, entry_points=False)
+    with pytest.raises(RegistryError) as info:
+        registry.register("filter.bad", with_method("observer"))
+    assert "did you mean `observe`?" in info.value.fix and "filter.bad" not in registry
