@@ -3,8 +3,9 @@
 The control stages over-provision (12 prompts x 8 rollouts); the in-flight controller
 ``control.stop_at_target`` watches the engine's decode loop and, once 6 groups are complete,
 aborts every unfinished row. generate.sample drops the groups that hold a partial (their
-rollouts stay on the record, status ``aborted_partial``), the verifier scores the rest, and
-GRPO updates on the groups whose rewards differ.
+rollouts stay on the record, status ``aborted_partial``), the verifier scores the rollouts,
+filter.nonzero_variance drops the groups whose rewards are all equal, and GRPO updates on
+the groups still included.
 
 Run it from the repository root (about half a minute on 2 CPU cores):
 
