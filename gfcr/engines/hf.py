@@ -11,7 +11,8 @@ stop strings, in-flight control, refill) over a ``KVBatch``:
 - rows that end leave the batch (``DynamicCache.batch_select_indices``), and cache columns
   that only padded the rows that left are cropped, so they stop costing compute.
 
-``score`` runs one forward pass per batch of ``max_batch`` (prompt, response) pairs and
+``score`` runs one forward pass per batch of (prompt, response) pairs (at most ``max_batch``,
+and as many as keep the batch's ``[rows, T, V]`` logits under 512 MiB) and
 returns the per-token log-probs and entropies of the responses (tempered by the request's
 temperature; 0 means untempered, as greedy sampling records).
 
@@ -34,6 +35,7 @@ from gfcr.engines.decode import decode_requests, entropy_of, first_stop  # noqa:
 from gfcr.engines.policy import HFPolicy
 from gfcr.stages.engine import Completion, GenerationRequest, InFlightController, Scored, ScoreRequest
 
+SCORE_LOGITS = 2**27  # floats of [rows, T, V] logits one score forward may hold (512 MiB)
 _GENERATING = threading.Lock()  # one model forward at a time across threads of one process
 
 
@@ -63,10 +65,11 @@ class TransformersEngine:
     @torch.no_grad()
     def score(self, requests: Sequence[ScoreRequest]) -> list[Scored]:
         out: list[Scored] = []
+        width = max((len(r.response_token_ids) for r in requests), default=0) + 1
+        rows = max(1, min(self.max_batch, SCORE_LOGITS // (width * self.policy.model.config.vocab_size)))
         with _GENERATING, evaluating(self.policy.model):
-            for start in range(0, len(requests), self.max_batch):
-                out += score_batch(self.policy.model, requests[start:start + self.max_batch],
-                                   self.policy.tokenizer.pad_token_id)
+            for start in range(0, len(requests), rows):
+                out += score_batch(self.policy.model, requests[start:start + rows], self.policy.tokenizer.pad_token_id)
         return out
 
 
