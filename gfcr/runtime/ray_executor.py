@@ -52,7 +52,6 @@ except ImportError as exc:  # the optional extra is missing
 
 from gfcr.spec import PipelineSpec, PolicySpec
 from gfcr.spec import Resources as Placement
-from gfcr.stages.generate.sample import step_seed
 from gfcr.stages.resources import (
     Completion, GenerationRequest, InFlightController, Policy, Resources, Scored, ScoreRequest,
 )
@@ -147,12 +146,6 @@ def task_slots(placement: Placement, engine: bool) -> int:
 
 def replica_name(index: int) -> str:
     return f"ray-{index}"
-
-
-def replica_seed(seed: int, index: int) -> int:
-    """Kept for callers of the v1 protocol: rows are now seeded per row by the engine
-    (``row_seed``), so every replica samples with the call's own seed."""
-    return seed if index == 0 else step_seed(seed, "replica", index)
 
 
 def split_requests(requests: Sequence[GenerationRequest], k: int) -> list[range]:

@@ -89,7 +89,7 @@ def parse_vary(items: Sequence[str]) -> list[tuple[str, list[str]]]:
         key, sep, values = item.partition("=")
         options = [v.strip() for v in values.split(",")] if sep else []
         if not key.strip() or not sep or not all(options):
-            problems.append(f"--vary {item!r}: expected KEY=V1,V2[,...], e.g. update.with.advantage=mean_std,median")
+            problems.append(f"--vary {item!r}: expected KEY=V1,V2[,...], e.g. update.with.advantage.use=mean_std,median")
         elif key.strip() in {k for k, _ in parsed}:
             problems.append(f"--vary {item!r}: `{key.strip()}` is varied twice; give all its values in one --vary")
         elif key.strip() == "run.seed":

@@ -4,7 +4,7 @@ Runs whose flattened specs are equal except for ``run.seed`` are the seeds of on
 keys that say how a run is executed or recorded, not what it computes (``executor.*``,
 ``tracking.*``, ``run.checkpoint_every``, ``run.keep_checkpoints``), are ignored too. A variant is
 labelled by its ``gfcr.variant`` tag when it has one, otherwise by the spec keys whose values
-differ between the variants of the report (``update.with.advantage=median``).
+differ between the variants of the report (``update.with.advantage.use=median``).
 
 Curves aggregate seeds point by point: the evaluations at the same step, or the same
 training step, of every seed that has it; the line is the mean, the band spans min to max.

@@ -57,12 +57,6 @@ def test_split_is_contiguous_ordered_and_balanced_by_rows(sizes, k, expected):
     assert [i for part in parts for i in part] == list(range(len(sizes)))  # merge = concatenation
 
 
-def test_replica_zero_keeps_the_seed_and_the_others_derive_distinct_ones():
-    seeds = [ray_executor.replica_seed(7, i) for i in range(4)]
-    assert seeds[0] == 7 and len(set(seeds)) == 4
-    assert seeds == [ray_executor.replica_seed(7, i) for i in range(4)]  # stable across calls
-
-
 def _spec_with(rollout_resources: str, second: str = "") -> str:
     return textwrap.dedent(f"""\
         name: placed
