@@ -62,7 +62,11 @@ def _hf(model: str) -> Subject:
         return policy.model(input_ids=torch.tensor([list(ctx)])).logits[0, -1].float()
 
     prompts = [tuple(policy.encode(Prompt(f"q:{i}", text=t))) for i, t in enumerate(TEXTS)]
-    return Subject(TransformersEngine(policy), prompts, logits, max_new_tokens=12 if model == "tiny-arith" else 16)
+    # SmolLM2 (30 float32 layers): a KV-cached decode step and a full forward, or batches of
+    # different sizes, sum in different orders; their log-probs were measured 1.5e-5 apart at
+    # most (tokens identical), so the 1e-5 holds for tiny-arith and the fake engine only.
+    tol = 1e-5 if model == "tiny-arith" else 5e-5
+    return Subject(TransformersEngine(policy), prompts, logits, tol=tol, max_new_tokens=12 if model == "tiny-arith" else 16)
 
 
 def _vllm() -> Subject:

@@ -38,6 +38,32 @@ def seeded_metrics(pipeline: str, run_dir: Path, overrides: list[str] = (), max_
     return lines
 
 
+def assert_same_run(got: list[dict], expected: list[dict], rel: float = 1e-4) -> None:
+    """Two seeded runs that sampled the same tokens: every count, id and flag equal, every float
+    (losses, norms, means of log-probs) equal up to ``rel`` (or 1e-6 absolute: a loss near zero). Batching rows differently changes
+    the float rounding of a forward pass (a matrix product over 7 rows is not summed in the same
+    order as over 128), so the behaviour log-probs and the loss move in the 7th digit; the
+    samples, which are drawn per row, do not."""
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        assert _flat(g).keys() == _flat(e).keys()
+        for key, value in _flat(e).items():
+            if isinstance(value, float) and not isinstance(value, bool):
+                assert _flat(g)[key] == pytest.approx(value, rel=rel, abs=1e-6), f"step {e['step']} {key}"
+            else:
+                assert _flat(g)[key] == value, f"step {e['step']} {key}"
+
+
+def _flat(record: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in record.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 @pytest.mark.parametrize("pipeline", ["quickstart", "greso_arith", "dapo_arith"])
 def test_seeded_metrics_equal_the_fixture(pipeline: str, tmp_path: Path) -> None:
     got = seeded_metrics(pipeline, tmp_path / "run")
@@ -53,7 +79,7 @@ def test_seeded_metrics_equal_the_fixture(pipeline: str, tmp_path: Path) -> None
 
 def test_a_smaller_engine_batch_gives_the_same_metrics(tmp_path: Path) -> None:
     """Each row samples from its own seeded stream, so how the engine batches rows (here 7 rows
-    at a time instead of all 128) changes nothing."""
+    at a time instead of all 128) changes no sample; floats agree to rounding (see assert_same_run)."""
     got = seeded_metrics("quickstart", tmp_path / "run", max_batch=7)
     expected = [json.loads(line) for line in (FIXTURES / "quickstart.jsonl").read_text().splitlines()]
-    assert got == expected
+    assert_same_run(got, expected)
