@@ -123,13 +123,13 @@ def test_a_sigkill_during_a_checkpoint_write_leaves_a_run_that_resumes(write_spe
     script = tmp_path / "killer.py"
     script.write_text(_KILLER)
     proc = subprocess.Popen([sys.executable, str(script), str(spec), str(run_dir), str(marker)],
-                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"}, start_new_session=True)
     deadline = time.monotonic() + 300  # a shared CI machine can be slow
     while not marker.exists():
         assert proc.poll() is None, "the run ended before reaching the checkpoint write"
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
+    os.killpg(proc.pid, signal.SIGKILL)  # the run and its children (the embedded Prefect server): none outlives the test
     proc.wait()
     names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert "step-000002" in names and "step-000004" not in names  # only a hidden temporary directory
