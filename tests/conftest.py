@@ -66,3 +66,18 @@ def write_spec(tmp_path):
         return path
 
     return write
+
+
+def install_package(source: Path, tmp_path_factory) -> dict[str, str]:
+    """pip-install the package folder ``source`` (no deps, no index) into a temporary target, as
+    a user would install a third-party stage package; the environment that imports it."""
+    import shutil
+    import subprocess
+    import sys
+
+    target = tmp_path_factory.mktemp("site")
+    copy = tmp_path_factory.mktemp("src") / source.name
+    shutil.copytree(source, copy)  # setuptools builds in the source tree; keep the repo clean
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                    "--no-index", "--target", str(target), str(copy)], check=True, capture_output=True)
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(target), str(REPO)])}

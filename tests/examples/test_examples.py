@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, install_package
 
 EXAMPLES = REPO / "examples"
 PACKAGE = EXAMPLES / "gfcr-stage-example"
@@ -36,12 +35,7 @@ def test_python_pipeline_runs_two_steps():
 
 @pytest.fixture(scope="module")
 def package_env(tmp_path_factory):
-    target = tmp_path_factory.mktemp("site")
-    source = tmp_path_factory.mktemp("src") / "package"
-    shutil.copytree(PACKAGE, source)  # setuptools builds in the source tree; keep the repo clean
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                    "--no-index", "--target", str(target), str(source)], check=True, capture_output=True)
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(target), str(REPO)])}
+    return install_package(PACKAGE, tmp_path_factory)
 
 
 def test_package_stage_is_listed(package_env):

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, install_package
 
 PLUGIN = REPO / "tests" / "fixtures" / "gfcr_plugin_example"
 GFCR = Path(sys.executable).with_name("gfcr")
@@ -33,12 +32,7 @@ run: {steps: 2}
 
 @pytest.fixture(scope="module")
 def plugin_env(tmp_path_factory):
-    target = tmp_path_factory.mktemp("site")
-    source = tmp_path_factory.mktemp("src") / "plugin"
-    shutil.copytree(PLUGIN, source)  # setuptools builds in the source tree; keep the repo clean
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                    "--no-index", "--target", str(target), str(source)], check=True, capture_output=True)
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(target), str(REPO)])}
+    return install_package(PLUGIN, tmp_path_factory)
 
 
 def test_plugin_stage_is_listed_with_its_origin(plugin_env):
