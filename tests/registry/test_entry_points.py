@@ -5,7 +5,6 @@ inside a pipeline."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
