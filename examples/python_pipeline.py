@@ -37,7 +37,8 @@ def build_spec(seed: int = 0) -> PipelineSpec:
             "reward": StageSpec(use="filter.verify", from_="rollout"),
             "keep": StageSpec(use="filter.nonzero_variance", from_="reward"),
         },
-        update=StageSpec(use="update.grpo", from_="keep", with_={"lr": 3.0e-4, "clip": [0.2, 0.28]}),
+        update=StageSpec(use="update.grpo", from_="keep",
+                         with_={"lr": 3.0e-4, "loss": {"use": "ppo_clip", "with": {"clip": [0.2, 0.28]}}}),
         run={"steps": 2, "seed": seed},
     )
 

@@ -22,7 +22,7 @@ import networkx as nx
 from pydantic import BaseModel, ValidationError
 
 from gfcr.errors import GraphError, Problem, RegistryError, did_you_mean, known
-from gfcr.graph.model import Binding, CompiledPipeline, DataBinding, LoopBlock, Node, PlanItem
+from gfcr.graph.model import Binding, CompiledPipeline, DataBinding, LoopBlock, Node, PipelineView, PlanItem
 from gfcr.records import StepOutputs
 from gfcr.registry import DATA_SOURCES, STAGES, Port, Registry, StageInfo, stage_info
 from gfcr.spec import UPDATE_ID, PipelineSpec, SourceMap, StageSpec, load_spec
@@ -285,6 +285,33 @@ class _Compiler:
                 self.problem(_stage_path(sid), f"the output of `{sid}` is not read by any stage",
                              f"connect it (`from: {sid}` on a later stage, or the update) or remove the stage")
 
+    def check_pipelines(self, graph: nx.MultiDiGraph, infos: dict[str, StageInfo],
+                        configs: dict[str, BaseModel | None]) -> None:
+        """Each stage's own requirements on the pipeline around it (``check_pipeline``)."""
+        for sid, info in infos.items():
+            check = getattr(info.cls, "check_pipeline", None)
+            if check is None or configs.get(sid) is None:
+                continue
+            for p in check(configs[sid], self.view(sid, graph, infos, configs)):
+                self.problem(_stage_path(sid) + ("with",) + tuple(p.key), p.message, p.fix)
+
+    @staticmethod
+    def view(sid: str, graph: nx.MultiDiGraph, infos: dict[str, StageInfo],
+             configs: dict[str, BaseModel | None]) -> PipelineView:
+        upstream, seen, frontier = [], {sid}, [sid]
+        while frontier:
+            nxt = []
+            for node in frontier:
+                for u, _, fb in graph.in_edges(node, data="feedback"):
+                    if not fb and u not in seen:
+                        seen.add(u)
+                        upstream.append(u)
+                        nxt.append(u)
+            frontier = nxt
+        fixed = next((u for u in upstream if getattr(configs.get(u), "rollouts_per_prompt", None) is not None), None)
+        return PipelineView(tuple((u, infos[u].alias) for u in upstream),
+                            getattr(configs[fixed], "rollouts_per_prompt") if fixed else None, fixed)
+
     def plan(self, graph: nx.MultiDiGraph, infos: dict[str, StageInfo]) -> tuple[PlanItem, ...] | None:
         """Units (stages, loop blocks) in dependency order, ties in the author's order; an ingest
         stage (a ``StepOutputs`` input) as late as its readers allow, so it sees the whole step."""
@@ -341,6 +368,7 @@ class _Compiler:
         plan = None
         if len(infos) == len(all_stages) and self.check_cycles(graph):
             self.check_outputs(graph, infos)
+            self.check_pipelines(graph, infos, {sid: r[1] for sid, r in resolved.items() if r is not None})
             plan = self.plan(graph, infos)
         if self.problems or plan is None or data is None:
             raise GraphError(self.problems)

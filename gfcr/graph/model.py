@@ -24,6 +24,20 @@ class Binding:
 
 
 @dataclass(frozen=True)
+class PipelineView:
+    """What a stage's ``check_pipeline`` may read about the pipeline around it.
+
+    ``upstream``: the stages it depends on, ``(id, alias)``, nearest first (breadth-first over
+    the edges into it, feedback edges left out); ``rollouts_per_prompt``: the group size fixed
+    by the nearest upstream stage whose Config exposes ``rollouts_per_prompt`` (``control.fixed_n``),
+    None when none does, and ``rollouts_from`` that stage's id."""
+
+    upstream: tuple[tuple[str, str], ...]
+    rollouts_per_prompt: int | None
+    rollouts_from: str | None
+
+
+@dataclass(frozen=True)
 class Node:
     id: str
     info: StageInfo

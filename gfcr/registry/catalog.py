@@ -1,5 +1,7 @@
 """The registries gfcr ships: stages (entry-point group ``gfcr.stages``), data sources
-(``gfcr.data``) and advantage estimators (``gfcr.advantages``), with the built-ins registered lazily by ``module:attr``."""
+(``gfcr.data``), and the update's components: advantage estimators (``gfcr.advantages``), losses
+(``gfcr.losses``) and aggregations (``gfcr.aggregations``), with the built-ins registered
+lazily by ``module:attr``."""
 
 from __future__ import annotations
 
@@ -31,6 +33,16 @@ BUILTIN_ADVANTAGE_ESTIMATORS = {
     "median": "gfcr.stages.update.advantage.median:Median",
     "gapo": "gfcr.stages.update.advantage.gapo:GAPO",
     "mc_grpo": "gfcr.stages.update.advantage.mc_grpo:MCGRPO",
+}
+
+BUILTIN_LOSSES = {
+    "ppo_clip": "gfcr.stages.update.loss.ppo_clip:PPOClip",
+}
+
+BUILTIN_AGGREGATIONS = {
+    "token_mean": "gfcr.stages.update.aggregation.token_mean:TokenMean",
+    "seq_mean_token_mean": "gfcr.stages.update.aggregation.seq_mean_token_mean:SeqMeanTokenMean",
+    "seq_mean_token_sum": "gfcr.stages.update.aggregation.seq_mean_token_sum:SeqMeanTokenSum",
 }
 
 BUILTIN_DATA_SOURCES = {
@@ -65,9 +77,27 @@ def make_advantage_registry() -> Registry[type]:
     return registry
 
 
+def make_loss_registry() -> Registry[type]:
+    """Policy losses (``update.with.loss.use``); entry-point group ``gfcr.losses``."""
+    registry: Registry[type] = Registry("loss", "gfcr.losses")
+    for name, target in BUILTIN_LOSSES.items():
+        registry.register_lazy(name, target, origin="gfcr")
+    return registry
+
+
+def make_aggregation_registry() -> Registry[type]:
+    """Loss aggregations (``update.with.aggregation.use``); entry-point group ``gfcr.aggregations``."""
+    registry: Registry[type] = Registry("aggregation", "gfcr.aggregations")
+    for name, target in BUILTIN_AGGREGATIONS.items():
+        registry.register_lazy(name, target, origin="gfcr")
+    return registry
+
+
 STAGES = make_stage_registry()
 DATA_SOURCES = make_data_registry()
 ADVANTAGE_ESTIMATORS = make_advantage_registry()
+LOSSES = make_loss_registry()
+AGGREGATIONS = make_aggregation_registry()
 
 
 def stage_info(alias: str, registry: Registry[type] = STAGES) -> StageInfo:

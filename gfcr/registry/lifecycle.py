@@ -14,6 +14,7 @@ OwnsFiles           ``save_files(dir)``, ``load_files(dir)``  with the checkpoin
 EndsLoop            ``done() -> bool``                        after each round, as a loop block's until stage
 InFlightController  ``every``, ``steer(view) -> Steer``       by the engine, every ``every`` decode steps
 HostsInFlight       ``attach_in_flight(controllers)``         once, before setup, with its ``in_flight`` stages
+ChecksPipeline      ``check_pipeline(config, view)``          by the compiler (``gfcr validate``), static
 ==================  ========================================  ===========================================
 
 An in-flight controller is a Control-family stage without ``run``: it never runs as a node
@@ -89,12 +90,23 @@ class HostsInFlight(Protocol):
     def attach_in_flight(self, controllers: Sequence[Any]) -> None: ...  # Sequence[InFlightController]
 
 
+@runtime_checkable
+class ChecksPipeline(Protocol):
+    """A staticmethod ``check_pipeline(config, view) -> [problem]``: requirements the stage's
+    Config puts on the rest of the pipeline (``view`` is ``gfcr.graph.model.PipelineView``;
+    each problem has ``key`` (under the stage's ``with``), ``message`` and ``fix``)."""
+
+    @staticmethod
+    def check_pipeline(config: Any, view: Any) -> Sequence[Any]: ...
+
+
 ROLES: tuple[type, ...] = (Stage, SetsUp, BeforeStep, Observes, Stateful, OwnsFiles, EndsLoop,
-                           InFlightController, HostsInFlight)
+                           InFlightController, HostsInFlight, ChecksPipeline)
 METHODS: dict[type, tuple[str, ...]] = {
     Stage: ("run",), SetsUp: ("setup",), BeforeStep: ("before_step",), Observes: ("observe",),
     Stateful: ("state_dict", "load_state_dict"), OwnsFiles: ("save_files", "load_files"),
     EndsLoop: ("done",), InFlightController: ("steer",), HostsInFlight: ("attach_in_flight",),
+    ChecksPipeline: ("check_pipeline",),
 }
 LIFECYCLE_NAMES: frozenset[str] = frozenset(m for names in METHODS.values() for m in names)
 NEAR_MISS_RATIO = 0.8  # observer/observe 0.93, load_state/load_state_dict 0.8, observe_groups/observe 0.67

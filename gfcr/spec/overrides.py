@@ -2,7 +2,7 @@
 
 A path must name a key the schema knows (``run.steps``) or an existing stage or loop
 (``stages.pick.use``); any key may be set inside a ``with`` mapping, where the stage's own
-Config validates it later. The value is parsed as YAML (``--set update.with.clip=[0.2,0.28]``).
+Config validates it later. The value is parsed as YAML (``--set update.with.loss.with.clip=[0.2,0.28]``).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ GRESO = textwrap.dedent("""\
       rollout: {use: generate.sample, from: budget, with: {max_new_tokens: 8}}
       reward:  {use: filter.verify, from: rollout}
       keep:    {use: filter.nonzero_variance, from: reward}
-    update: {use: update.grpo, from: keep, with: {lr: 1.0e-4, clip: [0.2, 0.28]}}
+    update: {use: update.grpo, from: keep, with: {lr: 1.0e-4, loss: {use: ppo_clip, with: {clip: [0.2, 0.28]}}}}
     run: {steps: 6, seed: 3, checkpoint_every: 3}
     tracking: {mlflow: null}
     """)
@@ -47,7 +47,7 @@ DAPO = textwrap.dedent("""\
       enough:  {use: filter.dynamic_sampling, from: keep, with: {target_groups: 6}}
     loops:
       collect: {stages: [pick, budget, rollout, reward, keep, enough], until: enough, max_rounds: 3}
-    update: {use: update.grpo, from: collect, with: {lr: 1.0e-4, clip: [0.2, 0.28]}}
+    update: {use: update.grpo, from: collect, with: {lr: 1.0e-4, loss: {use: ppo_clip, with: {clip: [0.2, 0.28]}}}}
     run: {steps: 3, seed: 0}
     tracking: {mlflow: null}
     """)

@@ -27,7 +27,7 @@ GRPO = textwrap.dedent("""\
       rollout: {use: generate.sample, from: budget, with: {max_new_tokens: 8}}
       reward:  {use: filter.verify, from: rollout}
       keep:    {use: filter.nonzero_variance, from: reward}
-    update: {use: update.grpo, from: keep, with: {lr: 3.0e-4, clip: [0.2, 0.28]}}
+    update: {use: update.grpo, from: keep, with: {lr: 3.0e-4, loss: {use: ppo_clip, with: {clip: [0.2, 0.28]}}}}
     run: {steps: 2, seed: 0}
     executor: {kind: local}
     tracking: {mlflow: null}

@@ -36,6 +36,11 @@ class FixedN:
     class Config(StageConfig):
         n: Annotated[int, Field(ge=1, description="rollouts per prompt (the group size)")]
 
+        @property
+        def rollouts_per_prompt(self) -> int:
+            """The group size this stage fixes (read by ``gfcr validate``'s pairing checks)."""
+            return self.n
+
     def __init__(self, config: Config):
         self.config = config
 

@@ -1,24 +1,27 @@
-"""update.grpo: the GRPO-family policy update (PPO-clip against the behaviour policy).
+"""update.grpo: the GRPO-family policy update, assembled from three registered components.
 
-For every included group, an advantage estimator (its own registry, chosen by
-``advantage: {use: ..., with: {...}}``; see ``gfcr.stages.update.advantage``) gives one
-advantage per rollout, a scalar or a ``[T]`` array, and optionally a ``[T]`` loss mask; the
-advantage is scaled by the group's and the rollout's sample weight. The loss is the
-token-level clipped surrogate
+For every included group, an advantage estimator (``advantage: {use: ..., with: {...}}``;
+``gfcr.stages.update.advantage``) gives one advantage per rollout, a scalar or a ``[T]``
+array, and optionally a ``[T]`` loss mask; the advantage is scaled by the group's and the
+rollout's sample weight. A loss (``loss: {use: ..., with: {...}}``;
+``gfcr.stages.update.loss``) turns each token's log-ratio against the behaviour policy
+``mu`` (the log-probs the engine recorded) and its advantage into a per-token loss; the
+default, ``ppo_clip``, is the clipped surrogate
 
     ratio_t = exp(log pi_theta(y_t) - log mu(y_t))
-    l_t     = -min(ratio_t * A_t, clip(ratio_t, 1 - eps_low, 1 + eps_high) * A_t) + beta * KL_t
+    l_t     = -min(ratio_t * A_t, clip(ratio_t, 1 - eps_low, 1 + eps_high) * A_t)
 
-with ``mu`` the behaviour log-probabilities the engine recorded, asymmetric clipping
-(DAPO's clip-higher: ``clip: [0.2, 0.28]``), and an optional KL to a frozen copy of the
-initial policy (the k3 estimator, as GRPO). Every token has a weight ``w_t``: the product of
-the rollout's ``loss_mask`` (a Filter stage's), the estimator's loss mask, the staleness
-limit and, in a tree group, the shared-prefix weight (``1/k`` on a position that ``k``
-leaves share: ``gfcr.stages.update.tree_weights``). Aggregation is ``token_mean``
-(``sum_t w_t l_t / sum_t w_t`` over the batch, DAPO: a shared prefix counts once) or
-``seq_mean`` (each response's ``sum_t w_t l_t`` over its unmasked token count, averaged over
-the responses with any unmasked token, GRPO). One AdamW step per call, with gradient-norm
-clipping, over micro-batches whose gradients accumulate.
+and an optional KL to a frozen copy of the initial policy (the k3 estimator, as GRPO) is
+added, ``+ kl_coef * KL_t``. Every token has a weight ``w_t``: the product of the rollout's
+``loss_mask`` (a Filter stage's), the estimator's loss mask, the staleness limit and, in a
+tree group, the shared-prefix weight (``1/k`` on a position that ``k`` leaves share:
+``gfcr.stages.update.tree_weights``). An aggregation (``aggregation: {use: ...}``;
+``gfcr.stages.update.aggregation``) makes one scalar of the weighted per-token losses:
+``token_mean`` by default (DAPO: every token of the batch weighs the same, a shared prefix
+counts once), ``seq_mean_token_mean`` (GRPO as written) or ``seq_mean_token_sum`` (Dr.GRPO).
+One AdamW step per call, with gradient-norm clipping, over micro-batches whose gradients
+accumulate. ``gfcr validate`` checks the components against each other and the pipeline
+(for example, Dr.GRPO's estimator needs its aggregation).
 
 Off-policy corrections, each its own field, all off by default (``gfcr.stages.update.off_policy``):
 ``tis_cap`` (truncated importance sampling), ``decoupled_clip`` (AReaL's decoupled PPO for
@@ -67,7 +70,10 @@ YAML:
 
 .. code-block:: yaml
 
-    update: {use: update.grpo, from: keep, with: {lr: 1.0e-4, clip: [0.2, 0.28], advantage: {use: mean_std}}}
+    update:
+      use: update.grpo
+      from: keep
+      with: {lr: 1.0e-4, advantage: {use: mean_std}, loss: {use: ppo_clip, with: {clip: [0.2, 0.28]}}}
 
 Another estimator, with truncated importance sampling and a staleness limit for replayed or
 resumed rollouts:
@@ -86,10 +92,13 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from gfcr.records import PromptPool, Rollout, RolloutGroups, UpdateReport
+from gfcr.records import PromptPool, Rollout, RolloutGroup, RolloutGroups, UpdateReport
 from gfcr.registry import StageConfig
 from gfcr.stages.resources import Policy, Resources, prompt_tokens
-from gfcr.stages.update.advantage import AdvantageSpec
+from gfcr.stages.update.advantage import AdvantageSpec, estimate_all
+from gfcr.stages.update.aggregation import AggregationSpec, Row
+from gfcr.stages.update.component import Pairing, PairingContext
+from gfcr.stages.update.loss import LossSpec
 from gfcr.stages.update.logprobs import padded, response_logprobs
 from gfcr.stages.update.off_policy import CorrectionStats, token_correction
 from gfcr.stages.update.tree_weights import shared_prefix_weights
@@ -103,6 +112,15 @@ class _Item:
     rollout: Rollout
     advantage: float | np.ndarray  # scalar, or [T]
     weights: np.ndarray | None = None  # [T] float64 token weights; None: every token weighs 1
+    group: RolloutGroup | None = None
+
+    def row(self) -> Row:
+        n = len(self.rollout)
+        weight = float(n) if self.weights is None else float(self.weights.sum())
+        counted = n if self.weights is None else int((self.weights > 0).sum())
+        g = self.group
+        return Row(g.group_id if g else "", len(g.rollouts) if g else 1,
+                   g.rewards if g else np.zeros(1), n, weight, counted)
 
     def counts(self) -> bool:
         """Some token of the rollout counts in the loss (an empty rollout counts, as before)."""
@@ -126,11 +144,10 @@ class GRPOUpdate:
 
     class Config(StageConfig):
         lr: Annotated[float, Field(gt=0.0, description="AdamW learning rate (constant)")] = 1e-6
-        clip: tuple[Annotated[float, Field(ge=0.0)], Annotated[float, Field(ge=0.0)]] = Field(
-            (0.2, 0.2), description="(eps_low, eps_high) of the ratio clip; [0.2, 0.28] is DAPO's clip-higher")
-        advantage: AdvantageSpec = Field(AdvantageSpec(),
-                                         description="advantage estimator: {use: mean_std | mean | median | gapo | mc_grpo, with: {...}}")
-        loss_agg: Literal["token_mean", "seq_mean"] = "token_mean"
+        advantage: AdvantageSpec = Field(AdvantageSpec(), description="advantage estimator: {use: <alias>, with: {...}}")
+        loss: LossSpec = Field(LossSpec(), description="per-token policy loss: {use: <alias>, with: {...}}")
+        aggregation: AggregationSpec = Field(AggregationSpec(), description="how token losses become one "
+                                                                           "scalar: {use: <alias>, with: {...}}")
         kl_coef: Annotated[float, Field(ge=0.0, description="weight of the k3 KL to the initial policy")] = 0.0
         tis_cap: Annotated[float, Field(gt=0.0, description="truncated IS: weight tokens by min(pi_old/mu, C)")] | None = None
         decoupled_clip: bool = Field(False, description="stale tokens: clip around pi_old, weight by pi_old/mu (AReaL)")
@@ -141,6 +158,20 @@ class GRPOUpdate:
         adam_eps: Annotated[float, Field(gt=0.0)] = 1e-8
         micro_batch_size: Annotated[int, Field(ge=1, description="rollouts per forward/backward pass")] = 16
         temperature: Annotated[float, Field(gt=0.0, description="the sampling temperature (log-probs are tempered)")] = 1.0
+
+        @model_validator(mode="before")
+        @classmethod
+        def _moved_keys(cls, data: Any) -> Any:
+            if isinstance(data, dict):
+                if "clip" in data:
+                    raise ValueError(f"`clip` belongs to the loss now: write `loss: {{use: ppo_clip, with: {{clip: "
+                                     f"{list(data['clip']) if isinstance(data['clip'], (list, tuple)) else data['clip']}"
+                                     f"}}}}` (--set update.with.loss.with.clip=[0.2,0.28])")
+                if "loss_agg" in data:
+                    renamed = {"seq_mean": "seq_mean_token_mean"}.get(data["loss_agg"], data["loss_agg"])
+                    raise ValueError(f"`loss_agg` is now a component: write `aggregation: {{use: {renamed}}}` "
+                                     f"(--set update.with.aggregation.use={renamed})")
+            return data
 
         @model_validator(mode="after")
         def _one_ratio_rule(self) -> "GRPOUpdate.Config":
@@ -155,9 +186,25 @@ class GRPOUpdate:
         def off_policy(self) -> bool:
             return self.tis_cap is not None or self.decoupled_clip or self.max_staleness is not None
 
+    @staticmethod
+    def check_pipeline(config: "GRPOUpdate.Config", view: Any) -> list[Pairing]:
+        """The components' pairings with each other and with the pipeline (``gfcr validate``)."""
+        ctx = PairingContext(config.advantage.use, config.loss.use, config.aggregation.use,
+                             view.rollouts_per_prompt, view.rollouts_from, view.upstream, config)
+        found = [p for spec in (config.advantage, config.loss, config.aggregation) for p in spec.pairing_problems(ctx)]
+        loss_cls = config.loss.component_class()
+        if not getattr(loss_cls, "token_corrections", True):
+            for key in ("tis_cap", "decoupled_clip"):
+                if getattr(config, key) not in (None, False):
+                    found.append(Pairing((key,), f"loss `{config.loss.use}` has no per-token ratio for `{key}` to "
+                                                 "correct", f"remove `{key}`, or use loss `ppo_clip`"))
+        return found
+
     def __init__(self, config: Config):
         self.config = config
         self.estimator = config.advantage.build()
+        self.loss = config.loss.build()
+        self.aggregation = config.aggregation.build()
         self.policy: Policy | None = None
         self.resources: Resources | None = None
         self.optimizer: Any = None
@@ -169,8 +216,12 @@ class GRPOUpdate:
         cfg = self.config
         self.resources = resources
         self.policy = resources.require_policy("update.grpo")
-        self.optimizer = torch.optim.AdamW(self.policy.model.parameters(), lr=cfg.lr, betas=cfg.betas,
-                                           eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
+        groups = [{"params": list(self.policy.model.parameters())}]
+        learnable = getattr(self.aggregation, "parameters", None)
+        if learnable is not None:
+            groups += learnable(next(self.policy.model.parameters()).device)  # param groups: [{"params": [...], "lr": ...}]
+        self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_eps,
+                                           weight_decay=cfg.weight_decay)
         if cfg.kl_coef > 0:
             self.reference = self.policy.reference()
 
@@ -182,13 +233,14 @@ class GRPOUpdate:
         n_rollouts, n_tokens = batch_denominators(items)
         metrics: dict[str, float] = {"batch_groups": batch_groups, "batch_rollouts": n_rollouts,
                                      "batch_tokens": n_tokens, "batch_zero_variance_groups": zero_var}
+        plan = self.aggregation.plan([i.row() for i in items])
         if self.config.off_policy:
             metrics["off_policy_token_fraction"] = off_policy_fraction(items, policy.version)
         forward = [i for i in items if len(i.rollout) and (i.has_signal() or (self.config.kl_coef > 0 and i.counts()))]
         if not forward:
             reason = "empty batch" if not items else "every advantage is zero"
             return UpdateReport(policy.version, skipped=True, skip_reason=reason, metrics=metrics)
-        loss, stats = self.accumulate_gradients(forward, n_rollouts, n_tokens)
+        loss, stats = self.accumulate_gradients(forward, plan)
         metrics.update(stats)
         if not math.isfinite(loss):
             self.optimizer.zero_grad(set_to_none=True)
@@ -218,15 +270,15 @@ class GRPOUpdate:
         policy, items = self._policy(), []
         included = [g for g in groups if g.verdict.included and g.rollouts]
         zero_var = 0
-        for g in included:
-            estimate = self.estimator.estimate(g)  # raises on unscored rollouts, naming the group
+        estimates = estimate_all(self.estimator, included, pool)  # raises on unscored rollouts, naming the group
+        for g, estimate in zip(included, estimates):
             zero_var += int(len(g.rollouts) > 1 and np.ptp(g.rewards) == 0)
             prompt_ids = prompt_tokens(policy, pool.get(g.prompt_id))
             tree = shared_prefix_weights(g)
             for index, (r, a) in enumerate(zip(g.rollouts, estimate.values)):
                 r.advantage = _scaled(a, g.sample_weight * r.sample_weight)
                 weights = self._token_weights(r, estimate.mask(index), tree.get(r.rollout_id), policy.version)
-                items.append(_Item(r.context_token_ids or prompt_ids, r, r.advantage, weights))
+                items.append(_Item(r.context_token_ids or prompt_ids, r, r.advantage, weights, g))
         return items, len(included), zero_var
 
     def _token_weights(self, r: Rollout, estimator_mask: np.ndarray | None, tree: np.ndarray | None,
@@ -244,15 +296,13 @@ class GRPOUpdate:
             weights = weights * np.asarray(f, dtype=np.float64)
         return weights
 
-    def accumulate_gradients(self, items: list[_Item], n_rollouts: int, n_tokens: float | int
-                             ) -> tuple[float, dict[str, float]]:
-        """Backward the loss of ``items`` in micro-batches; the denominators are the whole
-        batch's (``n_rollouts`` responses, ``n_tokens`` token weights), so leaving out
-        zero-advantage rollouts changes nothing. Returns the loss and diagnostics."""
+    def accumulate_gradients(self, items: list[_Item], plan: Any) -> tuple[float, dict[str, float]]:
+        """Backward the loss of ``items`` in micro-batches; the aggregation divides by the
+        whole batch's totals (``plan``), so leaving out zero-advantage rollouts changes
+        nothing. Returns the loss and diagnostics."""
         import torch
 
         cfg = self.config
-        eps_low, eps_high = cfg.clip
         total, clipped, ratio_sum, kl_sum, counted = 0.0, 0.0, 0.0, 0.0, 0
         correction_stats = CorrectionStats()
         for start in range(0, len(items), cfg.micro_batch_size):
@@ -268,36 +318,39 @@ class GRPOUpdate:
                 correction = token_correction(logp, behaviour, stale, cfg.tis_cap, cfg.decoupled_clip)
                 correction_stats.add(correction, weight, cfg.tis_cap)
                 _write_old_logprobs(chunk, logp)
-                ratio = correction.ratio
+                log_ratio = logp - correction.proximal
             else:
-                ratio = torch.exp(logp - behaviour)
-            surrogate = torch.min(ratio * adv, torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * adv)
-            per_token = -surrogate if not cfg.off_policy else -surrogate * correction.weight
+                log_ratio = logp - behaviour
+            terms = self.loss.terms(log_ratio, adv.expand_as(logp), weight)
+            per_token = terms.per_token if not cfg.off_policy else terms.per_token * correction.weight
             if self.reference is not None:
                 with torch.no_grad():
                     ref, _ = response_logprobs(self.reference, chunk, cfg.temperature)
                 kl = torch.exp(ref - logp) - (ref - logp) - 1
                 per_token = per_token + cfg.kl_coef * kl
                 kl_sum += float((kl.detach() * weight).sum())
-            if cfg.loss_agg == "token_mean":
-                loss = (per_token * weight).sum() / n_tokens
-            else:
-                lengths = (weight > 0).to(weight.dtype).sum(1) if weight is not mask else mask.sum(1)
-                loss = ((per_token * weight).sum(1) / lengths.clamp(min=1)).sum() / n_rollouts
+            loss = self.aggregation.reduce(per_token, weight, [i.row() for i in chunk], plan)
             loss.backward()
             total += float(loss.detach())
             with torch.no_grad():
-                outside = ((ratio < 1 - eps_low) | (ratio > 1 + eps_high)).float()
                 counted_mask = mask if weight is mask else (weight > 0).to(mask.dtype)
-                clipped += float((outside * counted_mask).sum())
-                ratio_sum += float((ratio * counted_mask).sum())
+                clipped += float((terms.clipped.to(mask.dtype) * counted_mask).sum())
+                ratio_sum += float((terms.ratio * counted_mask).sum())
                 counted += int(counted_mask.sum())
+        extra = getattr(self.aggregation, "batch_term", None)
+        term = extra(plan) if extra is not None else None
+        if term is not None:
+            term.backward()
+            total += float(term.detach())
         stats = {"loss": total, "clip_fraction": clipped / max(counted, 1), "ratio_mean": ratio_sum / max(counted, 1),
                  "advantage_abs_mean": float(np.mean([i.advantage_abs() for i in items]))}
         if self.reference is not None:
             stats["kl"] = kl_sum / max(counted, 1)
         if cfg.off_policy:
             stats.update(correction_stats.metrics())
+        component_metrics = getattr(self.aggregation, "metrics", None)
+        if component_metrics is not None:
+            stats.update(component_metrics())
         return total, stats
 
     def _clip_gradients(self) -> float:
@@ -312,9 +365,14 @@ class GRPOUpdate:
     # --- state ----------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer.state_dict() if self.optimizer is not None else None}
+        state = {"optimizer": self.optimizer.state_dict() if self.optimizer is not None else None}
+        if hasattr(self.aggregation, "state_dict"):
+            state["aggregation"] = self.aggregation.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("aggregation") is not None and hasattr(self.aggregation, "load_state_dict"):
+            self.aggregation.load_state_dict(state["aggregation"])
         if state.get("optimizer") is not None:
             self.optimizer.load_state_dict(state["optimizer"])
 

@@ -41,6 +41,7 @@ class TokenCorrection:
     """Per-token tensors ``[B, R]`` of one micro-batch."""
 
     ratio: Any  # pi_theta / proximal, with gradient
+    proximal: Any  # log-prob of the policy the ratio is taken against (mu, or pi_old where decoupled)
     weight: Any  # the detached IS weight applied to the loss (1 where not decoupled)
     raw_weight: Any  # pi_old / mu before the cap
     decoupled: Any  # bool: the token's ratio is against pi_old
@@ -57,7 +58,7 @@ def token_correction(logp: Any, behaviour: Any, stale: Any, tis_cap: float | Non
     raw = torch.exp(old - behaviour)
     capped = raw.clamp(max=tis_cap) if tis_cap is not None else raw
     weight = torch.where(decoupled, capped, torch.ones_like(raw))
-    return TokenCorrection(torch.exp(logp - proximal), weight, raw, decoupled)
+    return TokenCorrection(torch.exp(logp - proximal), proximal, weight, raw, decoupled)
 
 
 @dataclass

@@ -135,7 +135,7 @@ def test_shared_prefix_weights_count_each_tree_position_once():
 
 @pytest.mark.parametrize("use", ["mean_std", "mean"])
 def test_a_tree_update_counts_shared_tokens_once(use):
-    stage, policy = stage_and_policy(advantage={"use": use}, clip=(0.2, 0.2))
+    stage, policy = stage_and_policy(advantage={"use": use}, loss={"use": "ppo_clip", "with": {"clip": [0.2, 0.2]}})
     group = tree_group(policy.model)
     got, metrics = stage_gradients(stage, RolloutGroups([group]))
     # hand: token_mean over the 7 distinct tokens, each shared position weighted 1/k in each leaf
@@ -278,7 +278,7 @@ def test_a_filter_loss_mask_and_a_per_token_advantage_are_honoured():
     items, _, _ = stage._batch(RolloutGroups([group]), POOL)
     items[0].advantage = np.array([1.0, 0.5, 0.0, -1.0])  # a per-token advantage replaces the scalar
     policy.model.zero_grad(set_to_none=True)
-    stage.accumulate_gradients(items, 3, 10.0)
+    stage.accumulate_gradients(items, stage.aggregation.plan([i.row() for i in items]))  # 10 token weights
     got = [p.grad.clone() for p in policy.model.parameters()]
     total = 0.0
     for item, mask in zip(items, [[1, 1, 1, 1], [1, 1, 1, 1], [1, 0, 1]]):

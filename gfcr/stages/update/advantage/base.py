@@ -30,19 +30,16 @@ Value error, unknown advantage estimator `medain`; did you mean `median` or `mea
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol, Sequence
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, Field
 
-from gfcr.errors import RegistryError, did_you_mean, known
 from gfcr.records import RolloutGroup
+from gfcr.stages.update.component import ComponentConfig, ComponentSpec
 
 
-class EstimatorConfig(BaseModel):
-    """Base for estimator configs: frozen, strict, unknown keys rejected."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+EstimatorConfig = ComponentConfig  # frozen, strict, unknown keys rejected
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +58,10 @@ class Advantages:
 
 
 class AdvantageEstimator(Protocol):
+    """``estimate(group)`` is required; an estimator that needs the whole batch (REINFORCE++'s
+    batch normalisation) or the prompts (a stored reference value) also defines
+    ``estimate_batch(groups, pool) -> list[Advantages]``, which the update then calls instead."""
+
     config: BaseModel
 
     def estimate(self, group: RolloutGroup) -> Advantages: ...
@@ -89,64 +90,28 @@ def lower_median(values: np.ndarray) -> float:
     return float(ordered[(len(ordered) - 1) // 2])
 
 
-def _registry():
-    from gfcr.registry.catalog import ADVANTAGE_ESTIMATORS
-
-    return ADVANTAGE_ESTIMATORS
-
-
-def _config_problems(exc: ValidationError, allowed: list[str]) -> str:
-    parts = []
-    for err in exc.errors(include_url=False):
-        key = ".".join(str(p) for p in err["loc"]) or "with"
-        if err["type"] == "extra_forbidden":
-            hint = did_you_mean(key, allowed) or f"the keys allowed are {known(allowed) or 'none'}"
-            parts.append(f"unknown key `{key}` ({hint})")
-        else:
-            parts.append(f"`{key}`: {err['msg']}, got `{err['input']!r}`")
-    return "; ".join(parts)
-
-
-class AdvantageSpec(BaseModel):
+class AdvantageSpec(ComponentSpec):
     """``{use: <estimator alias>, with: {<its Config>}}``, checked against the registry."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, serialize_by_alias=True,
-                              validate_by_name=True, validate_by_alias=True)
+    kind: ClassVar[str] = "advantage estimator"
+    key: ClassVar[str] = "advantage"
+    registry_name: ClassVar[str] = "ADVANTAGE_ESTIMATORS"
 
-    use: str = Field("mean_std", description="advantage estimator alias: mean_std | mean | median | gapo | mc_grpo")
-    with_: dict[str, Any] = Field(default_factory=dict, alias="with", description="the estimator's Config")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _not_a_bare_name(cls, data: Any) -> Any:
-        if isinstance(data, str):
-            raise ValueError(f"the estimator is a mapping now: write `advantage: {{use: {data}}}` "
-                             f"(or --set update.with.advantage.use={data})")
-        return data
-
-    @field_validator("use")
-    @classmethod
-    def _known(cls, use: str) -> str:
-        try:
-            _registry().get(use)
-        except RegistryError as exc:
-            raise ValueError(f"{exc.message}; {exc.fix}") from None
-        return use
-
-    @field_validator("with_")
-    @classmethod
-    def _fits(cls, values: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
-        use = info.data.get("use")
-        if use is None:
-            return values  # the alias is already reported
-        config = _registry().get(use).Config
-        try:
-            config.model_validate(values)
-        except ValidationError as exc:
-            allowed = list(config.model_fields)
-            raise ValueError(f"advantage estimator `{use}`: {_config_problems(exc, allowed)}") from None
-        return values
+    use: str = Field("mean_std", description="advantage estimator alias (`gfcr stages --components` lists them)")
 
     def build(self) -> AdvantageEstimator:
-        cls = _registry().get(self.use)
-        return cls(cls.Config.model_validate(self.with_))
+        return super().build()
+
+
+def estimate_all(estimator: AdvantageEstimator, groups: Sequence[RolloutGroup], pool: Any) -> list[Advantages]:
+    """One ``Advantages`` per group: the estimator's ``estimate_batch(groups, pool)`` when it
+    has one (estimators that normalise across the batch, or read the prompts), else
+    ``estimate(group)`` for each group."""
+    batch = getattr(estimator, "estimate_batch", None)
+    if batch is not None:
+        out = list(batch(groups, pool))
+        if len(out) != len(groups):
+            raise RuntimeError(f"{type(estimator).__name__}.estimate_batch returned {len(out)} results "
+                               f"for {len(groups)} groups")
+        return out
+    return [estimator.estimate(g) for g in groups]

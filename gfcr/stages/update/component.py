@@ -1,0 +1,192 @@
+"""The pieces an ``update.*`` stage is assembled from, each chosen by alias from a registry of
+its own with its own Config under ``with``:
+
+- ``advantage``: an estimator (``gfcr.stages.update.advantage``; registry
+  ``ADVANTAGE_ESTIMATORS``, entry-point group ``gfcr.advantages``);
+- ``loss``: the per-token policy loss and its ratio (``gfcr.stages.update.loss``; ``LOSSES``,
+  ``gfcr.losses``);
+- ``aggregation``: how per-token losses become one scalar (``gfcr.stages.update.aggregation``;
+  ``AGGREGATIONS``, ``gfcr.aggregations``).
+
+.. code-block:: yaml
+
+    update:
+      use: update.grpo
+      from: keep
+      with:
+        advantage: {use: rloo}
+        loss: {use: ppo_clip, with: {clip: [0.2, 0.28]}}
+        aggregation: {use: token_mean}
+
+A spec is checked when it is built: an unknown alias gets a did-you-mean, a key its Config
+does not have is an error naming the keys it does have, never a silent default. A component
+whose meaning depends on another one (Dr.GRPO's estimator on its aggregation, MC-GRPO on a
+Control stage allocating ``G + 1``) says so in ``pairing_problems``, which ``gfcr validate``
+reports with the file and line of the update.
+
+This module imports no torch: ``gfcr validate`` builds every spec.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+
+from gfcr.errors import RegistryError, did_you_mean, known
+
+
+class ComponentConfig(BaseModel):
+    """Base for the Config of an estimator, loss or aggregation: frozen, strict, unknown keys
+    rejected."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+@dataclass(frozen=True)
+class PairingContext:
+    """What a component may ask about the rest of the pipeline when it is checked.
+
+    ``advantage``, ``loss`` and ``aggregation`` are the update's chosen aliases;
+    ``rollouts_per_prompt`` is the fixed group size the nearest upstream Control stage
+    allocates (a stage Config exposing ``rollouts_per_prompt``), None when no stage fixes it;
+    ``upstream`` lists the update's upstream stages as ``(id, alias)``, nearest first."""
+
+    advantage: str
+    loss: str
+    aggregation: str
+    rollouts_per_prompt: int | None = None
+    rollouts_from: str | None = None  # the id of the stage that fixes it
+    upstream: tuple[tuple[str, str], ...] = ()
+    update_config: Any = None
+
+
+@dataclass(frozen=True)
+class Pairing:
+    """One unmet requirement: the key under the update's ``with`` it is about, what is wrong
+    and how to fix it."""
+
+    key: tuple[str, ...]
+    message: str
+    fix: str
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """A declarative pairing: component ``kind`` ("loss" or "aggregation") must be one of
+    ``allowed``, because ``why``."""
+
+    kind: str
+    allowed: tuple[str, ...]
+    why: str
+    own: tuple[str, ...] = field(default=())  # the key path of the component that requires it
+
+    def check(self, ctx: PairingContext) -> list[Pairing]:
+        chosen = getattr(ctx, self.kind)
+        if chosen in self.allowed:
+            return []
+        choice = " or ".join(f"`{a}`" for a in self.allowed)
+        return [Pairing((self.kind, "use"), f"{self.why}, so it needs {self.kind} {choice}, not `{chosen}`",
+                        f"set `{self.kind}: {{use: {self.allowed[0]}}}` (--set update.with.{self.kind}.use="
+                        f"{self.allowed[0]}), or choose another {' '.join(self.own) or 'component'}")]
+
+
+def _validated(config: type[BaseModel], values: dict[str, Any]) -> BaseModel:
+    """Validate as the stage Configs are (JSON mode: a YAML list fills a tuple field)."""
+    try:
+        text = json.dumps(values)
+    except TypeError:
+        return config.model_validate(values)
+    return config.model_validate_json(text)
+
+
+def _config_problems(exc: ValidationError, allowed: list[str]) -> str:
+    parts = []
+    for err in exc.errors(include_url=False):
+        key = ".".join(str(p) for p in err["loc"]) or "with"
+        if err["type"] == "extra_forbidden":
+            hint = did_you_mean(key, allowed) or f"the keys allowed are {known(allowed) or 'none'}"
+            parts.append(f"unknown key `{key}` ({hint})")
+        elif err["type"] == "missing":
+            parts.append(f"`{key}` is required")
+        else:
+            parts.append(f"`{key}`: {err['msg']}, got `{err['input']!r}`")
+    return "; ".join(parts)
+
+
+class ComponentSpec(BaseModel):
+    """``{use: <alias>, with: {<its Config>}}``, checked against the kind's registry.
+
+    Subclasses set ``kind`` (for messages), ``key`` (the update's field), ``registry_name``
+    (the registry's name in ``gfcr.registry.catalog``) and the default ``use``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, serialize_by_alias=True,
+                              validate_by_name=True, validate_by_alias=True)
+
+    kind: ClassVar[str] = "component"
+    key: ClassVar[str] = "component"
+    registry_name: ClassVar[str] = ""
+
+    use: str
+    with_: dict[str, Any] = Field(default_factory=dict, alias="with", description="the component's Config")
+
+    @classmethod
+    def registry(cls):
+        from gfcr.registry import catalog
+
+        return getattr(catalog, cls.registry_name)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_a_bare_name(cls, data: Any) -> Any:
+        if isinstance(data, str):
+            raise ValueError(f"the {cls.kind} is a mapping: write `{cls.key}: {{use: {data}}}` "
+                             f"(or --set update.with.{cls.key}.use={data})")
+        return data
+
+    @field_validator("use")
+    @classmethod
+    def _known(cls, use: str) -> str:
+        try:
+            cls.registry().get(use)
+        except RegistryError as exc:
+            raise ValueError(f"{exc.message}; {exc.fix}") from None
+        return use
+
+    @field_validator("with_")
+    @classmethod
+    def _fits(cls, values: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        use = info.data.get("use")
+        if use is None:
+            return values  # the alias is already reported
+        config = cls.registry().get(use).Config
+        try:
+            _validated(config, values)
+        except ValidationError as exc:
+            raise ValueError(f"{cls.kind} `{use}`: {_config_problems(exc, list(config.model_fields))}") from None
+        return values
+
+    def component_class(self) -> type:
+        return self.registry().get(self.use)
+
+    def config(self) -> BaseModel:
+        return _validated(self.component_class().Config, self.with_)
+
+    def build(self) -> Any:
+        cls = self.component_class()
+        return cls(_validated(cls.Config, self.with_))
+
+    def pairing_problems(self, ctx: PairingContext) -> list[Pairing]:
+        """This component's unmet pairings: its class's ``requires`` (Requirements) and its
+        ``pairing_problems(config, ctx)`` staticmethod, if any (keys relative to the update's
+        ``with``)."""
+        cls, config = self.component_class(), self.config()
+        found: list[Pairing] = []
+        for req in getattr(cls, "requires", ()):
+            found += Requirement(req.kind, req.allowed, req.why, (self.key, self.use)).check(ctx)
+        check = getattr(cls, "pairing_problems", None)
+        if check is not None:
+            found += list(check(config, ctx))
+        return found
