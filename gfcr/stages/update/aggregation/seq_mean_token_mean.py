@@ -19,6 +19,12 @@ Example (two responses: the short one's single token weighs as much as the long 
 >>> weight = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
 >>> float(agg.reduce(per_token, weight, rows, agg.plan(rows)))
 2.5
+
+YAML:
+
+.. code-block:: yaml
+
+    update: {use: update.grpo, from: keep, with: {aggregation: {use: seq_mean_token_mean}}}
 """
 
 from __future__ import annotations

@@ -23,6 +23,12 @@ Example (C = 4):
 >>> weight = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
 >>> float(agg.reduce(per_token, weight, rows, agg.plan(rows)))
 0.875
+
+YAML (Dr.GRPO: its estimator and this aggregation, with the generation's max_new_tokens):
+
+.. code-block:: yaml
+
+    update: {use: update.grpo, from: keep, with: {advantage: {use: mean}, aggregation: {use: seq_mean_token_sum, with: {constant: 8}}}}
 """
 
 from __future__ import annotations

@@ -17,6 +17,12 @@ Example:
 >>> weight = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
 >>> float(agg.reduce(per_token, weight, rows, agg.plan(rows)))
 1.75
+
+YAML:
+
+.. code-block:: yaml
+
+    update: {use: update.grpo, from: keep, with: {aggregation: {use: token_mean}}}
 """
 
 from __future__ import annotations

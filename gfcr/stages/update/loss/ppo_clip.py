@@ -46,8 +46,8 @@ class PPOClip:
     class Config(LossConfig):
         clip: tuple[Annotated[float, Field(ge=0.0)], Annotated[float, Field(ge=0.0)]] = Field(
             (0.2, 0.2), description="(eps_low, eps_high) of the ratio clip; [0.2, 0.28] is DAPO's clip-higher")
-        dual_clip: Annotated[float, Field(gt=1.0, description="cap the loss of negative advantages at "
-                                                               "-c A (verl's clip_ratio_c, 3.0)")] | None = None
+        dual_clip: Annotated[float, Field(gt=1.0)] | None = Field(
+            None, description="cap the loss of negative advantages at -c A (verl's clip_ratio_c, 3.0); null: off")
 
     def __init__(self, config: Config):
         self.config = config

@@ -1,0 +1,155 @@
+"""Every estimator, loss and aggregation of the update catalog against GRPO, on tiny-arith.
+
+    .venv/bin/python benchmarks/update_catalog.py [--variants grpo rloo ...] [--seeds 0 1 2]
+        [--steps 60] [--every 10] [--target 0.70] [--jobs 2]
+
+Each variant is ``pipelines/quickstart.yaml`` (uniform prompts, 16 x 8 rollouts, GRPO with
+``mean_std``, ``ppo_clip`` [0.2, 0.28] and ``token_mean``) with one component swapped by
+``--set`` overrides, so a row differs from GRPO in that component only. For every seed the run
+records the greedy eval accuracy every ``--every`` steps; the table gives, over the seeds,
+the final accuracy (mean and a 95% t-interval), the tokens generated until the eval accuracy
+first reached ``--target`` (runs that never reach it are counted as not reaching it, and the
+mean is over those that did), and Welch's t-test p-value of the final accuracy against GRPO.
+
+Runs go on the local runner without tracking (the numbers are the same under Prefect), one
+torch thread per run, ``--jobs`` runs at a time. Writes
+``benchmarks/results/update_catalog.json`` and prints the Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# variant -> the --set overrides that swap one component of quickstart's update
+GRPO = "update.with"
+VARIANTS: dict[str, list[str]] = {
+    "grpo": [],
+    # advantage estimators
+    "mean": [f"{GRPO}.advantage.use=mean"],
+    "median": [f"{GRPO}.advantage.use=median"],
+    "gapo": [f"{GRPO}.advantage.use=gapo"],
+    "mc_grpo": [f"{GRPO}.advantage.use=mc_grpo", "stages.budget.with.n=9"],
+    "rloo": [f"{GRPO}.advantage.use=rloo"],
+    "reinforce_pp": [f"{GRPO}.advantage.use=reinforce_pp"],
+    "dr_grpo": [f"{GRPO}.advantage.use=dr_grpo", f"{GRPO}.aggregation.use=seq_mean_token_sum",
+                f"{GRPO}.aggregation.with.constant=8"],
+    "krpo": [f"{GRPO}.advantage.use=krpo"],
+    "grpo_lead": [f"{GRPO}.advantage.use=grpo_lead"],
+    "xrpo": [f"{GRPO}.advantage.use=xrpo"],
+    # losses
+    "dual_clip": [f"{GRPO}.loss.with.dual_clip=3.0"],
+    "gspo": [f"{GRPO}.loss.use=gspo", f"{GRPO}.aggregation.use=seq_mean_token_mean"],
+    "cispo": [f"{GRPO}.loss.use=cispo"],
+    "tic": [f"{GRPO}.loss.use=tic"],
+    "tr_grpo": [f"{GRPO}.loss.use=tr_grpo"],
+    # aggregations
+    "seq_mean_token_mean": [f"{GRPO}.aggregation.use=seq_mean_token_mean"],
+    "seq_mean_token_sum": [f"{GRPO}.aggregation.use=seq_mean_token_sum", f"{GRPO}.aggregation.with.constant=8"],
+    "daro": [f"{GRPO}.aggregation.use=daro"],
+    "lambda_grpo": [f"{GRPO}.aggregation.use=lambda_grpo"],
+}
+
+
+def one_run(variant: str, seed: int, steps: int, every: int) -> dict:
+    """The eval curve and tokens generated of one seeded run of ``variant``."""
+    import torch
+
+    from gfcr.graph import load_pipeline
+    from gfcr.runtime.session import Run
+
+    torch.set_num_threads(1)
+    overrides = [f"run.steps={steps}", f"run.seed={seed}", f"eval.every={every}", "executor.kind=local",
+                 "tracking.mlflow=null", f"run.checkpoint_every={steps}"] + VARIANTS[variant]
+    compiled = load_pipeline(REPO / "pipelines" / "quickstart.yaml", overrides)
+    run_dir = Path(tempfile.mkdtemp(prefix="gfcr-catalog-")) / "run"
+    summary = Run.start(compiled, run_dir).train()
+    curve, tokens, seen = {}, {}, 0
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if "eval_accuracy" in record:  # evaluated before the step's update: tokens of the steps before
+            curve[record["step"]] = record["eval_accuracy"]
+            tokens[record["step"]] = seen
+        seen += record.get("tokens_generated", 0)
+    curve[steps], tokens[steps] = summary["eval_accuracy_after"], seen
+    return {"variant": variant, "seed": seed, "curve": curve, "tokens": tokens}
+
+
+def tokens_to_target(run: dict, target: float) -> int | None:
+    hits = [s for s in sorted(run["curve"]) if run["curve"][s] >= target]
+    return run["tokens"][hits[0]] if hits else None
+
+
+def t_interval(values: list[float]) -> tuple[float, float]:
+    """Mean and the half-width of its 95% t-interval."""
+    from scipy import stats
+
+    mean = statistics.mean(values)
+    if len(values) < 2:
+        return mean, float("nan")
+    return mean, stats.t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+
+
+def welch_p(a: list[float], b: list[float]) -> float:
+    from scipy import stats
+
+    if statistics.pstdev(a) == 0 and statistics.pstdev(b) == 0:
+        return 1.0 if a == b else 0.0
+    return float(stats.ttest_ind(a, b, equal_var=False).pvalue)
+
+
+def table(runs: list[dict], variants: list[str], seeds: list[int], target: float) -> tuple[list[dict], str]:
+    by = {(r["variant"], r["seed"]): r for r in runs}
+    final = {v: [by[v, s]["curve"][max(by[v, s]["curve"])] for s in seeds] for v in variants}
+    rows, lines = [], ["| variant | final accuracy: mean ± 95% CI [seeds] | p vs grpo | reached "
+                       f"{target:.0%} | tokens to {target:.0%}: mean [seeds] |", "|---|---|---|---|---|"]
+    for v in variants:
+        mean, half = t_interval(final[v])
+        hits = [tokens_to_target(by[v, s], target) for s in seeds]
+        reached = [h for h in hits if h is not None]
+        p = welch_p(final[v], final["grpo"]) if "grpo" in final and v != "grpo" else None
+        rows.append({"variant": v, "overrides": VARIANTS[v], "final": final[v], "final_mean": mean,
+                     "final_ci95": half, "p_vs_grpo": p, "tokens_to_target": hits})
+        seeds_text = ", ".join(f"{x:.3f}" for x in final[v])
+        tok = (f"{statistics.mean(reached):,.0f} [{', '.join('-' if h is None else f'{h:,}' for h in hits)}]"
+               if reached else "never")
+        lines.append(f"| {v} | {mean:.3f} ± {half:.3f} [{seeds_text}] | {'-' if p is None else f'{p:.2f}'} | "
+                     f"{len(reached)}/{len(seeds)} | {tok} |")
+    return rows, "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--every", type=int, default=10)
+    parser.add_argument("--target", type=float, default=0.70)
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "update_catalog.json"))
+    args = parser.parse_args()
+    unknown = [v for v in args.variants if v not in VARIANTS]
+    if unknown:
+        parser.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
+    jobs = [(v, s) for v in args.variants for s in args.seeds]
+    with ProcessPoolExecutor(args.jobs) as pool:
+        futures = [pool.submit(one_run, v, s, args.steps, args.every) for v, s in jobs]
+        runs = []
+        for (v, s), f in zip(jobs, futures):
+            runs.append(f.result())
+            print(f"{v:22s} seed {s}: final {runs[-1]['curve'][args.steps]:.3f}", flush=True)
+    rows, markdown = table(runs, args.variants, args.seeds, args.target)
+    Path(args.out).write_text(json.dumps({"steps": args.steps, "every": args.every, "target": args.target,
+                                          "seeds": args.seeds, "rows": rows, "runs": runs}, indent=1))
+    print(markdown)
+
+
+if __name__ == "__main__":
+    main()
