@@ -1,5 +1,6 @@
 """The estimators rloo, reinforce_pp, dr_grpo, krpo and pvpo against hand-computed groups, and
-the pairing ``gfcr validate`` checks for dr_grpo (its aggregation)."""
+the pairings ``gfcr validate`` checks for dr_grpo (its aggregation) and mc_grpo (G + 1 rollouts
+from a Control stage)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from gfcr.cli.main import app
 from gfcr.records import Prompt, PromptPool, Rollout, RolloutGroup, RolloutGroups, Segment, group_id, rollout_id
 from gfcr.stages.testing import scored_group
 from gfcr.stages.update.advantage import AdvantageSpec, estimate_all
+from gfcr.stages.update.advantage.mc_grpo import MCGRPO
+from gfcr.stages.update.component import PairingContext
 from tests.stages.update.test_tree_and_off_policy import stage_and_policy, tree_group
 
 QUICKSTART = Path(__file__).resolve().parents[3] / "pipelines" / "quickstart.yaml"
@@ -46,7 +49,7 @@ def values(advantages):
     return [np.array(a.values) for a in advantages]
 
 
-@pytest.mark.parametrize("module", ["rloo", "reinforce_pp", "dr_grpo", "krpo", "pvpo"])
+@pytest.mark.parametrize("module", ["rloo", "reinforce_pp", "dr_grpo", "krpo", "pvpo", "mc_grpo"])
 def test_module_examples_run(module):
     result = doctest.testmod(importlib.import_module(f"gfcr.stages.update.advantage.{module}"))
     assert result.attempted > 0 and result.failed == 0
@@ -208,6 +211,34 @@ def test_pvpo_errors_name_the_prompt_and_the_fix():
         est.estimate_batch([scored_group("p:0", [1, NAN, 0])], prompts)
 
 
+# --- mc_grpo: G + 1 rollouts from a Control stage ------------------------------------------------
+
+def ctx(n, sid="budget", alias="control.fixed_n"):
+    upstream = () if n is None else ((sid, alias),)
+    return PairingContext("mc_grpo", "ppo_clip", "token_mean", n, None if n is None else sid, upstream)
+
+
+def test_mc_grpo_needs_a_fixed_allocation():
+    (p,) = MCGRPO.pairing_problems(MCGRPO.Config(), ctx(None))
+    assert p.key == ("advantage", "use") and "G + 1 rollouts per prompt from a fixed allocation" in p.message
+    assert p.fix == "add `control.fixed_n` with `n: 9` (G = 8) upstream of the update"
+    (p,) = MCGRPO.pairing_problems(MCGRPO.Config(g=4), ctx(None))
+    assert "`n: 5` (G = 4)" in p.fix
+
+
+def test_mc_grpo_checks_g_against_the_allocation():
+    assert MCGRPO.pairing_problems(MCGRPO.Config(g=8), ctx(9)) == []
+    assert MCGRPO.pairing_problems(MCGRPO.Config(), ctx(8)) == []  # G = 7, inferred
+    (p,) = MCGRPO.pairing_problems(MCGRPO.Config(g=8), ctx(8))
+    assert p.key == ("advantage", "with", "g")
+    assert p.message == "MC-GRPO with `g: 8` needs G + 1 = 9 rollouts per prompt, but stage `budget` allocates 8"
+    assert p.fix == "set `n: 9` on `budget` (--set stages.budget.with.n=9), or set `g: 7`"
+    (p,) = MCGRPO.pairing_problems(MCGRPO.Config(g=8), ctx(8, "alloc", "control.mine"))
+    assert p.fix == "make `alloc` allocate 9 rollouts per prompt, or set `g: 7`"
+    (p,) = MCGRPO.pairing_problems(MCGRPO.Config(), ctx(1))
+    assert "its only rollout is the pivot" in p.message
+
+
 # --- gfcr validate ------------------------------------------------------------------------------
 
 def validate(path, *overrides):
@@ -226,6 +257,32 @@ def test_dr_grpo_without_its_aggregation_fails_validation():
     paired = validate(QUICKSTART, "update.with.advantage.use=dr_grpo", "update.with.aggregation.use=seq_mean_token_sum",
                       "update.with.aggregation.with.constant=8")
     assert paired.exit_code == 0, paired.output
+
+
+def test_mc_grpo_without_a_fixed_allocation_fails_validation(tmp_path):
+    text = QUICKSTART.read_text()
+    budget = next(line for line in text.splitlines() if line.strip().startswith("budget:"))
+    text = text.replace(budget + "\n", "").replace("from: budget", "from: pick")
+    text = text.replace("with: {lr: 3.0e-4,", "with: {lr: 3.0e-4, advantage: {use: mc_grpo},")
+    spec = tmp_path / "no_fixed_n.yaml"
+    spec.write_text(text)
+    result = validate(spec)
+    assert result.exit_code == 2, result.output
+    assert re.search(r"no_fixed_n\.yaml:\d+:\d+: update\.with\.advantage\.use: MC-GRPO needs G \+ 1 rollouts per "
+                     r"prompt from a fixed allocation", result.output), result.output
+    assert "add `control.fixed_n` with `n: 9` (G = 8) upstream of the update" in result.output
+
+
+def test_mc_grpo_with_the_wrong_fixed_n_fails_validation():
+    result = validate(QUICKSTART, "update.with.advantage.use=mc_grpo", "update.with.advantage.with.g=8")
+    assert result.exit_code == 2, result.output
+    assert "update.with.advantage.with.g: MC-GRPO with `g: 8` needs G + 1 = 9 rollouts per prompt, but stage " \
+           "`budget` allocates 8" in result.output
+    assert "--set stages.budget.with.n=9" in result.output
+    fixed = validate(QUICKSTART, "update.with.advantage.use=mc_grpo", "update.with.advantage.with.g=8",
+                     "stages.budget.with.n=9")
+    assert fixed.exit_code == 0, fixed.output
+    assert validate(QUICKSTART, "update.with.advantage.use=mc_grpo").exit_code == 0  # n: 8 is G = 7
 
 
 # --- through update.grpo: estimate_batch gets the batch and the prompt pool ----------------------
