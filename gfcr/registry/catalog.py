@@ -33,6 +33,11 @@ BUILTIN_ADVANTAGE_ESTIMATORS = {
     "median": "gfcr.stages.update.advantage.median:Median",
     "gapo": "gfcr.stages.update.advantage.gapo:GAPO",
     "mc_grpo": "gfcr.stages.update.advantage.mc_grpo:MCGRPO",
+    "rloo": "gfcr.stages.update.advantage.rloo:RLOO",
+    "reinforce_pp": "gfcr.stages.update.advantage.reinforce_pp:ReinforcePP",
+    "dr_grpo": "gfcr.stages.update.advantage.dr_grpo:DrGRPO",
+    "krpo": "gfcr.stages.update.advantage.krpo:KRPO",
+    "pvpo": "gfcr.stages.update.advantage.pvpo:PVPO",
 }
 
 BUILTIN_LOSSES = {

@@ -16,6 +16,11 @@ from gfcr.stages.testing import scored_group
 from gfcr.stages.update.advantage import AdvantageSpec, lower_median
 
 NAMES = sorted(BUILTIN_ADVANTAGE_ESTIMATORS)
+# krpo's Kalman filter starts at 0, so equal non-zero rewards get non-zero advantages (the method,
+# not rounding); pvpo's baseline is the prompt's reference reward, not the group, and it needs the
+# prompt pool (estimate_batch): both are tested in test_estimators_catalog_a.py
+NOT_GROUP_CENTRED = {"krpo", "pvpo"}
+NEEDS_POOL = {"pvpo"}
 
 
 def adv(rewards, use, **config):
@@ -23,7 +28,7 @@ def adv(rewards, use, **config):
     return np.array(estimator.estimate(scored_group("p:0", list(rewards))).values, dtype=np.float64)
 
 
-@pytest.mark.parametrize("use", NAMES)
+@pytest.mark.parametrize("use", sorted(set(NAMES) - NOT_GROUP_CENTRED))
 @pytest.mark.parametrize("rewards", [[0, 0, 0, 0], [1, 1, 1, 1], [0.1, 0.1, 0.1], [7.0]])
 def test_equal_rewards_and_singletons_give_exact_zeros(use, rewards):
     # [0.1]*3 has mean 0.10000000000000002: without the special case mean_std would give ~1e-11
@@ -31,7 +36,7 @@ def test_equal_rewards_and_singletons_give_exact_zeros(use, rewards):
     assert out.tolist() == [0.0] * len(rewards)
 
 
-@pytest.mark.parametrize("use", NAMES)
+@pytest.mark.parametrize("use", sorted(set(NAMES) - NEEDS_POOL))
 def test_unscored_rollouts_are_refused_naming_the_group(use):
     with pytest.raises(ValueError, match=r"group p:0@s0: 1 of 3 rewards are NaN"):
         adv([1, float("nan"), 0], use)

@@ -2,7 +2,9 @@
 ``lotusroot-kim/MC-GRPO``, ``grpo_trainer_gsm.py`` with ``mc=True``).
 
 The group holds ``G + 1`` rollouts (ask the Control stage for one more, e.g.
-``control.fixed_n`` with ``n: 9`` for ``G = 8``). With ``r`` their rewards:
+``control.fixed_n`` with ``n: 9`` for ``G = 8``). ``gfcr validate`` checks the pairing: some
+stage upstream of the update must fix the group size (``control.fixed_n``), and with ``g: G``
+set it must allocate ``G + 1``. With ``r`` their rewards:
 
 1. ``m`` = the lower median of ``r`` (``torch.median``); the pivot is the rollout whose reward
    is ``m``;
@@ -35,7 +37,9 @@ YAML:
 
 .. code-block:: yaml
 
-    update: {use: update.grpo, from: keep, with: {advantage: {use: mc_grpo, with: {mad_scale: true}}}}
+    budget: {use: control.fixed_n, from: pick, with: {n: 9}}
+    # ...
+    update: {use: update.grpo, from: keep, with: {advantage: {use: mc_grpo, with: {g: 8, mad_scale: true}}}}
 """
 
 from __future__ import annotations
@@ -49,8 +53,17 @@ from gfcr.records import RolloutGroup
 from gfcr.stages.update.advantage.base import (Advantages, EstimatorConfig, checked_rewards, has_no_baseline,
                                                lower_median)
 from gfcr.stages.update.advantage.median import median_centred
+from gfcr.stages.update.component import Pairing, PairingContext
 
 NONZERO_ATOL = 1e-6  # the reference's torch.isclose(..., atol=1e-6)
+
+
+def _allocate(ctx: PairingContext, n: int) -> str:
+    """How to make the stage that fixes the group size allocate ``n`` rollouts per prompt."""
+    sid = ctx.rollouts_from
+    if dict(ctx.upstream).get(sid) == "control.fixed_n":
+        return f"set `n: {n}` on `{sid}` (--set stages.{sid}.with.n={n})"
+    return f"make `{sid}` allocate {n} rollouts per prompt"
 
 
 class MCGRPO:
@@ -60,6 +73,8 @@ class MCGRPO:
         mad_scale: bool = Field(True, description="divide by the median absolute deviation + mad_eps (reference)")
         mad_eps: Annotated[float, Field(gt=0.0, description="floor of the MAD (the reference's 1e-3)")] = 1e-3
         rescale_nonzero: bool = Field(True, description="multiply non-zero advantages by (G+1) / #non-zero")
+        g: Annotated[int, Field(ge=1, description="the training group size G: `gfcr validate` checks that the "
+                                                  "Control stage allocates G + 1 rollouts per prompt")] | None = None
 
     def __init__(self, config: Config):
         self.config = config
@@ -75,3 +90,26 @@ class MCGRPO:
         if self.config.rescale_nonzero and nonzero.any():
             a = np.where(nonzero, a * (len(r) / int(nonzero.sum())), a)
         return Advantages(tuple(float(v) for v in a), masks)
+
+    @staticmethod
+    def pairing_problems(config: "MCGRPO.Config", ctx: PairingContext) -> list[Pairing]:
+        """G + 1 rollouts per prompt, fixed by a Control stage upstream of the update."""
+        n = ctx.rollouts_per_prompt
+        if n is None:
+            g = config.g or 8
+            return [Pairing(("advantage", "use"),
+                            "MC-GRPO needs G + 1 rollouts per prompt from a fixed allocation (the extra one is the "
+                            "median pivot, left out of the loss), and no stage upstream of the update fixes the "
+                            "group size",
+                            f"add `control.fixed_n` with `n: {g + 1}` (G = {g}) upstream of the update")]
+        if config.g is not None and n != config.g + 1:
+            return [Pairing(("advantage", "with", "g"),
+                            f"MC-GRPO with `g: {config.g}` needs G + 1 = {config.g + 1} rollouts per prompt, but "
+                            f"stage `{ctx.rollouts_from}` allocates {n}",
+                            _allocate(ctx, config.g + 1) + (f", or set `g: {n - 1}`" if n >= 2 else ""))]
+        if n < 2:
+            return [Pairing(("advantage", "use"),
+                            f"MC-GRPO needs G + 1 >= 2 rollouts per prompt, but stage `{ctx.rollouts_from}` "
+                            f"allocates {n}: its only rollout is the pivot, left out of the loss",
+                            f"{_allocate(ctx, 9)} (G = 8)")]
+        return []
