@@ -90,7 +90,7 @@ class Requirement:
         choice = " or ".join(f"`{a}`" for a in self.allowed)
         return [Pairing((self.kind, "use"), f"{self.why}, so it needs {self.kind} {choice}, not `{chosen}`",
                         f"set `{self.kind}: {{use: {self.allowed[0]}}}` (--set update.with.{self.kind}.use="
-                        f"{self.allowed[0]}), or choose another {' '.join(self.own) or 'component'}")]
+                        f"{self.allowed[0]})" + (f", or another {self.own[0]} than `{self.own[1]}`" if self.own else ""))]
 
 
 def _validated(config: type[BaseModel], values: dict[str, Any]) -> BaseModel:

@@ -73,8 +73,9 @@ class MCGRPO:
         mad_scale: bool = Field(True, description="divide by the median absolute deviation + mad_eps (reference)")
         mad_eps: Annotated[float, Field(gt=0.0, description="floor of the MAD (the reference's 1e-3)")] = 1e-3
         rescale_nonzero: bool = Field(True, description="multiply non-zero advantages by (G+1) / #non-zero")
-        g: Annotated[int, Field(ge=1, description="the training group size G: `gfcr validate` checks that the "
-                                                  "Control stage allocates G + 1 rollouts per prompt")] | None = None
+        g: Annotated[int, Field(ge=1)] | None = Field(
+            None, description="the training group size G: `gfcr validate` checks that the Control stage allocates "
+                              "G + 1 rollouts per prompt (null: G + 1 is whatever it allocates)")
 
     def __init__(self, config: Config):
         self.config = config
