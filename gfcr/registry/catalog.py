@@ -33,6 +33,7 @@ BUILTIN_ADVANTAGE_ESTIMATORS = {
     "median": "gfcr.stages.update.advantage.median:Median",
     "gapo": "gfcr.stages.update.advantage.gapo:GAPO",
     "mc_grpo": "gfcr.stages.update.advantage.mc_grpo:MCGRPO",
+    "gdpo": "gfcr.stages.update.advantage.gdpo:GDPO",
 }
 
 BUILTIN_LOSSES = {

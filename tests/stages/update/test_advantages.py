@@ -16,11 +16,16 @@ from gfcr.stages.testing import scored_group
 from gfcr.stages.update.advantage import AdvantageSpec, lower_median
 
 NAMES = sorted(BUILTIN_ADVANTAGE_ESTIMATORS)
+# Config fields with no default get their smallest valid value here.
+REQUIRED_CONFIG: dict[str, dict] = {}
 
 
 def adv(rewards, use, **config):
-    estimator = AdvantageSpec(use=use, **{"with": config}).build()
-    return np.array(estimator.estimate(scored_group("p:0", list(rewards))).values, dtype=np.float64)
+    estimator = AdvantageSpec(use=use, **{"with": {**REQUIRED_CONFIG.get(use, {}), **config}}).build()
+    group = scored_group("p:0", list(rewards))
+    for rollout in group.rollouts:  # gdpo reads the reward components, not the scalar reward; the others ignore them
+        rollout.reward_components = {"reward": rollout.reward}
+    return np.array(estimator.estimate(group).values, dtype=np.float64)
 
 
 @pytest.mark.parametrize("use", NAMES)
@@ -137,7 +142,7 @@ def test_every_estimator_is_registered_with_a_strict_frozen_config_and_a_cited_d
         assert "arXiv" in doc and "Deviations:" in doc and ".. code-block:: yaml" in doc
 
 
-@pytest.mark.parametrize("module", ["base", "mean_std", "mean", "median", "gapo", "mc_grpo"])
+@pytest.mark.parametrize("module", ["base", "mean_std", "mean", "median", "gapo", "mc_grpo", "group_stats", "gdpo"])
 def test_module_examples_run(module):
     result = doctest.testmod(importlib.import_module(f"gfcr.stages.update.advantage.{module}"))
     assert result.attempted > 0 and result.failed == 0
