@@ -34,6 +34,7 @@ BUILTIN_ADVANTAGE_ESTIMATORS = {
     "gapo": "gfcr.stages.update.advantage.gapo:GAPO",
     "mc_grpo": "gfcr.stages.update.advantage.mc_grpo:MCGRPO",
     "gdpo": "gfcr.stages.update.advantage.gdpo:GDPO",
+    "stratified": "gfcr.stages.update.advantage.stratified:Stratified",
 }
 
 BUILTIN_LOSSES = {

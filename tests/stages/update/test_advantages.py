@@ -16,8 +16,9 @@ from gfcr.stages.testing import scored_group
 from gfcr.stages.update.advantage import AdvantageSpec, lower_median
 
 NAMES = sorted(BUILTIN_ADVANTAGE_ESTIMATORS)
-# Config fields with no default get their smallest valid value here.
-REQUIRED_CONFIG: dict[str, dict] = {}
+# Config fields with no default get their smallest valid value here: stratified has no default
+# stratum key or alpha (the paper's alpha could not be verified).
+REQUIRED_CONFIG = {"stratified": {"stratum_by": "finish_reason", "alpha": 0.5}}
 
 
 def adv(rewards, use, **config):
@@ -142,7 +143,8 @@ def test_every_estimator_is_registered_with_a_strict_frozen_config_and_a_cited_d
         assert "arXiv" in doc and "Deviations:" in doc and ".. code-block:: yaml" in doc
 
 
-@pytest.mark.parametrize("module", ["base", "mean_std", "mean", "median", "gapo", "mc_grpo", "group_stats", "gdpo"])
+@pytest.mark.parametrize("module", ["base", "mean_std", "mean", "median", "gapo", "mc_grpo", "group_stats", "gdpo",
+                                    "stratified"])
 def test_module_examples_run(module):
     result = doctest.testmod(importlib.import_module(f"gfcr.stages.update.advantage.{module}"))
     assert result.attempted > 0 and result.failed == 0
