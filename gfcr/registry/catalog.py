@@ -35,6 +35,7 @@ BUILTIN_ADVANTAGE_ESTIMATORS = {
     "mc_grpo": "gfcr.stages.update.advantage.mc_grpo:MCGRPO",
     "gdpo": "gfcr.stages.update.advantage.gdpo:GDPO",
     "stratified": "gfcr.stages.update.advantage.stratified:Stratified",
+    "grpo_lead": "gfcr.stages.update.advantage.grpo_lead:GRPOLead",
 }
 
 BUILTIN_LOSSES = {
