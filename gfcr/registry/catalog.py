@@ -36,6 +36,7 @@ BUILTIN_ADVANTAGE_ESTIMATORS = {
     "gdpo": "gfcr.stages.update.advantage.gdpo:GDPO",
     "stratified": "gfcr.stages.update.advantage.stratified:Stratified",
     "grpo_lead": "gfcr.stages.update.advantage.grpo_lead:GRPOLead",
+    "xrpo": "gfcr.stages.update.advantage.xrpo:XRPO",
 }
 
 BUILTIN_LOSSES = {

@@ -144,7 +144,7 @@ def test_every_estimator_is_registered_with_a_strict_frozen_config_and_a_cited_d
 
 
 @pytest.mark.parametrize("module", ["base", "mean_std", "mean", "median", "gapo", "mc_grpo", "group_stats", "gdpo",
-                                    "stratified", "grpo_lead"])
+                                    "stratified", "grpo_lead", "xrpo"])
 def test_module_examples_run(module):
     result = doctest.testmod(importlib.import_module(f"gfcr.stages.update.advantage.{module}"))
     assert result.attempted > 0 and result.failed == 0
