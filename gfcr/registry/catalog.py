@@ -38,6 +38,10 @@ BUILTIN_ADVANTAGE_ESTIMATORS = {
     "dr_grpo": "gfcr.stages.update.advantage.dr_grpo:DrGRPO",
     "krpo": "gfcr.stages.update.advantage.krpo:KRPO",
     "pvpo": "gfcr.stages.update.advantage.pvpo:PVPO",
+    "gdpo": "gfcr.stages.update.advantage.gdpo:GDPO",
+    "stratified": "gfcr.stages.update.advantage.stratified:Stratified",
+    "grpo_lead": "gfcr.stages.update.advantage.grpo_lead:GRPOLead",
+    "xrpo": "gfcr.stages.update.advantage.xrpo:XRPO",
 }
 
 BUILTIN_LOSSES = {

@@ -36,6 +36,7 @@ ARXIV = re.compile(r"arXiv[: ]+\d{4}\.\d{4,5}")
 # what a component needs beyond its defaults to run in the toy update and in the pipelines
 SETUP: dict[tuple[str, str], dict] = {
     ("aggregation", "seq_mean_token_sum"): {"with": {"constant": 8}},
+    ("advantage", "stratified"): {"with": {"stratum_by": "finish_reason", "alpha": 0.5}},
 }
 PIPELINE_SETS: dict[tuple[str, str], list[str]] = {
     ("advantage", "mc_grpo"): ["stages.budget.with.n=9"],
