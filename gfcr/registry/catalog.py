@@ -37,6 +37,9 @@ BUILTIN_ADVANTAGE_ESTIMATORS = {
 
 BUILTIN_LOSSES = {
     "ppo_clip": "gfcr.stages.update.loss.ppo_clip:PPOClip",
+    "gspo": "gfcr.stages.update.loss.gspo:GSPO",
+    "gspo_token": "gfcr.stages.update.loss.gspo_token:GSPOToken",
+    "cispo": "gfcr.stages.update.loss.cispo:CISPO",
 }
 
 BUILTIN_AGGREGATIONS = {
