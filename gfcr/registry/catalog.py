@@ -46,6 +46,8 @@ BUILTIN_AGGREGATIONS = {
     "token_mean": "gfcr.stages.update.aggregation.token_mean:TokenMean",
     "seq_mean_token_mean": "gfcr.stages.update.aggregation.seq_mean_token_mean:SeqMeanTokenMean",
     "seq_mean_token_sum": "gfcr.stages.update.aggregation.seq_mean_token_sum:SeqMeanTokenSum",
+    "daro": "gfcr.stages.update.aggregation.daro:DARO",
+    "lambda_grpo": "gfcr.stages.update.aggregation.lambda_grpo:LambdaGRPO",
 }
 
 BUILTIN_DATA_SOURCES = {
