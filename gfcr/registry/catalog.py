@@ -46,12 +46,17 @@ BUILTIN_ADVANTAGE_ESTIMATORS = {
 
 BUILTIN_LOSSES = {
     "ppo_clip": "gfcr.stages.update.loss.ppo_clip:PPOClip",
+    "gspo": "gfcr.stages.update.loss.gspo:GSPO",
+    "gspo_token": "gfcr.stages.update.loss.gspo_token:GSPOToken",
+    "cispo": "gfcr.stages.update.loss.cispo:CISPO",
 }
 
 BUILTIN_AGGREGATIONS = {
     "token_mean": "gfcr.stages.update.aggregation.token_mean:TokenMean",
     "seq_mean_token_mean": "gfcr.stages.update.aggregation.seq_mean_token_mean:SeqMeanTokenMean",
     "seq_mean_token_sum": "gfcr.stages.update.aggregation.seq_mean_token_sum:SeqMeanTokenSum",
+    "daro": "gfcr.stages.update.aggregation.daro:DARO",
+    "lambda_grpo": "gfcr.stages.update.aggregation.lambda_grpo:LambdaGRPO",
 }
 
 BUILTIN_DATA_SOURCES = {

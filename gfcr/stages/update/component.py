@@ -144,6 +144,8 @@ class ComponentSpec(BaseModel):
         if isinstance(data, str):
             raise ValueError(f"the {cls.kind} is a mapping: write `{cls.key}: {{use: {data}}}` "
                              f"(or --set update.with.{cls.key}.use={data})")
+        if isinstance(data, dict) and "with" not in data and "with_" not in data:
+            data = {**data, "with": {}}  # so that a Config with a required key is checked without `with`, too
         return data
 
     @field_validator("use")

@@ -12,8 +12,9 @@ group ``gfcr.aggregations``) with a frozen ``Config``, ``__init__(config)`` and 
   divide by ``plan``'s batch-wide totals, never by the micro-batch's own.
 
 Optional, for aggregations with learnable weights (DARO, lambda-GRPO):
-``parameters(device) -> list[torch.nn.Parameter]`` (added to the update's optimizer with
-the policy's learning rate unless the Config says otherwise), ``batch_term(plan) -> loss``
+``parameters(device) -> list[dict]``, optimizer param groups (``{"params": [...]}``, optionally
+with ``"lr"``) added to the update's AdamW, which uses the policy's learning rate where a group
+sets none, ``batch_term(plan) -> loss | None``
 (added once per step, e.g. a regulariser), ``metrics() -> dict[str, float]``, and
 ``state_dict()`` / ``load_state_dict(state)`` so that a resumed run goes on with the learned
 weights.
