@@ -37,6 +37,12 @@ ARXIV = re.compile(r"arXiv[: ]+\d{4}\.\d{4,5}")
 SETUP: dict[tuple[str, str], dict] = {
     ("aggregation", "seq_mean_token_sum"): {"with": {"constant": 8}},
     ("advantage", "stratified"): {"with": {"stratum_by": "finish_reason", "alpha": 0.5}},
+    ("loss", "cispo"): {"with": {"eps_high": 0.28}},
+    ("aggregation", "lambda_grpo"): {"with": {"r": 0.5}},
+    ("aggregation", "daro"): {"with": {"rollouts_per_prompt": 4}},  # the toy batch's groups of 4
+}
+PIPELINE_SETUP: dict[tuple[str, str], dict] = {
+    ("aggregation", "daro"): {"with": {"rollouts_per_prompt": 8}},  # the pipelines' control.fixed_n
 }
 PIPELINE_SETS: dict[tuple[str, str], list[str]] = {
     ("advantage", "mc_grpo"): ["stages.budget.with.n=9"],
@@ -51,23 +57,23 @@ def _docs(cls: type) -> str:
     return (inspect.getmodule(cls).__doc__ or "") + (cls.__doc__ or "")
 
 
-def _component(kind: str, alias: str) -> dict:
-    return {"use": alias, **SETUP.get((kind, alias), {})}
+def _component(kind: str, alias: str, setup: dict) -> dict:
+    return {"use": alias, **setup.get((kind, alias), SETUP.get((kind, alias), {}))}
 
 
-def _update_config(kind: str, alias: str) -> dict:
+def _update_config(kind: str, alias: str, setup: dict | None = None) -> dict:
     """The update's ``with`` for ``alias``, with the pairings it requires satisfied."""
-    config = {kind: _component(kind, alias)}
+    setup = setup or {}
+    config = {kind: _component(kind, alias, setup)}
     for req in getattr(_cls(kind, alias), "requires", ()):
-        config[req.kind] = _component(req.kind, req.allowed[0])
+        config[req.kind] = _component(req.kind, req.allowed[0], setup)
     return config
 
 
 def _overrides(kind: str, alias: str) -> list[str]:
-    sets = []
-    for key, value in _update_config(kind, alias).items():
-        sets.append(f"update.with.{key}.use={value['use']}")
-        sets += [f"update.with.{key}.with.{k}={json.dumps(v)}" for k, v in value.get("with", {}).items()]
+    """``--set`` overrides replacing whole components (so the pipeline's own ``loss.with.clip``
+    does not reach a loss that has no ``clip``)."""
+    sets = [f"update.with.{key}={json.dumps(value)}" for key, value in _update_config(kind, alias, PIPELINE_SETUP).items()]
     return sets + PIPELINE_SETS.get((kind, alias), [])
 
 

@@ -70,8 +70,8 @@ class DARO:
     class Config(AggregationConfig):
         rollouts_per_prompt: Annotated[int, Field(ge=2, description="G, the group size: difficulties are "
                                                                     "mu = k/G, k = 1..G-1")]
-        lr: Annotated[float, Field(gt=0.0, description="learning rate of the log-weights; None: the "
-                                                       "update's lr")] | None = None
+        lr: Annotated[float, Field(gt=0.0)] | None = Field(
+            None, description="learning rate of the log-weights; null: the update's lr")
 
     @staticmethod
     def pairing_problems(config: Config, ctx: PairingContext) -> list[Pairing]:

@@ -67,7 +67,8 @@ class LambdaGRPO:
         r: Annotated[float, Field(gt=0.0, description="scale of the standardised length in h = 1 + r z (no "
                                                       "default: the paper's value could not be confirmed)")]
         lambda_init: float = Field(0.0, description="initial lambda; 0 is the token mean (DAPO)")
-        lr: Annotated[float, Field(gt=0.0, description="learning rate of lambda; None: the update's lr")] | None = None
+        lr: Annotated[float, Field(gt=0.0)] | None = Field(
+            None, description="learning rate of lambda; null: the update's lr")
 
     def __init__(self, config: Config):
         import torch

@@ -56,8 +56,8 @@ class CISPO:
     class Config(LossConfig):
         eps_high: Annotated[float, Field(gt=0.0, description="upper clip of the IS weight, 1 + eps_high (the paper "
                                                              "tunes it and does not publish a value)")]
-        eps_low: Annotated[float, Field(gt=0.0, le=1.0, description="lower clip 1 - eps_low of the IS weight; None: "
-                                                                    "no lower bound (the paper's)")] | None = None
+        eps_low: Annotated[float, Field(gt=0.0, le=1.0)] | None = Field(
+            None, description="lower clip 1 - eps_low of the IS weight; null: no lower bound (the paper's)")
 
     def __init__(self, config: Config):
         self.config = config
