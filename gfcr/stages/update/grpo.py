@@ -94,6 +94,7 @@ from pydantic import Field, model_validator
 
 from gfcr.records import PromptPool, Rollout, RolloutGroup, RolloutGroups, UpdateReport
 from gfcr.registry import StageConfig
+from gfcr.spec.problems import fixable
 from gfcr.stages.resources import Policy, Resources, prompt_tokens
 from gfcr.stages.update.advantage import AdvantageSpec, estimate_all
 from gfcr.stages.update.aggregation import AggregationSpec, Row
@@ -164,13 +165,13 @@ class GRPOUpdate:
         def _moved_keys(cls, data: Any) -> Any:
             if isinstance(data, dict):
                 if "clip" in data:
-                    raise ValueError(f"`clip` belongs to the loss now: write `loss: {{use: ppo_clip, with: {{clip: "
-                                     f"{list(data['clip']) if isinstance(data['clip'], (list, tuple)) else data['clip']}"
-                                     f"}}}}` (--set update.with.loss.with.clip=[0.2,0.28])")
+                    clip = list(data["clip"]) if isinstance(data["clip"], (list, tuple)) else data["clip"]
+                    raise fixable("`clip` belongs to the loss now", f"write `loss: {{use: ppo_clip, with: {{clip: "
+                                  f"{clip}}}}}` (--set update.with.loss.with.clip=[0.2,0.28])")
                 if "loss_agg" in data:
                     renamed = {"seq_mean": "seq_mean_token_mean"}.get(data["loss_agg"], data["loss_agg"])
-                    raise ValueError(f"`loss_agg` is now a component: write `aggregation: {{use: {renamed}}}` "
-                                     f"(--set update.with.aggregation.use={renamed})")
+                    raise fixable("`loss_agg` is now a component", f"write `aggregation: {{use: {renamed}}}` "
+                                  f"(--set update.with.aggregation.use={renamed})")
             return data
 
         @model_validator(mode="after")
