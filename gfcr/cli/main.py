@@ -11,10 +11,12 @@ anything else), printed with its traceback.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import sys
 import traceback
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -98,12 +100,28 @@ def graph(file: Path, out_path: Annotated[Path, typer.Option("--out", "-o", help
     out.print(f"wrote {written}")
 
 
+class ListFormat(str, Enum):
+    table = "table"
+    markdown = "markdown"
+
+
 @app.command()
 def stages(family: Annotated[Optional[str], typer.Option(help="only this family")] = None,
-           as_json: Annotated[bool, typer.Option("--json", help="machine-readable, with Config schemas")] = False) -> None:
-    """List every registered stage: alias, family, ports, Config fields and origin package."""
+           as_json: Annotated[bool, typer.Option("--json", help="machine-readable, with Config schemas")] = False,
+           components: Annotated[bool, typer.Option("--components", help="list the update's advantage "
+                                                    "estimators, losses and aggregations instead")] = False,
+           fmt: Annotated[ListFormat, typer.Option("--format", help="with --components: a table, or Markdown")]
+           = ListFormat.table) -> None:
+    """List every registered stage: alias, family, ports, Config fields and origin package; with
+    --components, the update's advantage estimators, losses and aggregations."""
     from gfcr.registry import FAMILIES, stage_infos
 
+    if components:
+        _list_components(family, as_json, fmt)
+        return
+    if fmt is not ListFormat.table:
+        err.print("`--format markdown` lists the update's components: add `--components`")
+        raise typer.Exit(2) from None
     if family is not None and family not in FAMILIES:
         err.print(f"unknown family `{family}`; families are {', '.join(FAMILIES)}")
         raise typer.Exit(2) from None
@@ -118,6 +136,33 @@ def stages(family: Annotated[Optional[str], typer.Option(help="only this family"
         sys.stdout.write(json.dumps([i.to_json() for i in infos], indent=2) + "\n")
     else:
         _print_stage_table(infos)
+    if broken:
+        raise typer.Exit(2) from None
+
+
+def _list_components(family: str | None, as_json: bool, fmt: ListFormat) -> None:
+    """``gfcr stages --components``: every advantage estimator, loss and aggregation."""
+    from gfcr.stages.update.describe import COLUMNS, component_infos, markdown_table
+
+    if family is not None:
+        err.print("`--family` filters stages; `--components` lists the update's components, drop one of them")
+        raise typer.Exit(2) from None
+    try:
+        infos, broken = component_infos()
+    except RegistryError as exc:  # e.g. two packages register the same alias
+        _fail(exc)
+        raise typer.Exit(2) from None
+    for name, exc in broken.items():
+        err.print(f"[red]error:[/] {escape(name)} cannot be loaded: {escape(str(exc))}", markup=True)
+    if as_json:
+        sys.stdout.write(json.dumps([dataclasses.asdict(i) for i in infos], indent=2) + "\n")
+    elif fmt is ListFormat.markdown:
+        sys.stdout.write(markdown_table(infos))
+    else:
+        table = Table(*COLUMNS, title="update components (update.with.<kind>: {use: <alias>, with: {...}})")
+        for info in infos:
+            table.add_row(*(escape(cell) for cell in info.row()))
+        out.print(table)
     if broken:
         raise typer.Exit(2) from None
 

@@ -6,7 +6,7 @@ and ``StepOutputs`` (the Replay ingest port) are fed to stages by the runtime.
 """
 
 from gfcr.records.allocation import Allocation, AllocationEntry, Budget
-from gfcr.records.group import GroupStats, RolloutGroup, RolloutGroups, TreeIndex, Verdict
+from gfcr.records.group import GroupStats, Removal, RolloutGroup, RolloutGroups, TreeIndex, Verdict
 from gfcr.records.ids import group_id, prompt_id, rollout_id
 from gfcr.records.prompt import Prompt, PromptPool, VerifierSpec
 from gfcr.records.replay import Provided, ProvidedKind, ProvidedRollout, StepOutputs
@@ -20,7 +20,7 @@ RUNTIME_INPUTS = (PromptPool, StepContext, StepOutputs)
 __all__ = [
     "Allocation", "AllocationEntry", "Budget", "GroupStats", "Lifecycle", "Observation",
     "ObservationSource", "Origin", "PORT_TYPES", "Prompt", "PromptPool", "PromptStats", "Provided",
-    "ProvidedKind", "ProvidedRollout", "StepOutputs",
+    "ProvidedKind", "ProvidedRollout", "Removal", "StepOutputs",
     "RUNTIME_INPUTS", "Rollout", "RolloutGroup", "RolloutGroups", "RolloutStatus", "Segment",
     "SegmentOrigin", "StepContext", "StepReport", "TreeIndex", "UpdateReport", "Verdict",
     "VerifierSpec", "group_id", "prompt_id", "rollout_id",

@@ -1,4 +1,9 @@
-"""Groups of rollouts of one prompt, and ``RolloutGroups``, the port type that carries them."""
+"""Groups of rollouts of one prompt, and ``RolloutGroups``, the port type that carries them.
+
+A Filter stage leaves a whole group out with ``drop(reason)`` (its ``Verdict``), or takes one
+rollout out of its group with ``remove(rollout_id, reason)``: the rollout leaves the group's
+baseline, stats and update, and is kept in ``removed`` (a ``Removal``), so that lineage and the
+step's counts of generated rollouts still see it (``generated``)."""
 
 from __future__ import annotations
 
@@ -64,6 +69,16 @@ class Verdict:
 
 
 @dataclass(slots=True)
+class Removal:
+    """A rollout a filter took out of its group, and why. The runtime stamps ``removed_by`` with
+    the id of the stage that removed it, as it stamps ``Verdict.dropped_by``."""
+
+    rollout: Rollout
+    reason: str
+    removed_by: str | None = None
+
+
+@dataclass(slots=True)
 class RolloutGroup:
     """The rollouts of one prompt in one sampling event (a step, or a loop round of a step)."""
 
@@ -75,6 +90,7 @@ class RolloutGroup:
     tree: TreeIndex | None = None
     verdict: Verdict = field(default_factory=Verdict)
     sample_weight: float = 1.0  # propagated from the Allocation (Prompt-GDRO)
+    removed: list[Removal] = field(default_factory=list)  # rollouts filters took out, for lineage
 
     def __post_init__(self) -> None:
         check_id(self.group_id, "RolloutGroup.group_id")
@@ -88,9 +104,14 @@ class RolloutGroup:
         return GroupStats.of(self.rollouts)
 
     @property
+    def generated(self) -> list[Rollout]:
+        """Every rollout generated for the group: those in it, then those filters removed."""
+        return self.rollouts + [m.rollout for m in self.removed]
+
+    @property
     def complete(self) -> bool:
         """All target rollouts finished (the unit of completion of APRIL and CoPRIS)."""
-        return sum(r.status in FINISHED for r in self.rollouts) >= self.target_size
+        return sum(r.status in FINISHED for r in self.generated) >= self.target_size
 
     @property
     def rewards(self) -> np.ndarray:  # [n] float64; NaN where unscored
@@ -102,6 +123,14 @@ class RolloutGroup:
         the lineage names, with that stage's reason."""
         if self.verdict.included:
             self.verdict = Verdict(included=False, reason=reason)
+
+    def remove(self, rollout_id: str, reason: str) -> None:
+        """Take one rollout out of the group, saying why: it no longer counts in the group's
+        rewards, stats or update, and stays in ``removed`` for lineage."""
+        index = next((i for i, r in enumerate(self.rollouts) if r.rollout_id == rollout_id), None)
+        if index is None:
+            raise ValueError(f"group {self.group_id} has no rollout {rollout_id} to remove")
+        self.removed.append(Removal(self.rollouts.pop(index), reason))
 
 
 @dataclass(slots=True)

@@ -65,11 +65,11 @@ class StepReport:
 
     @property
     def rollouts_generated(self) -> int:
-        return sum(len(g.rollouts) for g in self.groups)
+        return sum(len(g.generated) for g in self.groups)
 
     @property
     def tokens_generated(self) -> int:
-        return sum(len(r) for g in self.groups for r in g.rollouts)
+        return sum(len(r) for g in self.groups for r in g.generated)
 
     @property
     def groups_kept(self) -> int:

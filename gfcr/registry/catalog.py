@@ -17,6 +17,7 @@ BUILTIN_STAGES = {
     "filter.nonzero_variance": "gfcr.stages.filter.nonzero_variance:NonzeroVariance",
     "filter.dynamic_sampling": "gfcr.stages.filter.dynamic_sampling:DynamicSampling",
     "filter.verify": "gfcr.stages.filter.verify:Verify",
+    "filter.finish_reason": "gfcr.stages.filter.finish_reason:FinishReasonFilter",
     "generate.sample": "gfcr.stages.generate.sample:Sample",
     "generate.fake": "gfcr.stages.testing:FakeGenerate",
     "update.grpo": "gfcr.stages.update.grpo:GRPOUpdate",

@@ -10,14 +10,16 @@ A row follows a rollout from its prompt to the update:
   differ only for rollouts continued across updates), the engine ``replica``, ``status``,
   ``finish_reason``, ``n_tokens`` and ``created_by`` (the id of the first stage that output it);
 - what was decided: ``reward``, ``correct``, ``reward_reason``, ``advantage`` (the mean over
-  tokens for per-token estimators), ``dropped_by`` (the id of the stage that dropped its group,
-  or null) with ``drop_reason``, ``changed_by`` (the ids of the stages that changed its group's
-  rewards, advantages, loss masks, sample weights or verdict, in order) and ``in_update`` (its
-  group reached the update stage).
+  tokens for per-token estimators), ``dropped_by`` (the id of the stage that dropped its group
+  or removed the rollout from it, or null) with ``drop_reason``, ``changed_by`` (the ids of the
+  stages that changed its group's rewards, advantages, loss masks, sample weights, rollouts or
+  verdict, in order) and ``in_update`` (it reached the update stage in its group).
 
 The runtime, not the stages, records ``created_by``, ``dropped_by`` and ``changed_by``.
 
-Filters drop whole groups, so every rollout of a group shares its verdict.
+A filter drops a whole group (every rollout of it shares the verdict) or removes one rollout
+from its group (``RolloutGroup.remove``): a removed rollout keeps its row, after its group's
+rollouts, with the removing stage and reason, and ``in_update`` false.
 """
 
 from __future__ import annotations
@@ -45,8 +47,16 @@ SCHEMA = pa.schema([
 
 
 def lineage_rows(report: StepReport) -> list[dict[str, Any]]:
-    """The lineage rows of one step, in group order, then rollout order."""
-    return [_row(report, g, r) for g in report.groups for r in g.rollouts]
+    """The lineage rows of one step, in group order, then rollout order (removed rollouts last)."""
+    return [row for g in report.groups for row in _group_rows(report, g)]
+
+
+def _group_rows(report: StepReport, group: RolloutGroup) -> list[dict[str, Any]]:
+    rows = [_row(report, group, r) for r in group.rollouts]
+    for removal in group.removed:  # removed before anything later happened to its group
+        rows.append({**_row(report, group, removal.rollout), "dropped_by": removal.removed_by,
+                     "drop_reason": removal.reason, "in_update": False})
+    return rows
 
 
 def _row(report: StepReport, group: RolloutGroup, r: Rollout) -> dict[str, Any]:

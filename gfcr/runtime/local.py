@@ -197,6 +197,8 @@ class LocalRunner:
                 for g in copies:
                     if not g.verdict.included and gid not in state.dropped_by:
                         self._dropped(sid, state, g)
+                    for removal in g.removed:  # rollouts this stage took out of the group
+                        removal.removed_by = removal.removed_by or sid
 
     @staticmethod
     def _dropped(sid: str, state: _StepState, group: RolloutGroup) -> None:

@@ -8,6 +8,7 @@ import typing
 from typing import Any, Iterable
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticCustomError
 
 from gfcr.errors import Problem, did_you_mean, known
 from gfcr.spec.yaml_source import KeyPath, SourceMap
@@ -17,6 +18,14 @@ _TYPE_WORDS = {
     "string_type": "a string", "dict_type": "a mapping", "list_type": "a list", "tuple_type": "a list",
     "model_type": "a mapping", "int_from_float": "an integer", "model_attributes_type": "a mapping",
 }
+BOUNDS = ("greater_than_equal", "greater_than", "less_than_equal", "less_than", "too_short", "too_long")
+FIXABLE = "gfcr_fixable"  # the error type of `fixable`
+
+
+def fixable(message: str, fix: str) -> PydanticCustomError:
+    """A validator's error that carries its fix: raise it where a ValueError would go, and
+    ``gfcr validate`` prints the fix on its own ``fix:`` line (``str()`` shows both)."""
+    return PydanticCustomError(FIXABLE, "{message}; {fix}", {"message": message, "fix": fix})
 
 
 def dotted(path: Iterable[str | int]) -> str:
@@ -86,8 +95,14 @@ def _clean_loc(loc: tuple, data: Any) -> KeyPath:
 def _fix(err: dict, path: KeyPath, root: type[BaseModel]) -> tuple[str, str | None]:
     kind, msg = err["type"], err["msg"].removeprefix("Value error, ")
     key = path[-1] if path else ""
+    if kind == FIXABLE:
+        return err["ctx"]["message"], err["ctx"]["fix"]
     if kind == "extra_forbidden":
-        allowed = model_keys(type_at(root, path[:-1])) or []
+        owner = type_at(root, path[:-1])
+        moved = getattr(owner, "moved_keys", {}).get(str(key))  # a key a Config had before, and where it went
+        if moved:
+            return f"`{key}` is no longer a key here", moved
+        allowed = model_keys(owner) or []
         hint = did_you_mean(str(key), allowed)
         return f"unknown key `{key}`", hint or f"remove `{key}`; the keys allowed here are {known(allowed)}"
     if kind == "missing":
@@ -108,7 +123,7 @@ def _fix(err: dict, path: KeyPath, root: type[BaseModel]) -> tuple[str, str | No
             return (f"`{err['input']}` is not a valid name",
                     "names use letters, digits and `_`, and start with a letter or `_`")
         return f"`{err['input']}` does not have the required form", _pattern_fix(err["ctx"]["pattern"])
-    if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than", "too_short", "too_long"):
+    if kind in BOUNDS:
         return f"{msg}, got `{err['input']!r}`", "change the value to satisfy the bound"
     return msg, None
 

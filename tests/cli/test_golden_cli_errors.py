@@ -1,7 +1,8 @@
 """The golden table of user errors at the command line: a bad checkpoint, model, run directory,
-evaluation or data. Each runs through `gfcr run` / `gfcr resume` and must exit 2 with what
-happened, where (the file or folder) and the fix, and no traceback. A bug in a stage still
-exits 1 with its traceback.
+evaluation or data, and a bad `--set` of the update's components. Each runs through `gfcr run`
+/ `gfcr resume` / `gfcr validate` and must exit 2 with what happened, where (the file or
+folder, ``file:line:`` or the `--set` that brought the value) and the fix, and no traceback.
+A bug in a stage still exits 1 with its traceback.
 
 The spec-level golden table (bad YAML, config, wiring) is tests/spec/test_golden_errors.py."""
 
@@ -138,6 +139,29 @@ RUN_CASES = [
 ]
 
 
+QUICKSTART = str(Path(__file__).resolve().parents[2] / "pipelines" / "quickstart.yaml")
+UPDATE_LINE = f"{QUICKSTART}:13:"  # the quickstart's `update:` line
+
+# (id, --set, where, what, fix) through `gfcr validate` of the quickstart (update.grpo)
+SET_CASES = [
+    ("clip moved to the loss", "update.with.clip=[0.2,0.28]", "--set update.with.clip=[0.2,0.28]:",
+     "update.with.clip: `clip` is no longer a key here",
+     "write `loss: {use: ppo_clip, with: {clip: [0.2, 0.28]}}` (--set update.with.loss.with.clip=[0.2,0.28])"),
+    ("loss_agg is now a component", "update.with.loss_agg=seq_mean", "--set update.with.loss_agg=seq_mean:",
+     "update.with.loss_agg: `loss_agg` is no longer a key here",
+     "`seq_mean` is now `seq_mean_token_mean`; --set update.with.aggregation.use=seq_mean_token_mean"),
+    ("near-miss loss alias", "update.with.loss.use=ppo_clpi", "--set update.with.loss.use=ppo_clpi:",
+     "update.with.loss.use: unknown loss `ppo_clpi`", "did you mean `ppo_clip`?"),
+    ("aggregation without its required constant", "update.with.aggregation.use=seq_mean_token_sum", UPDATE_LINE,
+     "update.with.aggregation.with: aggregation `seq_mean_token_sum`: `constant` is required",
+     "write `aggregation: {use: seq_mean_token_sum, with: {constant: ...}}` "
+     "(--set update.with.aggregation.with.constant=...)"),
+    ("dual clip not above 1", "update.with.loss.with.dual_clip=0.5", UPDATE_LINE,
+     "update.with.loss.with: loss `ppo_clip`: `dual_clip`: Input should be greater than 1, got `0.5`",
+     "change `dual_clip` to satisfy the bound"),
+]
+
+
 def _assert_user_error(result, says: list[str], fix: str) -> None:
     output = result.output
     assert result.exit_code == 2, output
@@ -148,7 +172,7 @@ def _assert_user_error(result, says: list[str], fix: str) -> None:
 
 
 def test_the_table_covers_every_user_error_class():
-    assert len(RESUME_CASES) + len(RUN_CASES) >= 15
+    assert len(RESUME_CASES) + len(RUN_CASES) + len(SET_CASES) >= 20
 
 
 @pytest.mark.parametrize("case", RESUME_CASES, ids=[c.id for c in RESUME_CASES])
@@ -165,6 +189,13 @@ def test_a_bad_model_eval_or_data_exits_2_with_what_where_and_the_fix(make, says
     spec = make(tmp_path)
     result = cli.invoke(app, ["run", str(spec), "--run-dir", str(tmp_path / "run"), "--executor", "local"])
     _assert_user_error(result, [s.format(tmp=tmp_path) for s in says], fix)
+
+
+@pytest.mark.parametrize("override, where, says, fix", [c[1:] for c in SET_CASES], ids=[c[0] for c in SET_CASES])
+def test_a_bad_component_set_exits_2_with_what_where_and_the_fix(override, where, says, fix):
+    result = cli.invoke(app, ["validate", QUICKSTART, "--set", override])
+    _assert_user_error(result, [where, says], fix)
+    assert result.output.startswith(where), result.output  # where comes first, as `file:line:` or `--set ...:`
 
 
 def test_a_damaged_newest_checkpoint_is_skipped_with_a_warning(finished_run, tmp_path):

@@ -102,3 +102,17 @@ def test_a_group_dropped_twice_keeps_its_first_reason():
     group.drop("stopped in flight")
     group.drop("zero variance")
     assert not group.verdict.included and group.verdict.reason == "stopped in flight"
+
+
+def test_a_removed_rollout_leaves_the_group_but_stays_in_what_was_generated():
+    group = scored_group("p:0", [1.0, 0.0, 0.0])
+    removed_id = group.rollouts[1].rollout_id
+    group.remove(removed_id, "finish reason `aborted`")
+    assert [r.reward for r in group.rollouts] == [1.0, 0.0] and group.stats.n == 2
+    assert group.rewards.tolist() == [1.0, 0.0]  # what a group baseline sees
+    assert [r.rollout_id for r in group.generated][-1] == removed_id and len(group.generated) == 3
+    assert [(m.rollout.rollout_id, m.reason, m.removed_by) for m in group.removed] == [
+        (removed_id, "finish reason `aborted`", None)]  # the runtime stamps removed_by
+    assert group.verdict.included
+    with pytest.raises(ValueError, match=f"has no rollout {removed_id} to remove"):
+        group.remove(removed_id, "again")

@@ -36,6 +36,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from gfcr.errors import RegistryError, did_you_mean, known
+from gfcr.spec.problems import BOUNDS, fixable
 
 
 class ComponentConfig(BaseModel):
@@ -102,18 +103,23 @@ def _validated(config: type[BaseModel], values: dict[str, Any]) -> BaseModel:
     return config.model_validate_json(text)
 
 
-def _config_problems(exc: ValidationError, allowed: list[str]) -> str:
-    parts = []
+def _config_problems(exc: ValidationError, allowed: list[str], key: str, use: str) -> tuple[str, str]:
+    """What is wrong with the ``with`` of the update's component ``key: {use: ...}``, and the fix."""
+    parts, fixes = [], []
     for err in exc.errors(include_url=False):
-        key = ".".join(str(p) for p in err["loc"]) or "with"
+        field = ".".join(str(p) for p in err["loc"]) or "with"
         if err["type"] == "extra_forbidden":
-            hint = did_you_mean(key, allowed) or f"the keys allowed are {known(allowed) or 'none'}"
-            parts.append(f"unknown key `{key}` ({hint})")
+            parts.append(f"unknown key `{field}`")
+            fixes.append(did_you_mean(field, allowed) or f"the keys allowed are {known(allowed) or 'none'}")
         elif err["type"] == "missing":
-            parts.append(f"`{key}` is required")
+            parts.append(f"`{field}` is required")
+            fixes.append(f"it has no default: write `{key}: {{use: {use}, with: {{{field}: ...}}}}` "
+                         f"(--set update.with.{key}.with.{field}=...)")
         else:
-            parts.append(f"`{key}`: {err['msg']}, got `{err['input']!r}`")
-    return "; ".join(parts)
+            parts.append(f"`{field}`: {err['msg']}, got `{err['input']!r}`")
+            fixes.append(f"change `{field}` to satisfy the bound" if err["type"] in BOUNDS else
+                         f"give `{field}` a value of its type (`gfcr stages --components` shows the defaults)")
+    return "; ".join(parts), "; ".join(dict.fromkeys(fixes))
 
 
 class ComponentSpec(BaseModel):
@@ -142,10 +148,10 @@ class ComponentSpec(BaseModel):
     @classmethod
     def _not_a_bare_name(cls, data: Any) -> Any:
         if isinstance(data, str):
-            raise ValueError(f"the {cls.kind} is a mapping: write `{cls.key}: {{use: {data}}}` "
-                             f"(or --set update.with.{cls.key}.use={data})")
+            raise fixable(f"the {cls.kind} is a mapping", f"write `{cls.key}: {{use: {data}}}` "
+                                                          f"(or --set update.with.{cls.key}.use={data})")
         if isinstance(data, dict) and "with" not in data and "with_" not in data:
-            data = {**data, "with": {}}  # so that a Config with a required key is checked without `with`, too
+            data = {**data, "with": {}}  # so that `_fits` checks an absent `with` too (a required key)
         return data
 
     @field_validator("use")
@@ -154,7 +160,7 @@ class ComponentSpec(BaseModel):
         try:
             cls.registry().get(use)
         except RegistryError as exc:
-            raise ValueError(f"{exc.message}; {exc.fix}") from None
+            raise fixable(exc.message, exc.fix) from None
         return use
 
     @field_validator("with_")
@@ -167,7 +173,8 @@ class ComponentSpec(BaseModel):
         try:
             _validated(config, values)
         except ValidationError as exc:
-            raise ValueError(f"{cls.kind} `{use}`: {_config_problems(exc, list(config.model_fields))}") from None
+            message, fix = _config_problems(exc, list(config.model_fields), cls.key, use)
+            raise fixable(f"{cls.kind} `{use}`: {message}", fix) from None
         return values
 
     def component_class(self) -> type:

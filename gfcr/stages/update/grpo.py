@@ -87,13 +87,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field, model_validator
 
 from gfcr.records import PromptPool, Rollout, RolloutGroup, RolloutGroups, UpdateReport
 from gfcr.registry import StageConfig
+from gfcr.spec.problems import fixable
 from gfcr.stages.resources import Policy, Resources, prompt_tokens
 from gfcr.stages.update.advantage import AdvantageSpec, estimate_all
 from gfcr.stages.update.aggregation import AggregationSpec, Row
@@ -143,6 +144,15 @@ class GRPOUpdate:
     """Clipped-surrogate policy update with a registered advantage estimator."""
 
     class Config(StageConfig):
+        # keys of earlier versions, and where they went (``gfcr validate`` says so; no before-validator,
+        # which would turn off JSON-mode parsing of tuples)
+        moved_keys: ClassVar[dict[str, str]] = {
+            "clip": "the ratio clip belongs to the loss now: write `loss: {use: ppo_clip, with: {clip: [0.2, 0.28]}}` "
+                    "(--set update.with.loss.with.clip=[0.2,0.28])",
+            "loss_agg": "the aggregation is a component now: write `aggregation: {use: token_mean}` (`seq_mean` is "
+                        "now `seq_mean_token_mean`; --set update.with.aggregation.use=seq_mean_token_mean)",
+        }
+
         lr: Annotated[float, Field(gt=0.0, description="AdamW learning rate (constant)")] = 1e-6
         advantage: AdvantageSpec = Field(AdvantageSpec(), description="advantage estimator: {use: <alias>, with: {...}}")
         loss: LossSpec = Field(LossSpec(), description="per-token policy loss: {use: <alias>, with: {...}}")
@@ -158,20 +168,6 @@ class GRPOUpdate:
         adam_eps: Annotated[float, Field(gt=0.0)] = 1e-8
         micro_batch_size: Annotated[int, Field(ge=1, description="rollouts per forward/backward pass")] = 16
         temperature: Annotated[float, Field(gt=0.0, description="the sampling temperature (log-probs are tempered)")] = 1.0
-
-        @model_validator(mode="before")
-        @classmethod
-        def _moved_keys(cls, data: Any) -> Any:
-            if isinstance(data, dict):
-                if "clip" in data:
-                    raise ValueError(f"`clip` belongs to the loss now: write `loss: {{use: ppo_clip, with: {{clip: "
-                                     f"{list(data['clip']) if isinstance(data['clip'], (list, tuple)) else data['clip']}"
-                                     f"}}}}` (--set update.with.loss.with.clip=[0.2,0.28])")
-                if "loss_agg" in data:
-                    renamed = {"seq_mean": "seq_mean_token_mean"}.get(data["loss_agg"], data["loss_agg"])
-                    raise ValueError(f"`loss_agg` is now a component: write `aggregation: {{use: {renamed}}}` "
-                                     f"(--set update.with.aggregation.use={renamed})")
-            return data
 
         @model_validator(mode="after")
         def _one_ratio_rule(self) -> "GRPOUpdate.Config":

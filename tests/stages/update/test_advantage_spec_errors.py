@@ -15,9 +15,9 @@ QUICKSTART = str(Path(__file__).resolve().parents[3] / "pipelines" / "quickstart
 
 @pytest.mark.parametrize("overrides, path, message", [
     (["update.with.advantage.use=medain"], "update.with.advantage.use",
-     "unknown advantage estimator `medain`; did you mean `median`"),
+     "unknown advantage estimator `medain`\n    fix: did you mean `median`"),
     (["update.with.advantage.use=gapo", "update.with.advantage.with.fracton=0.3"], "update.with.advantage.with",
-     "advantage estimator `gapo`: unknown key `fracton` (did you mean `fraction`?)"),
+     "advantage estimator `gapo`: unknown key `fracton`\n    fix: did you mean `fraction`?"),
     (["update.with.advantage.use=gapo", "update.with.advantage.with.fraction=1.5"], "update.with.advantage.with",
      "`fraction`: Input should be less than or equal to 1"),
     (["update.with.advantage=median"], "update.with.advantage", "write `advantage: {use: median}`"),

@@ -132,7 +132,7 @@ def test_gapo_window_size_is_robust_to_float_rounding():
 def test_the_spec_is_checked_against_the_registry_and_the_estimator_config():
     with pytest.raises(ValidationError, match="unknown advantage estimator `medain`; did you mean `median`"):
         AdvantageSpec(use="medain")
-    with pytest.raises(ValidationError, match="unknown key `fracton` \\(did you mean `fraction`"):
+    with pytest.raises(ValidationError, match="unknown key `fracton`; did you mean `fraction`"):
         AdvantageSpec(use="gapo", **{"with": {"fracton": 0.5}})
     with pytest.raises(ValidationError, match="`fraction`: Input should be less than or equal to 1"):
         AdvantageSpec(use="gapo", **{"with": {"fraction": 2.0}})

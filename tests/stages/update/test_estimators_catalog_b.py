@@ -267,7 +267,7 @@ def test_xrpo_group_of_two_and_missing_correct():
     (["update.with.advantage.use=stratified", "update.with.advantage.with.stratum_by=finish_reason"],
      "`alpha` is required"),
     (["update.with.advantage.use=grpo_lead", "update.with.advantage.with.midpont=0.5"],
-     "advantage estimator `grpo_lead`: unknown key `midpont` (did you mean `midpoint`?)"),
+     "advantage estimator `grpo_lead`: unknown key `midpont`\n    fix: did you mean `midpoint`?"),
 ])
 def test_bad_catalog_b_specs_fail_validation_with_the_key_path(overrides, message):
     result = CliRunner().invoke(app, ["validate", QUICKSTART] + [a for o in overrides for a in ("--set", o)])

@@ -24,7 +24,7 @@ Config(fraction=0.5, eps=1e-06)
 ...     AdvantageSpec(use="medain")
 ... except ValueError as exc:
 ...     print(exc.errors()[0]["msg"])
-Value error, unknown advantage estimator `medain`; did you mean `median` or `mean`?
+unknown advantage estimator `medain`; did you mean `median` or `mean`?
 """
 
 from __future__ import annotations

@@ -1,0 +1,104 @@
+"""The update's components as ``gfcr stages --components`` and ``docs/update-catalog.md`` list
+them, read from the registries (``ADVANTAGE_ESTIMATORS``, ``LOSSES``, ``AGGREGATIONS``) and
+from each component's own module docstring and Config, so a new component shows up without
+anyone editing a list:
+
+- ``paper``: the first arXiv id in the module docstring, or ``-``;
+- ``changes``: the first sentence of the docstring after ``<kind> ``alias``:``, without the
+  parentheses that cite arXiv ids (the ``paper`` column has the first of them);
+- ``defaults``: every Config field as ``name=value`` (YAML values), or ``name (required)``;
+- ``requires``: the class's ``requires`` Requirements, and whether it has a pipeline check
+  (``pairing_problems``) that ``gfcr validate`` runs.
+
+Example:
+
+>>> info = next(i for i in component_infos()[0] if i.alias == "gapo")
+>>> info.kind, info.paper, info.changes, info.defaults
+('advantage', '2510.21830', "GAPO's adaptive-Q advantage", 'fraction=0.5, eps=1e-06')
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+from dataclasses import dataclass
+
+from pydantic_core import to_jsonable_python
+
+from gfcr.errors import RegistryError
+from gfcr.registry import catalog
+
+KINDS = {"advantage": "ADVANTAGE_ESTIMATORS", "loss": "LOSSES", "aggregation": "AGGREGATIONS"}
+COLUMNS = ("kind", "alias", "paper", "what it changes", "defaults", "requires")
+
+_ARXIV = re.compile(r"arXiv[:\s]+(\d{4}\.\d{4,5})")
+_CITATION = re.compile(r"\s*\([^()]*arXiv[^()]*\)")  # a parenthesis that cites an arXiv id
+_ALIAS_PREFIX = re.compile(r"^\w+ ``[^`]+``:\s*")  # "advantage ``mean_std``: "
+_SENTENCE_END = re.compile(r"(?<=[^\s.]{3})\.(?:\s|$)")  # not after "Dr." or "et al."
+
+
+@dataclass(frozen=True)
+class ComponentInfo:
+    kind: str  # the update's key: advantage, loss or aggregation
+    alias: str
+    paper: str
+    changes: str
+    defaults: str
+    requires: str
+    origin: str  # the package that registered it ("gfcr" for built-ins)
+
+    def row(self) -> tuple[str, ...]:
+        return self.kind, self.alias, self.paper, self.changes, self.defaults, self.requires
+
+
+def component_infos() -> tuple[list[ComponentInfo], dict[str, RegistryError]]:
+    """Every registered component, by kind then alias, and those that failed to load, with why
+    (keyed ``kind alias``): one broken plugin does not hide the others."""
+    infos, broken = [], {}
+    for kind, name in KINDS.items():
+        registry = getattr(catalog, name)
+        for alias in registry.names():
+            try:
+                infos.append(describe(kind, alias, registry.get(alias), registry.origin(alias)))
+            except RegistryError as exc:
+                broken[f"{kind} {alias}"] = exc
+    return infos, broken
+
+
+def describe(kind: str, alias: str, cls: type, origin: str = "gfcr") -> ComponentInfo:
+    doc = inspect.getmodule(cls).__doc__ or cls.__doc__ or ""
+    paper = _ARXIV.search(doc)
+    return ComponentInfo(kind, alias, paper.group(1) if paper else "-", first_sentence(doc),
+                         defaults(cls.Config), requirements(cls), origin)
+
+
+def first_sentence(doc: str) -> str:
+    """The docstring's first sentence after its alias, without arXiv citations, in single backticks."""
+    paragraph = " ".join(doc.strip().split("\n\n")[0].split())
+    text = _CITATION.sub("", _ALIAS_PREFIX.sub("", paragraph))
+    return _SENTENCE_END.split(text, maxsplit=1)[0].rstrip(".").replace("``", "`")
+
+
+def defaults(config: type) -> str:
+    fields = [f"{name} (required)" if f.is_required() else
+              f"{name}={json.dumps(to_jsonable_python(f.get_default(call_default_factory=True)))}"
+              for name, f in config.model_fields.items()]
+    return ", ".join(fields) or "-"
+
+
+def requirements(cls: type) -> str:
+    needs = [f"{r.kind} {' or '.join(r.allowed)}" for r in getattr(cls, "requires", ())]
+    if getattr(cls, "pairing_problems", None) is not None:
+        needs.append("pipeline checks (gfcr validate)")
+    return "; ".join(needs) or "-"
+
+
+def markdown_table(infos: list[ComponentInfo]) -> str:
+    """The components as a Markdown table, arXiv ids linked."""
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for info in infos:
+        paper = info.paper if info.paper == "-" else f"[{info.paper}](https://arxiv.org/abs/{info.paper})"
+        cells = (info.kind, f"`{info.alias}`", paper, info.changes, info.defaults, info.requires)
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
