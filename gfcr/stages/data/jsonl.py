@@ -182,6 +182,8 @@ class JsonlSource:
         limit: Annotated[int, Field(ge=1, description="load at most this many prompts")] | None = None
         name: Annotated[str, Field(pattern=NAME, description="the ids' source part")] | None = None
         split: Annotated[str, Field(pattern=NAME, description="the ids' split part")] = "train"
+        metadata_fields: list[str] = Field(default_factory=list, description="row fields copied into the prompt's "
+                                           "metadata, e.g. `reference_reward` for the `pvpo` estimator")
 
         @field_validator("verifier")
         @classmethod
@@ -231,10 +233,23 @@ class JsonlSource:
                 problems.add(line, f"unusable answer in field `{cfg.answer_field}`: {exc}")
         if text is not None:
             text = self._fill(row, text, line, problems)
+        metadata = {"line": line, **self._metadata(row, line, problems)}
         if len(problems.problems) > before or text is None or answer is None or row_id is None:
             return None
         return Prompt(prompt_id(self.source_name, cfg.split, row_id), text=text,
-                      verifier=VerifierSpec(cfg.verifier, answer), metadata={"line": line})
+                      verifier=VerifierSpec(cfg.verifier, answer), metadata=metadata)
+
+    def _metadata(self, row: dict[str, Any], line: int, problems: RowProblems) -> dict[str, Any]:
+        """The ``metadata_fields`` of the row: numbers, strings or booleans, each required."""
+        out = {}
+        for key in self.config.metadata_fields:
+            value = row.get(key)
+            if isinstance(value, (int, float, str, bool)):
+                out[key] = value
+            else:
+                problems.add(line, f"metadata field `{key}` is {'missing' if value is None else 'not a number, string or boolean'}",
+                             f"give every row a `{key}` value, or remove it from `metadata_fields`")
+        return out
 
     def _row_id(self, row: dict[str, Any], line: int, index: int, problems: RowProblems,
                 seen: dict[str, int]) -> str | None:

@@ -171,3 +171,24 @@ def test_docstring_example_runs_and_its_yaml_validates(module):
                   and hasattr(cls, "load"))
     for entry in entries.values():
         source.Config.model_validate_json(json.dumps(entry["with"]), strict=True)
+
+
+def test_metadata_fields_feed_the_pvpo_reference_reward(tmp_path):
+    from gfcr.stages.testing import scored_group
+    from gfcr.stages.update.advantage import AdvantageSpec
+
+    path = write(tmp_path / "anchored.jsonl", [{"prompt": "1 + 1?", "answer": 2, "reference_reward": 0.25},
+                                               {"prompt": "2 + 2?", "answer": 4, "reference_reward": 1}])
+    pool = load(path, verifier="arithmetic", metadata_fields=["reference_reward"])
+    assert [p.metadata for p in pool] == [{"line": 1, "reference_reward": 0.25}, {"line": 2, "reference_reward": 1}]
+    group = scored_group(pool[0].prompt_id, [1.0, 0.0])
+    out = AdvantageSpec(use="pvpo").build().estimate_batch([group], pool)
+    assert out[0].values == (0.75, -0.25)  # r - 0.25, the static anchor, no std
+
+
+def test_a_missing_metadata_field_is_a_row_error(tmp_path):
+    path = write(tmp_path / "anchored.jsonl", [{"prompt": "1 + 1?", "answer": 2, "reference_reward": 0.5},
+                                               {"prompt": "2 + 2?", "answer": 4}])
+    with pytest.raises(DataError) as err:
+        load(path, verifier="arithmetic", metadata_fields=["reference_reward"])
+    assert "anchored.jsonl:2" in str(err.value) and "metadata field `reference_reward` is missing" in str(err.value)

@@ -16,7 +16,7 @@ gfcr reads ``V_sta`` from the prompt's metadata, ``Prompt.metadata[key]`` (``key
 ``reference_reward``), so the update calls ``estimate_batch(groups, pool)`` with the prompt
 pool; ``estimate(group)`` alone has no pool and raises. A prompt without the value is a
 ValueError naming it: its data source must put the pre-computed mean reward into every
-prompt's metadata.
+prompt's metadata (the ``jsonl`` source does with ``metadata_fields: [reference_reward]``).
 
 Deviations:
 - the anchor is static for the whole run: the paper refreshes ``r_ref`` with the reference
@@ -87,8 +87,8 @@ class PVPO:
         if value is None:
             raise ValueError(f"prompt {pid}: no `{key}` in its metadata; `pvpo`'s baseline is the mean reward of "
                              "a reference policy's rollouts on each prompt, computed before training: give every "
-                             f"prompt `metadata['{key}']` in its data source (a field of each row copied into "
-                             "Prompt.metadata), or set the estimator's `key:` to the field that holds it")
+                             f"prompt `metadata['{key}']` in its data source (the jsonl source copies row fields with "
+                             f"`metadata_fields: [{key}]`), or set the estimator's `key:` to the field that holds it")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ValueError(f"prompt {pid}: `metadata['{key}']` is {value!r}; `pvpo` needs a finite number "
                              "(the mean reward of the reference policy's rollouts on the prompt)")
