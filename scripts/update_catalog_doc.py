@@ -43,7 +43,7 @@ update:
   use: update.grpo
   from: reward
   with:
-    advantage: {{use: mean}}
+    advantage: {{use: dr_grpo}}
     loss: {{use: ppo_clip, with: {{clip: [0.2, 0.28]}}}}
     aggregation: {{use: seq_mean_token_sum, with: {{constant: 8}}}}
 ```
@@ -51,7 +51,7 @@ update:
 The same from the command line, on any pipeline whose update is `update.grpo`:
 
 ```
-gfcr validate pipelines/quickstart.yaml --set update.with.advantage.use=mean \\
+gfcr validate pipelines/quickstart.yaml --set update.with.advantage.use=dr_grpo \\
     --set update.with.aggregation.use=seq_mean_token_sum --set update.with.aggregation.with.constant=8
 ```
 

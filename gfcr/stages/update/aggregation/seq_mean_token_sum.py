@@ -28,7 +28,7 @@ YAML (Dr.GRPO: its estimator and this aggregation, with the generation's max_new
 
 .. code-block:: yaml
 
-    update: {use: update.grpo, from: keep, with: {advantage: {use: mean}, aggregation: {use: seq_mean_token_sum, with: {constant: 8}}}}
+    update: {use: update.grpo, from: keep, with: {advantage: {use: dr_grpo}, aggregation: {use: seq_mean_token_sum, with: {constant: 8}}}}
 """
 
 from __future__ import annotations
