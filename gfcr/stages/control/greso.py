@@ -80,21 +80,16 @@ YAML:
 
 from __future__ import annotations
 
-import math
 import zlib
-from collections import deque
-from dataclasses import dataclass, fields
-from enum import Enum
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import numpy as np
 from pydantic import Field, model_validator
 
-from gfcr.records import (
-    Allocation, AllocationEntry, Lifecycle, Observation, ObservationSource, Prompt, PromptPool, PromptStats,
-    RolloutGroup, StepContext, StepReport,
-)
+from gfcr.records import Allocation, AllocationEntry, Prompt, PromptPool, PromptStats, StepContext, StepReport
 from gfcr.registry import StageConfig
+from gfcr.stages.control.prompt_stats import observe_group, stats_from_state, stats_to_state
 from gfcr.stages.control.uniform import epoch_order, start_batch
 
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
@@ -115,45 +110,6 @@ def skip_probability(stats: PromptStats | None, p_easy: float, p_hard: float,
 def visit_draw(seed: int, epoch: int, step: int, prompt_id: str) -> float:
     """The uniform [0, 1) draw of one visit of a prompt, a pure function of where it happens."""
     return float(np.random.default_rng([seed, epoch, step, zlib.crc32(prompt_id.encode())]).random())
-
-
-def observe_group(group: RolloutGroup, policy_version: int) -> Observation | None:
-    """The observation a group makes of its prompt: correct out of the judged rollouts (None
-    when no rollout was judged)."""
-    judged = [r for r in group.rollouts if r.correct is not None]
-    if not judged:
-        return None
-    stats = group.stats
-    return Observation(step=group.step, policy_version=policy_version, n=len(judged),
-                       n_correct=sum(bool(r.correct) for r in judged), mean_reward=stats.reward_mean,
-                       reward_std=stats.reward_std, mean_length=stats.mean_length)
-
-
-def _plain(value: Any) -> Any:
-    """A JSON-safe form of a PromptStats or Observation field (enums as strings, NaN as None)."""
-    if isinstance(value, Enum):
-        return value.value
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    return value
-
-
-def stats_to_state(stats: PromptStats) -> dict[str, Any]:
-    """PromptStats as plain JSON-serializable data."""
-    state = {f.name: _plain(getattr(stats, f.name)) for f in fields(PromptStats) if f.name != "history"}
-    state["history"] = [{f.name: _plain(getattr(o, f.name)) for f in fields(Observation)} for o in stats.history]
-    return state
-
-
-def stats_from_state(state: dict[str, Any]) -> PromptStats:
-    """The inverse of ``stats_to_state``."""
-    history = deque(
-        Observation(**{**o, "source": ObservationSource(o["source"]),
-                       "mean_reward": math.nan if o["mean_reward"] is None else o["mean_reward"],
-                       "reward_std": math.nan if o["reward_std"] is None else o["reward_std"]})
-        for o in state["history"]
-    )
-    return PromptStats(**{**state, "history": history, "lifecycle": Lifecycle(state["lifecycle"])})
 
 
 @dataclass(frozen=True, slots=True)
