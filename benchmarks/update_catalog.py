@@ -12,7 +12,9 @@ first reached ``--target`` (runs that never reach it are counted as not reaching
 mean is over those that did), and Welch's t-test p-value of the final accuracy against GRPO.
 
 Runs go on the local runner without tracking (the numbers are the same under Prefect), one
-torch thread per run, ``--jobs`` runs at a time. Writes
+torch thread per run, ``--jobs`` runs at a time. Each finished run is kept in
+``--cache`` (one JSON per variant and seed; a rerun skips them, so an interrupted benchmark
+continues); a run that fails is reported with its error and left out of the table. Writes
 ``benchmarks/results/update_catalog.json`` and prints the Markdown table.
 """
 
@@ -31,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 # variant -> the --set overrides that swap one component of quickstart's update (a whole
 # component is replaced, so quickstart's `loss.with.clip` never reaches a loss without `clip`).
 # Values the papers leave open are this benchmark's choices, named here: cispo's eps_high
-# (0.28, DAPO's clip-higher), stratified's alpha (0.5) and lambda_grpo's r (0.5).
+# (0.28, DAPO's clip-higher), stratified's alpha (0.5) and lambda_grpo's r (0.3).
 U = "update.with"
 DR_GRPO_AGG = f'{U}.aggregation={{"use": "seq_mean_token_sum", "with": {{"constant": 8}}}}'  # max_new_tokens 8
 VARIANTS: dict[str, list[str]] = {
@@ -58,8 +60,23 @@ VARIANTS: dict[str, list[str]] = {
     "seq_mean_token_mean": [f"{U}.aggregation.use=seq_mean_token_mean"],
     "seq_mean_token_sum": [DR_GRPO_AGG],
     "daro": [f'{U}.aggregation={{"use": "daro", "with": {{"rollouts_per_prompt": 8}}}}'],
-    "lambda_grpo": [f'{U}.aggregation={{"use": "lambda_grpo", "with": {{"r": 0.5}}}}'],
+    # r = 0.3 keeps h = 1 + r z > 0 for groups of 8 (|z| <= 7 / sqrt(8) = 2.47 with the sample std)
+    "lambda_grpo": [f'{U}.aggregation={{"use": "lambda_grpo", "with": {{"r": 0.3}}}}'],
 }
+
+
+def cached_run(variant: str, seed: int, steps: int, every: int, cache: str) -> dict:
+    """``one_run``, read from or written to ``cache``; a failure is returned as ``{"error": ...}``."""
+    path = Path(cache) / f"{variant}-seed{seed}-steps{steps}-every{every}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    try:
+        result = one_run(variant, seed, steps, every)
+    except Exception as exc:  # one variant's failure must not lose the others
+        return {"variant": variant, "seed": seed, "error": f"{type(exc).__name__}: {exc}"}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result))
+    return result
 
 
 def one_run(variant: str, seed: int, steps: int, every: int) -> dict:
@@ -83,7 +100,14 @@ def one_run(variant: str, seed: int, steps: int, every: int) -> dict:
             tokens[record["step"]] = seen
         seen += record.get("tokens_generated", 0)
     curve[steps], tokens[steps] = summary["eval_accuracy_after"], seen
-    return {"variant": variant, "seed": seed, "curve": curve, "tokens": tokens}
+    return {"variant": variant, "seed": seed, "curve": {str(k): v for k, v in curve.items()},
+            "tokens": {str(k): v for k, v in tokens.items()}}
+
+
+def _ints(run: dict) -> dict:
+    """JSON keys back to step numbers."""
+    return {**run, "curve": {int(k): v for k, v in run["curve"].items()},
+            "tokens": {int(k): v for k, v in run["tokens"].items()}}
 
 
 def tokens_to_target(run: dict, target: float) -> int | None:
@@ -138,21 +162,32 @@ def main() -> None:
     parser.add_argument("--target", type=float, default=0.70)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "update_catalog.json"))
+    parser.add_argument("--cache", default=str(REPO / ".benchmark-cache" / "update_catalog"))
     args = parser.parse_args()
     unknown = [v for v in args.variants if v not in VARIANTS]
     if unknown:
         parser.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
     jobs = [(v, s) for v in args.variants for s in args.seeds]
     with ProcessPoolExecutor(args.jobs) as pool:
-        futures = [pool.submit(one_run, v, s, args.steps, args.every) for v, s in jobs]
-        runs = []
+        futures = [pool.submit(cached_run, v, s, args.steps, args.every, args.cache) for v, s in jobs]
+        runs, failed = [], {}
         for (v, s), f in zip(jobs, futures):
-            runs.append(f.result())
+            result = f.result()
+            if "error" in result:
+                failed[v] = result["error"]
+                print(f"{v:22s} seed {s}: FAILED {result['error']}", flush=True)
+                continue
+            runs.append(_ints(result))
             print(f"{v:22s} seed {s}: final {runs[-1]['curve'][args.steps]:.3f}", flush=True)
-    rows, markdown = table(runs, args.variants, args.seeds, args.target)
+    variants = [v for v in args.variants if v not in failed]
+    rows, markdown = table(runs, variants, args.seeds, args.target)
+    runs = [r for r in runs if r["variant"] not in failed]
     Path(args.out).write_text(json.dumps({"steps": args.steps, "every": args.every, "target": args.target,
-                                          "seeds": args.seeds, "rows": rows, "runs": runs}, indent=1))
+                                          "seeds": args.seeds, "rows": rows, "failed": failed, "runs": runs},
+                                         indent=1))
     print(markdown)
+    for v, error in failed.items():
+        print(f"failed: {v}: {error}")
 
 
 if __name__ == "__main__":
