@@ -278,3 +278,14 @@ def test_aggregation_docstring_examples_run(alias):
     module = importlib.import_module(BUILTIN_AGGREGATIONS[alias].partition(":")[0])
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_lambda_grpo_r_too_large_for_the_group_size_fails_validate():
+    quickstart = str(Path(__file__).resolve().parents[3] / "pipelines" / "quickstart.yaml")
+    bad = CliRunner().invoke(app, ["validate", quickstart, "--set",
+                                   'update.with.aggregation={"use": "lambda_grpo", "with": {"r": 0.5}}'])
+    assert bad.exit_code == 2 and "update.with.aggregation.with.r:" in bad.output
+    assert "below sqrt(G) / (G - 1) = 0.4041" in bad.output  # sqrt(8) / 7, quickstart's groups of 8
+    good = CliRunner().invoke(app, ["validate", quickstart, "--set",
+                                    'update.with.aggregation={"use": "lambda_grpo", "with": {"r": 0.4}}'])
+    assert good.exit_code == 0, good.output

@@ -43,6 +43,7 @@ SETUP: dict[tuple[str, str], dict] = {
 }
 PIPELINE_SETUP: dict[tuple[str, str], dict] = {
     ("aggregation", "daro"): {"with": {"rollouts_per_prompt": 8}},  # the pipelines' control.fixed_n
+    ("aggregation", "lambda_grpo"): {"with": {"r": 0.3}},  # below sqrt(8) / 7 for groups of 8
 }
 PIPELINE_SETS: dict[tuple[str, str], list[str]] = {
     ("advantage", "mc_grpo"): ["stages.budget.with.n=9"],

@@ -14,7 +14,8 @@ response ``o_i`` of a group of ``G`` by a length preference with one learnable e
 ``lambda = 0`` gives ``f_i = 1``, DAPO's token mean (``token_mean``); ``lambda > 0`` favours
 longer responses, ``lambda < 0`` shorter ones. ``lambda`` is a parameter trained by the update's
 optimizer with the policy (its own learning rate with ``lr``). ``h_i`` must stay positive for
-a real power: a group where ``1 + r z_i <= 0`` is refused, naming it (lower ``r``).
+a real power: a group where ``1 + r z_i <= 0`` is refused, naming it (lower ``r``); with a fixed
+group size ``G`` from a Control stage, ``gfcr validate`` already requires ``r < sqrt(G) / (G - 1)``.
 
 Deviations and what could not be verified: only the abstract and third-party summaries of the
 paper could be read (they give ``z``, ``h = 1 + r z``, ``h ** lambda`` and the softmax). The
@@ -38,11 +39,12 @@ YAML:
 
 .. code-block:: yaml
 
-    update: {use: update.grpo, from: keep, with: {aggregation: {use: lambda_grpo, with: {r: 0.5}}}}
+    update: {use: update.grpo, from: keep, with: {aggregation: {use: lambda_grpo, with: {r: 0.3}}}}
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Annotated, Any, Sequence
 
@@ -50,6 +52,7 @@ import numpy as np
 from pydantic import Field
 
 from gfcr.stages.update.aggregation.base import AggregationConfig, Row
+from gfcr.stages.update.component import Pairing, PairingContext
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,19 @@ class LambdaGRPO:
         lambda_init: float = Field(0.0, description="initial lambda; 0 is the token mean (DAPO)")
         lr: Annotated[float, Field(gt=0.0)] | None = Field(
             None, description="learning rate of lambda; null: the update's lr")
+
+    @staticmethod
+    def pairing_problems(config: "LambdaGRPO.Config", ctx: PairingContext) -> list[Pairing]:
+        """With a fixed group size G, ``|z| <= (G - 1) / sqrt(G)`` (one response apart from the
+        others, sample std), so ``h > 0`` for every group exactly when ``r < sqrt(G) / (G - 1)``."""
+        g = ctx.rollouts_per_prompt
+        if g is None or g < 2 or config.r * (g - 1) / math.sqrt(g) < 1.0:
+            return []
+        bound = math.sqrt(g) / (g - 1)
+        return [Pairing(("aggregation", "with", "r"),
+                        f"with {g} rollouts per prompt (`{ctx.rollouts_from}`), a group whose lengths are all equal "
+                        f"but one has h = 1 + r z <= 0 for r = {config.r}, and lambda_grpo would stop the run",
+                        f"set `r` below sqrt(G) / (G - 1) = {bound:.4f}")]
 
     def __init__(self, config: Config):
         import torch
