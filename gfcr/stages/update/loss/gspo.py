@@ -67,9 +67,16 @@ class GSPO:
     def terms(self, log_ratio: Any, advantages: Any, weight: Any) -> LossTerms:
         import torch
 
-        eps_low, eps_high = self.config.clip
         counted = (weight > 0).to(log_ratio.dtype)  # [B, R]: the tokens of y_i
         ratio = torch.exp(sequence_mean(log_ratio, counted)).expand_as(log_ratio)  # [B, R], s_i on each token
-        per_token = -torch.min(ratio * advantages, torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * advantages)
-        detached = ratio.detach()
-        return LossTerms(per_token, detached, (detached < 1 - eps_low) | (detached > 1 + eps_high))
+        return clipped_surrogate(ratio, advantages, self.config.clip)
+
+
+def clipped_surrogate(ratio: Any, advantages: Any, clip: tuple[float, float]) -> LossTerms:
+    """``-min(ratio A, clip(ratio, 1 - eps_low, 1 + eps_high) A)`` per token, for GSPO's ratios."""
+    import torch
+
+    eps_low, eps_high = clip
+    per_token = -torch.min(ratio * advantages, torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * advantages)
+    detached = ratio.detach()
+    return LossTerms(per_token, detached, (detached < 1 - eps_low) | (detached > 1 + eps_high))

@@ -43,6 +43,7 @@ from pydantic import Field
 
 from gfcr.stages.update.component import Requirement
 from gfcr.stages.update.loss.base import LossConfig, LossTerms, sequence_mean
+from gfcr.stages.update.loss.gspo import clipped_surrogate
 
 
 class GSPOToken:
@@ -62,10 +63,7 @@ class GSPOToken:
     def terms(self, log_ratio: Any, advantages: Any, weight: Any) -> LossTerms:
         import torch
 
-        eps_low, eps_high = self.config.clip
         counted = (weight > 0).to(log_ratio.dtype)
         log_s = sequence_mean(log_ratio, counted).detach()  # [B, 1]: sg[log s_i]
         ratio = torch.exp(log_s + log_ratio - log_ratio.detach())  # [B, R]: value s_i, gradient of log pi_it
-        per_token = -torch.min(ratio * advantages, torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * advantages)
-        detached = ratio.detach()
-        return LossTerms(per_token, detached, (detached < 1 - eps_low) | (detached > 1 + eps_high))
+        return clipped_surrogate(ratio, advantages, self.config.clip)
