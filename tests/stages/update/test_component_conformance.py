@@ -29,7 +29,7 @@ from tests.stages.update.test_tree_and_off_policy import ToyPolicy
 REGISTRIES = {"advantage": ADVANTAGE_ESTIMATORS, "loss": LOSSES, "aggregation": AGGREGATIONS}
 COMPONENTS = [(kind, alias) for kind, reg in REGISTRIES.items() for alias in reg.names()]
 IDS = [f"{k}:{a}" for k, a in COMPONENTS]
-PIPELINES = ["quickstart", "greso_arith", "dapo_arith"]
+PIPELINES = ["quickstart", "greso_arith", "dapo_arith", "mopps_arith"]
 REPO = Path(__file__).resolve().parents[3]
 ARXIV = re.compile(r"arXiv[: ]+\d{4}\.\d{4,5}")
 
