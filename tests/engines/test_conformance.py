@@ -206,3 +206,24 @@ def test_stop_at_target_ends_with_enough_complete_groups_and_the_rest_aborted(su
             assert w.token_ids[:len(s.token_ids)] == s.token_ids  # an aborted row is a prefix of its full sample
             if s.finish_reason != "aborted":
                 assert s.token_ids == w.token_ids
+
+
+@pytest.mark.slow
+def test_smollm2_in_float64_scores_exactly_what_it_sampled():
+    """SmolLM2's float32 score and sampling log-probs differ by up to ~1.5e-5 (the KV-cached
+    decode step and the full forward pass sum in different orders over 30 layers). In float64
+    the same two paths agree to the last float32 digit: the gap is rounding, not the engine."""
+    from gfcr.engines import TransformersEngine, load_policy
+    from gfcr.spec import PolicySpec
+
+    policy = load_policy(PolicySpec(model="smollm2-135m-instruct"))
+    policy.model.to(torch.float64)
+    engine = TransformersEngine(policy)
+    params = SamplingParams(temperature=0.7, max_new_tokens=16, seed=1)
+    requests = [GenerationRequest(f"q{i}", tuple(policy.encode(Prompt(f"q:{i}", text=t))), 2, params)
+                for i, t in enumerate(TEXTS)]
+    completions = [(r, c) for r, g in zip(requests, engine.generate(requests)) for c in g]
+    scored = engine.score([ScoreRequest(r.prompt_token_ids, c.token_ids, 0.7) for r, c in completions])
+    assert sum(len(c.token_ids) for _, c in completions) > 40
+    for (_, c), s in zip(completions, scored):
+        np.testing.assert_allclose(s.logprobs, c.logprobs, atol=1e-9, rtol=0)
