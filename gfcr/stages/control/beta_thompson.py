@@ -93,7 +93,8 @@ from pydantic import Field
 
 from gfcr.records import Allocation, AllocationEntry, PromptPool, PromptStats, StepContext, StepReport
 from gfcr.registry import StageConfig
-from gfcr.stages.control.prompt_stats import beta_update, observe_group, stats_from_state, stats_to_state
+from gfcr.stages.control.prompt_stats import (beta_update, observe_group, stats_from_state, stats_to_state,
+                                              stats_with_prior)
 from gfcr.stages.control.uniform import epoch_order, start_batch
 
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
@@ -192,11 +193,8 @@ class BetaThompson:
                         self.config.prior_beta)
 
     def _stats(self, prompt_id: str) -> PromptStats:
-        if prompt_id not in self.stats:
-            self.stats[prompt_id] = PromptStats(prompt_id, history_size=self.config.history_size,
-                                                beta_alpha=self.config.prior_alpha,
-                                                beta_beta=self.config.prior_beta)
-        return self.stats[prompt_id]
+        cfg = self.config
+        return stats_with_prior(self.stats, prompt_id, cfg.history_size, cfg.prior_alpha, cfg.prior_beta)
 
     def state_dict(self) -> dict[str, Any]:
         """Plain JSON-serializable data: position in the epoch and every observed prompt's stats."""

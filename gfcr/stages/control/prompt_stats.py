@@ -51,6 +51,15 @@ def observe_group(group: RolloutGroup, policy_version: int) -> Observation | Non
                        reward_std=stats.reward_std, mean_length=stats.mean_length)
 
 
+def stats_with_prior(stats: dict[str, PromptStats], prompt_id: str, history_size: int,
+                     prior_alpha: float, prior_beta: float) -> PromptStats:
+    """``stats[prompt_id]``, created at the Beta prior on first sight."""
+    if prompt_id not in stats:
+        stats[prompt_id] = PromptStats(prompt_id, history_size=history_size, beta_alpha=prior_alpha,
+                                       beta_beta=prior_beta)
+    return stats[prompt_id]
+
+
 def beta_update(stats: PromptStats, successes: int, n: int, decay: float,
                 prior_alpha: float, prior_beta: float) -> None:
     """Decay ``stats``' Beta posterior toward the prior by ``decay`` (MoPPS's lambda), then add

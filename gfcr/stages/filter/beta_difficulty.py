@@ -75,7 +75,7 @@ from pydantic import Field, model_validator
 from gfcr.records import PromptStats, RolloutGroup, RolloutGroups, StepContext
 from gfcr.registry import StageConfig
 from gfcr.stages.control.prompt_stats import (
-    beta_mean, beta_update, observe_group, stats_from_state, stats_to_state,
+    beta_mean, beta_update, observe_group, stats_from_state, stats_to_state, stats_with_prior,
 )
 
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
@@ -145,11 +145,8 @@ class BetaDifficulty:
                 f"(Beta({stats.beta_alpha:g}, {stats.beta_beta:g}))")
 
     def _stats(self, prompt_id: str) -> PromptStats:
-        if prompt_id not in self.stats:
-            self.stats[prompt_id] = PromptStats(prompt_id, history_size=self.config.history_size,
-                                                beta_alpha=self.config.prior_alpha,
-                                                beta_beta=self.config.prior_beta)
-        return self.stats[prompt_id]
+        cfg = self.config
+        return stats_with_prior(self.stats, prompt_id, cfg.history_size, cfg.prior_alpha, cfg.prior_beta)
 
     def state_dict(self) -> dict[str, Any]:
         """Plain JSON-serializable data: every observed prompt's stats."""
