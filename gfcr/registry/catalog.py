@@ -20,6 +20,7 @@ BUILTIN_STAGES = {
     "filter.verify": "gfcr.stages.filter.verify:Verify",
     "filter.finish_reason": "gfcr.stages.filter.finish_reason:FinishReasonFilter",
     "filter.beta_difficulty": "gfcr.stages.filter.beta_difficulty:BetaDifficulty",
+    "filter.overlong": "gfcr.stages.filter.overlong:Overlong",
     "generate.sample": "gfcr.stages.generate.sample:Sample",
     "generate.fake": "gfcr.stages.testing:FakeGenerate",
     "update.grpo": "gfcr.stages.update.grpo:GRPOUpdate",
