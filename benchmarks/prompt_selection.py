@@ -9,7 +9,9 @@ on the same 400 arithmetic prompts (so that MoPPS's posteriors see each prompt e
 steps); only the selection differs:
 
 - ``uniform``: ``control.uniform`` (the quickstart with ``data.with.n=400``);
-- ``mopps``: ``pipelines/mopps_arith.yaml`` (``control.beta_thompson``, MoPPS);
+- ``mopps``: ``pipelines/mopps_arith.yaml`` (``control.beta_thompson``, MoPPS, with the
+  reference config's ``decay: 1.0``);
+- ``mopps_decay05``: the same with ``decay: 0.5``, what the reference's launch scripts use;
 - ``beta_band``: uniform selection, then ``filter.beta_difficulty`` after the verifier (groups
   whose Beta posterior mean lies outside [0.3, 0.7] are dropped before the update).
 
@@ -41,8 +43,11 @@ BAND = {"use": "filter.beta_difficulty", "from": "reward"}
 
 def variant_spec(variant: str) -> dict:
     """The pipeline of ``variant`` as YAML data."""
-    if variant == "mopps":
-        return yaml.safe_load((REPO / "pipelines" / "mopps_arith.yaml").read_text())
+    if variant.startswith("mopps"):
+        spec = yaml.safe_load((REPO / "pipelines" / "mopps_arith.yaml").read_text())
+        if variant == "mopps_decay05":
+            spec["stages"]["pick"]["with"]["decay"] = 0.5
+        return spec
     spec = yaml.safe_load((REPO / "pipelines" / "quickstart.yaml").read_text())
     spec["data"]["with"]["n"] = 400
     if variant == "beta_band":
@@ -89,7 +94,7 @@ def tokens_to(run: dict, target: float) -> int | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--variants", nargs="+", default=["uniform", "mopps", "beta_band"])
+    parser.add_argument("--variants", nargs="+", default=["uniform", "mopps", "mopps_decay05", "beta_band"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--every", type=int, default=10)
