@@ -86,36 +86,20 @@ def make_data_registry() -> Registry[type]:
     return registry
 
 
-def make_advantage_registry() -> Registry[type]:
-    """Advantage estimators (``update.with.advantage.use``); third parties add theirs through
-    the entry-point group ``gfcr.advantages``."""
-    registry: Registry[type] = Registry("advantage estimator", "gfcr.advantages")
-    for name, target in BUILTIN_ADVANTAGE_ESTIMATORS.items():
-        registry.register_lazy(name, target, origin="gfcr")
-    return registry
-
-
-def make_loss_registry() -> Registry[type]:
-    """Policy losses (``update.with.loss.use``); entry-point group ``gfcr.losses``."""
-    registry: Registry[type] = Registry("loss", "gfcr.losses")
-    for name, target in BUILTIN_LOSSES.items():
-        registry.register_lazy(name, target, origin="gfcr")
-    return registry
-
-
-def make_aggregation_registry() -> Registry[type]:
-    """Loss aggregations (``update.with.aggregation.use``); entry-point group ``gfcr.aggregations``."""
-    registry: Registry[type] = Registry("aggregation", "gfcr.aggregations")
-    for name, target in BUILTIN_AGGREGATIONS.items():
+def make_component_registry(kind: str, group: str, builtins: dict[str, str]) -> Registry[type]:
+    """A registry of the update's components of one ``kind`` (``update.with.<key>.use``): the
+    built-ins, lazily, and third parties' through the entry-point ``group``."""
+    registry: Registry[type] = Registry(kind, group)
+    for name, target in builtins.items():
         registry.register_lazy(name, target, origin="gfcr")
     return registry
 
 
 STAGES = make_stage_registry()
 DATA_SOURCES = make_data_registry()
-ADVANTAGE_ESTIMATORS = make_advantage_registry()
-LOSSES = make_loss_registry()
-AGGREGATIONS = make_aggregation_registry()
+ADVANTAGE_ESTIMATORS = make_component_registry("advantage estimator", "gfcr.advantages", BUILTIN_ADVANTAGE_ESTIMATORS)
+LOSSES = make_component_registry("loss", "gfcr.losses", BUILTIN_LOSSES)
+AGGREGATIONS = make_component_registry("aggregation", "gfcr.aggregations", BUILTIN_AGGREGATIONS)
 
 
 def stage_info(alias: str, registry: Registry[type] = STAGES) -> StageInfo:

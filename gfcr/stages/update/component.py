@@ -61,7 +61,6 @@ class PairingContext:
     rollouts_per_prompt: int | None = None
     rollouts_from: str | None = None  # the id of the stage that fixes it
     upstream: tuple[tuple[str, str], ...] = ()
-    update_config: Any = None
 
 
 @dataclass(frozen=True)

@@ -186,7 +186,7 @@ class GRPOUpdate:
     def check_pipeline(config: "GRPOUpdate.Config", view: Any) -> list[Pairing]:
         """The components' pairings with each other and with the pipeline (``gfcr validate``)."""
         ctx = PairingContext(config.advantage.use, config.loss.use, config.aggregation.use,
-                             view.rollouts_per_prompt, view.rollouts_from, view.upstream, config)
+                             view.rollouts_per_prompt, view.rollouts_from, view.upstream)
         found = [p for spec in (config.advantage, config.loss, config.aggregation) for p in spec.pairing_problems(ctx)]
         loss_cls = config.loss.component_class()
         if not getattr(loss_cls, "token_corrections", True):

@@ -26,7 +26,8 @@ Example (a token sampled two versions ago, whose probability rose from 0.2 to 0.
 >>> logp = torch.tensor([[math.log(0.5)]], requires_grad=True)
 >>> behaviour, stale = torch.tensor([[math.log(0.2)]]), torch.tensor([[True]])
 >>> correction = token_correction(logp, behaviour, stale, tis_cap=2.0, decoupled_clip=False)
->>> round(float(correction.weight), 4), round(float(correction.raw_weight), 4), float(correction.ratio.detach())
+>>> ratio = torch.exp(logp - correction.proximal)  # against pi_old: 1 at the update's start
+>>> round(float(correction.weight), 4), round(float(correction.raw_weight), 4), float(ratio.detach())
 (2.0, 2.5, 1.0)
 """
 
@@ -40,7 +41,6 @@ from typing import Any
 class TokenCorrection:
     """Per-token tensors ``[B, R]`` of one micro-batch."""
 
-    ratio: Any  # pi_theta / proximal, with gradient
     proximal: Any  # log-prob of the policy the ratio is taken against (mu, or pi_old where decoupled)
     weight: Any  # the detached IS weight applied to the loss (1 where not decoupled)
     raw_weight: Any  # pi_old / mu before the cap
@@ -58,7 +58,7 @@ def token_correction(logp: Any, behaviour: Any, stale: Any, tis_cap: float | Non
     raw = torch.exp(old - behaviour)
     capped = raw.clamp(max=tis_cap) if tis_cap is not None else raw
     weight = torch.where(decoupled, capped, torch.ones_like(raw))
-    return TokenCorrection(torch.exp(logp - proximal), proximal, weight, raw, decoupled)
+    return TokenCorrection(proximal, weight, raw, decoupled)
 
 
 @dataclass
