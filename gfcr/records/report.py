@@ -57,6 +57,7 @@ class StepReport:
     changed_by: dict[str, tuple[str, ...]] = field(default_factory=dict)  # group id -> stages that changed it
     update_group_ids: frozenset[str] = frozenset()  # groups handed to the update stage
     controller_state: dict[str, dict[str, Any]] = field(default_factory=dict)  # control stage id -> its state
+    tokens_scored: int = 0  # response tokens stages scored without generating them (pilots, draft checks)
 
     @property
     def prompts_sampled(self) -> int:
@@ -74,6 +75,13 @@ class StepReport:
     @property
     def groups_kept(self) -> int:
         return sum(g.verdict.included for g in self.groups)
+
+    @property
+    def tokens_with_signal(self) -> int:
+        """Response tokens of the groups that reached the update with unequal rewards: the
+        generated tokens a group-relative advantage can give a gradient."""
+        return sum(len(r) for g in self.groups if g.group_id in self.update_group_ids
+                   and g.stats.n_scored > 1 and g.stats.reward_std > 0.0 for r in g.rollouts)
 
     @property
     def zero_variance_groups(self) -> int:

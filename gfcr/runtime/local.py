@@ -237,6 +237,7 @@ class LocalRunner:
             loop_rounds=dict(state.rounds), created_by=dict(state.created_by), dropped_by=dict(state.dropped_by),
             changed_by={gid: tuple(s) for gid, s in state.changed_by.items()},
             update_group_ids=frozenset(in_update), controller_state=controls,
+            tokens_scored=self.resources.take_tokens_scored(),
         )
 
     def state_dict(self) -> dict[str, Any]:

@@ -128,13 +128,16 @@ class Run:
         total, every = self.spec.run.steps, self.spec.run.checkpoint_every
         start = time.perf_counter()
         self._hook("before_run", self)
-        while self.runner.step < total:
+        spent = self._spent()
+        while self.runner.step < total and not self._budget_spent(spent):
             step = self.runner.step
             result = self._evaluate(step) if self._eval_due(step) else None
             t0 = time.perf_counter()
             report = self.runner.run_step()
             record = step_record(report, result, time.perf_counter() - t0)
             self.dir.append_metrics(record)
+            spent["rollouts"] += record["rollouts_generated"]
+            spent["tokens"] += record["tokens_generated"]
             write_lineage(self.dir.lineage(step), report)
             self._hook("after_step", record)
             if every is not None and self.runner.step % every == 0:
@@ -147,6 +150,19 @@ class Run:
         self._hook("after_run", summary)
         self.resources.close()  # engine actors, a Ray cluster gfcr started
         return summary
+
+    def _spent(self) -> dict[str, int]:
+        """Rollouts and tokens generated so far (by the steps before a resume, too)."""
+        records = self.dir.read_metrics() if self.runner.step else []
+        return {"rollouts": sum(r["rollouts_generated"] for r in records),
+                "tokens": sum(r["tokens_generated"] for r in records)}
+
+    def _budget_spent(self, spent: dict[str, int]) -> bool:
+        """Whether ``run.max_rollouts`` or ``run.max_tokens`` is reached: the step that crosses
+        a budget completes, so a run overshoots it by less than one step's generation."""
+        run = self.spec.run
+        return ((run.max_rollouts is not None and spent["rollouts"] >= run.max_rollouts)
+                or (run.max_tokens is not None and spent["tokens"] >= run.max_tokens))
 
     def _eval_due(self, step: int) -> bool:
         return self.eval_pool is not None and self.spec.eval is not None and step % self.spec.eval.every == 0
@@ -207,6 +223,8 @@ def step_record(report: StepReport, result: EvalResult | None, seconds: float) -
         "tokens_generated": report.tokens_generated,
         "rollouts_in_update": update.rollouts_in_update if update else 0,
         "tokens_in_update": update.tokens_in_update if update else 0,
+        "tokens_with_signal": report.tokens_with_signal,
+        "tokens_scored": report.tokens_scored,
         "reward_mean": sum(rewards) / len(rewards) if rewards else None,
         "correct_fraction": sum(bool(r.correct) for r in rollouts) / len(rollouts) if rollouts else None,
         "loop_rounds": report.loop_rounds,

@@ -140,6 +140,10 @@ class RunSpec(StrictModel):
     seed: int = 0
     checkpoint_every: Annotated[int, Field(ge=1, description="checkpoint after every N steps (and at the end)")] | None = None
     keep_checkpoints: Annotated[int, Field(ge=1, description="newest checkpoints kept on disk")] = 2
+    max_rollouts: Annotated[int, Field(ge=1, description="a compute budget: stop after the step at which the "
+                                       "run has generated this many rollouts (run.steps still caps it)")] | None = None
+    max_tokens: Annotated[int, Field(ge=1, description="a compute budget: stop after the step at which the run "
+                                     "has generated this many response tokens (run.steps still caps it)")] | None = None
 
 
 class ExecutorSpec(StrictModel):

@@ -10,6 +10,11 @@ The Engine protocol and its records live in ``gfcr.stages.engine`` (per-request 
 params, continuation from a response prefix, in-flight control, ``score``); they are
 re-exported here, where stages have always imported them from.
 
+Stages get the engine through ``require_engine``, which wraps it in a ``MeteredEngine``: the
+response tokens a stage *scores* without generating them (a pilot's re-scoring, a draft
+check) are counted in ``Resources.tokens_scored``, which the runner reports per step, so that
+a comparison charges such methods for that compute.
+
 ``Resources.map`` is where a stage fans out pure per-item work (``filter.verify`` scores its
 rollouts through it): in-process by default, batches of Ray tasks under the Ray executor
 (``gfcr.runtime.ray_executor``). The stage sees one function either way and never imports Ray.
@@ -71,6 +76,12 @@ class Resources:
     extras: dict[str, Any] = field(default_factory=dict)
     map: Map = in_process_map
     closers: list[Callable[[], None]] = field(default_factory=list)
+    tokens_scored: int = 0  # response tokens stages scored through ``require_engine``'s engine
+
+    def take_tokens_scored(self) -> int:
+        """The tokens scored since the last call (the runner calls it once a step)."""
+        taken, self.tokens_scored = self.tokens_scored, 0
+        return taken
 
     def close(self) -> None:
         """Run the closers, newest first, once (a second call does nothing)."""
@@ -87,7 +98,22 @@ class Resources:
         if self.engine is None:
             raise ModelError(f"`{stage}` needs an engine, and the pipeline has none",
                              "add `policy: {model: tiny-arith, engine: hf}` to the pipeline")
-        return self.engine
+        return MeteredEngine(self.engine, self)
+
+
+class MeteredEngine:
+    """The engine as a stage sees it: every call passes through unchanged, and the response
+    tokens of every ``score`` call are added to ``resources.tokens_scored``."""
+
+    def __init__(self, engine: Engine, resources: Resources):
+        self._engine, self._resources = engine, resources
+
+    def score(self, requests: Sequence[ScoreRequest]) -> list[Scored]:
+        self._resources.tokens_scored += sum(len(r.response_token_ids) for r in requests)
+        return self._engine.score(requests)
+
+    def __getattr__(self, name: str) -> Any:  # generate, sync_weights, max_batch, ...
+        return getattr(self._engine, name)
 
 
 def prompt_tokens(policy: Policy, prompt: Prompt) -> list[int]:

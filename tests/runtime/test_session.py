@@ -149,3 +149,36 @@ def test_dapo_regenerates_zero_variance_groups_and_trains_on_informative_ones(wr
         assert r["update"]["batch_zero_variance_groups"] == 0
         assert r["groups_kept"] <= 6 and r["update"]["batch_groups"] == r["groups_kept"]
         assert r["zero_variance_groups"] + r["groups_kept"] <= r["groups"]
+
+
+
+def test_a_token_budget_stops_after_the_step_that_reaches_it_and_survives_a_resume(write_spec, tmp_path):
+    """``run.max_tokens`` (on the labelled fake engine: this is runtime logic): the run stops
+    after the first step at which its cumulative generated tokens reach the budget
+    (``run.steps`` is only a cap); a resumed run counts the tokens of the steps before the
+    resume too, so it stops at the same step as an uninterrupted one."""
+    from tests.conftest import BASE
+
+    _start(write_spec, BASE, tmp_path / "probe", ["run.steps=6", "executor.kind=local"]).train()
+    tokens = [r["tokens_generated"] for r in _metrics(tmp_path / "probe")]
+    budget = sum(tokens[:3]) - 1  # reached during the third step (step 2)
+    overrides = [f"run.max_tokens={budget}", "run.checkpoint_every=1", "executor.kind=local"]
+    summary = _start(write_spec, BASE, tmp_path / "full", [*overrides, "run.steps=50"]).train()
+    assert summary["steps"] == 3 and summary["tokens_generated"] == sum(tokens[:3])
+
+    _start(write_spec, BASE, tmp_path / "part", [*overrides, "run.steps=2"]).train()  # as if killed after step 1
+    assert Run.resume(tmp_path / "part", steps=50).train()["steps"] == 3
+    assert _without_time(_metrics(tmp_path / "part")) == _without_time(_metrics(tmp_path / "full"))
+
+
+def test_a_rollout_budget_stops_the_run_and_every_kept_token_has_signal(write_spec, tmp_path):
+    from tests.conftest import BASE
+
+    run_dir = tmp_path / "run"
+    _start(write_spec, BASE, run_dir, ["run.max_rollouts=30", "run.steps=50", "executor.kind=local"]).train()
+    records = _metrics(run_dir)
+    assert len(records) == 2  # 4 prompts x 4 rollouts a step
+    assert sum(r["rollouts_generated"] for r in records[:-1]) < 30 <= sum(r["rollouts_generated"] for r in records)
+    for r in records:  # the zero-variance filter drops groups with equal rewards: every kept token has signal
+        assert r["tokens_with_signal"] == r["tokens_in_update"] and r["tokens_scored"] == 0
+    assert sum(r["tokens_with_signal"] for r in records) > 0
