@@ -29,6 +29,7 @@ from gfcr.tracking.mlflow_values import flatten, spec_params
 
 COUNTS = ("rollouts_generated", "tokens_generated", "rollouts_in_update", "tokens_in_update", "groups",
           "zero_variance_groups")
+OPTIONAL_COUNTS = ("tokens_with_signal", "tokens_scored")  # absent from runs of older gfcr versions
 CLOCK = ("time.step_s", "time.eval_s")  # a step's wall-clock seconds, and those of the evaluation before it
 EVAL = "eval_accuracy"
 FINAL_EVAL = "eval_accuracy_after"  # summary.json's final evaluation
@@ -46,6 +47,9 @@ class StepCounts:
     groups: int
     zero_variance_groups: int
     seconds: float  # the step's wall clock plus that of the evaluation that ran before it
+    step_seconds: float = 0.0  # the step's wall clock alone
+    tokens_with_signal: int | None = None  # tokens of groups that reached the update with unequal rewards
+    tokens_scored: int | None = None  # response tokens stages scored without generating them
 
 
 @dataclass(frozen=True)
@@ -115,8 +119,10 @@ def _spec_params(spec: Path) -> dict[str, str]:
 def _counts(record: Mapping[str, Any], where: Path | str) -> StepCounts:
     try:
         clock = record.get("time") or {}
-        seconds = float(clock.get("step_s") or 0.0) + float(clock.get("eval_s") or 0.0)
-        return StepCounts(int(record["step"]), *(int(record[k]) for k in COUNTS), seconds)
+        step_s = float(clock.get("step_s") or 0.0)
+        optional = {k: int(record[k]) for k in OPTIONAL_COUNTS if record.get(k) is not None}
+        return StepCounts(int(record["step"]), *(int(record[k]) for k in COUNTS),
+                          step_s + float(clock.get("eval_s") or 0.0), step_s, **optional)
     except KeyError as exc:
         raise GfcrError(f"{where}: step {record.get('step', '?')} has no `{exc.args[0]}`\n"
                         "    fix: report on runs written by this version of gfcr") from None
@@ -175,12 +181,13 @@ def _search_all(client: Any, experiment_id: str, parent_run_id: str | None) -> l
 def _series_from_mlflow_run(client: Any, run: Any) -> RunSeries:
     run_id = run.info.run_id
     history = {key: _last_per_step(client.get_metric_history(run_id, key))
-               for key in (*COUNTS, *CLOCK, EVAL) if key in run.data.metrics}
+               for key in (*COUNTS, *OPTIONAL_COUNTS, *CLOCK, EVAL) if key in run.data.metrics}
     if any(key not in history for key in COUNTS):
         return RunSeries(name=run.info.run_name or run_id, params={}, steps=(), evals=(), source=run_id)
     steps = tuple(
         StepCounts(step, *(int(history[k].get(step, 0)) for k in COUNTS),
-                   sum(history.get(k, {}).get(step, 0.0) for k in CLOCK))
+                   sum(history.get(k, {}).get(step, 0.0) for k in CLOCK), history.get(CLOCK[0], {}).get(step, 0.0),
+                   **{k: int(history[k][step]) for k in OPTIONAL_COUNTS if step in history.get(k, {})})
         for step in sorted(history[COUNTS[0]]))
     evals = history.get(EVAL, {})  # the tracker logs the final evaluation at step = run.steps
     tags, params = run.data.tags, dict(run.data.params)

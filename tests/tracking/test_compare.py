@@ -1,0 +1,194 @@
+"""`gfcr compare` (issue 15): pipelines on one task at one budget, MLflow child runs of one
+parent, figures with intervals that the MLflow metric histories reproduce, and a comparison
+that continues where a SIGKILL stopped it."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from statistics import mean, stdev
+
+import pytest
+from typer.testing import CliRunner
+
+from gfcr.cli.main import app
+from gfcr.errors import GfcrError, SpecError
+from gfcr.spec.task import load_task
+from gfcr.tracking.compare import Budget, parse_budget, plan_comparison
+from gfcr.tracking.compare_figures import estimate, ratio_of_means
+from tests.conftest import REPO
+
+QUICKSTART, GRESO = REPO / "pipelines" / "quickstart.yaml", REPO / "pipelines" / "greso_arith.yaml"
+TASK = textwrap.dedent("""\
+    name: small-arith
+    description: a small tiny-arith task for tests
+    policy: {model: tiny-arith, engine: hf}
+    data: {source: arithmetic, with: {n: 64, seed: 5}}
+    eval: {source: arithmetic, with: {n: 24, seed: 6, split: eval}, every: 2, max_new_tokens: 8}
+    """)
+SMALL = ["--set", "stages.pick.with.batch_size=4", "--set", "stages.budget.with.n=4"]
+
+
+def test_budgets_parse_into_overrides_and_bad_ones_say_how_to_fix_them():
+    assert parse_budget("steps=7").overrides() == ["run.steps=7"]
+    assert parse_budget("tokens=5000").overrides() == ["run.max_tokens=5000", "run.steps=1000000"]
+    assert parse_budget(None) is None and str(Budget("rollouts", 64)) == "rollouts=64"
+    for bad in ("tokens", "flops=3", "tokens=-1", "tokens=0", "steps=x"):
+        with pytest.raises(GfcrError, match="steps=N, rollouts=N or tokens=N"):
+            parse_budget(bad)
+
+
+def test_intervals_are_t_intervals_and_the_speed_up_a_delta_method_ratio():
+    e = estimate([0.5, 0.6, 0.7])
+    half = 4.302652729911275 * 0.1 / math.sqrt(3)  # t(0.975, 2) * sd / sqrt(n)
+    assert (e.mean, e.lo, e.hi) == pytest.approx((0.6, 0.6 - half, 0.6 + half))
+    assert estimate([0.9, 1.0, 1.0], 0.0, 1.0).hi == 1.0  # cut to what an accuracy can be
+    assert estimate([3.0]).lo == estimate([3.0]).hi == 3.0
+    base, other = [100.0, 120.0, 110.0], [50.0, 70.0, 60.0]
+    r = ratio_of_means(base, other)
+    vb, vo = stdev(base) ** 2 / (3 * 110.0**2), stdev(other) ** 2 / (3 * 60.0**2)
+    df = (vb + vo) ** 2 / (vb**2 / 2 + vo**2 / 2)
+    from scipy import stats
+
+    half = stats.t.ppf(0.975, df) * math.sqrt(vb + vo)
+    assert r.mean == pytest.approx(110 / 60)
+    assert (r.lo, r.hi) == pytest.approx((110 / 60 * math.exp(-half), 110 / 60 * math.exp(half)))
+
+
+def test_tasks_load_by_name_or_path_and_bad_ones_are_located(tmp_path):
+    assert load_task("gsm8k-smollm2").spec.eval.max_new_tokens == 256
+    with pytest.raises(SpecError, match="gsm8k-smollm2"):
+        load_task("gsm8k-smolm2")  # a near miss: did you mean
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(TASK.replace("every: 2", "evry: 2"))
+    with pytest.raises(SpecError, match=r"bad.yaml:5.*evry"):
+        load_task(bad)
+
+
+def test_the_gsm8k_task_compiles_into_a_pipeline_and_reads_the_committed_slice(tmp_path, monkeypatch):
+    monkeypatch.setenv("GFCR_GSM8K_DIR", str(REPO / "tests" / "fixtures" / "gsm8k"))
+    plan = plan_comparison([QUICKSTART], task="gsm8k-smollm2", seeds=[0],
+                           overrides=["stages.rollout.with.max_new_tokens=256"], runs_dir=tmp_path)
+    (pipeline,) = plan.cells.values()
+    assert pipeline.spec.policy.model == "smollm2-135m-instruct" and pipeline.spec.eval.max_new_tokens == 256
+    assert pipeline.spec.stages["pick"].use == "control.uniform"  # the pipeline's stages stay
+    assert len(pipeline.data.load()) == 64 and pipeline.eval.load()[0].prompt_id == "gsm8k:test:0"
+
+
+def test_two_pipelines_with_one_name_or_a_bad_cell_fail_before_anything_runs(tmp_path):
+    with pytest.raises(GfcrError, match="two pipelines are named `quickstart`"):
+        plan_comparison([QUICKSTART, QUICKSTART], runs_dir=tmp_path)
+    with pytest.raises(GfcrError, match="pipeline greso-arith"):
+        plan_comparison([QUICKSTART, GRESO], overrides=["stages.keep.with.x=1"], runs_dir=tmp_path)
+    assert not any(tmp_path.iterdir())
+
+
+def _history(client, run_id: str, key: str) -> dict[int, float]:
+    return {m.step: m.value for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.timestamp)}
+
+
+def _children(root: Path):
+    from mlflow import MlflowClient
+
+    manifest = json.loads((root / "comparison.json").read_text())
+    client = MlflowClient(manifest["tracking_uri"])
+    experiment = client.get_experiment_by_name(manifest["experiment"])
+    query = f"tags.`mlflow.parentRunId` = '{manifest['parent_run_id']}'"
+    return client, client.search_runs([experiment.experiment_id], query)
+
+
+def test_compare_runs_child_runs_whose_histories_give_the_table(tmp_path, monkeypatch):
+    """quickstart vs GRESO on a small task, 2 seeds, a token budget, under the Prefect runner."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "task.yaml").write_text(TASK)
+    result = CliRunner().invoke(app, ["compare", str(QUICKSTART), str(GRESO), "--task", "task.yaml",
+                                      "--seeds", "0,1", "--budget", "tokens=700", "--out", "cmp", *SMALL])
+    assert result.exit_code == 0, result.output
+    figures = json.loads((tmp_path / "cmp" / "report" / "compare.json").read_text())
+    assert (tmp_path / "cmp" / "report" / "index.html").is_file()
+    assert "| quickstart | 0, 1 |" in (tmp_path / "cmp" / "report" / "compare.md").read_text()
+    client, children = _children(tmp_path / "cmp")
+    assert len(children) == 4 and all(c.info.status == "FINISHED" for c in children)
+    assert {c.data.params["policy.model"] for c in children} == {"tiny-arith"}
+    assert {c.data.params["data.with.n"] for c in children} == {"64"}  # the task's data, not the pipelines'
+
+    per = {}
+    for c in children:
+        h = {k: _history(client, c.info.run_id, k) for k in
+             ("eval_accuracy", "tokens_generated", "rollouts_generated", "tokens_with_signal", "groups",
+              "zero_variance_groups")}
+        assert sum(h["tokens_generated"].values()) >= 700 > sum(list(h["tokens_generated"].values())[:-1])
+        per.setdefault(c.data.tags["gfcr.variant"], []).append(h)
+    baseline_finals = [h["eval_accuracy"][max(h["eval_accuracy"])] for h in per["quickstart"]]
+    assert figures["baseline"] == "quickstart" and figures["target"] == pytest.approx(min(baseline_finals))
+    target = figures["target"]
+    rows = {r["pipeline"]: r for r in figures["rows"]}
+    for name, histories in per.items():
+        row = rows[name]
+        finals = [h["eval_accuracy"][max(h["eval_accuracy"])] for h in histories]
+        assert row["final_accuracy"]["mean"] == pytest.approx(mean(finals))
+        ratio = [sum(h["tokens_with_signal"].values()) / sum(h["tokens_generated"].values()) for h in histories]
+        assert row["effective_token_ratio"]["mean"] == pytest.approx(mean(ratio))
+        zero = [sum(h["zero_variance_groups"].values()) / sum(h["groups"].values()) for h in histories]
+        assert row["zero_variance_fraction"]["mean"] == pytest.approx(mean(zero))
+        hits = []
+        for h in histories:
+            first = min((s for s, a in h["eval_accuracy"].items() if a >= target - 1e-9), default=None)
+            if first is not None:
+                hits.append(sum(v for s, v in h["tokens_generated"].items() if s < first))
+        assert row["seeds_reaching"] == len(hits)
+        if len(hits) == len(histories):
+            assert row["tokens_to_target"]["mean"] == pytest.approx(mean(hits))
+    assert rows["quickstart"]["seeds_reaching"] == 2  # the default target: every baseline seed reaches it
+
+
+_COMMAND = ["compare", str(QUICKSTART), str(GRESO), "--task", "task.yaml", "--seeds", "0", "--budget", "steps=6",
+            "--set", "run.checkpoint_every=2", "--executor", "local", *SMALL]
+
+
+def _without_clock(figures: dict) -> dict:
+    for row in figures["rows"]:
+        row.pop("wall_per_step")
+    figures["curves"].pop("accuracy_vs_wall")
+    figures.pop("runs")  # MLflow run ids
+    return figures
+
+
+def test_a_sigkilled_comparison_continues_where_it_stopped(tmp_path):
+    (tmp_path / "task.yaml").write_text(TASK)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    gfcr = [sys.executable, "-m", "gfcr.cli.main"]
+    whole = subprocess.run([*gfcr, *_COMMAND, "--out", "whole"], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=600)
+    assert whole.returncode == 0, whole.stderr
+
+    proc = subprocess.Popen([*gfcr, *_COMMAND, "--out", "cut"], cwd=tmp_path, env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    second = tmp_path / "cut" / "greso-arith-seed0" / "checkpoints" / "step-000002"
+    deadline = time.monotonic() + 600
+    while not second.is_dir() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert (tmp_path / "cut" / "quickstart-seed0" / "DONE").is_file()
+    assert not (tmp_path / "cut" / "greso-arith-seed0" / "DONE").is_file()
+    first_metrics = (tmp_path / "cut" / "quickstart-seed0" / "metrics.jsonl").stat().st_mtime_ns
+
+    again = subprocess.run([*gfcr, *_COMMAND, "--out", "cut"], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=600)
+    assert again.returncode == 0, again.stderr
+    assert "quickstart-seed0: finished earlier, kept" in again.stdout
+    assert (tmp_path / "cut" / "quickstart-seed0" / "metrics.jsonl").stat().st_mtime_ns == first_metrics
+    _, children = _children(tmp_path / "cut")
+    assert sorted(c.data.tags["gfcr.variant"] for c in children) == ["greso-arith", "quickstart"]
+    resumes = {c.data.tags["gfcr.variant"]: c.data.tags.get("gfcr.resumes") for c in children}
+    assert resumes == {"quickstart": None, "greso-arith": "1"}  # continued its MLflow run
+    cut, uninterrupted = (json.loads((tmp_path / d / "report" / "compare.json").read_text()) for d in ("cut", "whole"))
+    assert _without_clock(cut) == _without_clock(uninterrupted)
