@@ -192,3 +192,22 @@ def test_a_sigkilled_comparison_continues_where_it_stopped(tmp_path):
     assert resumes == {"quickstart": None, "greso-arith": "1"}  # continued its MLflow run
     cut, uninterrupted = (json.loads((tmp_path / d / "report" / "compare.json").read_text()) for d in ("cut", "whole"))
     assert _without_clock(cut) == _without_clock(uninterrupted)
+
+
+def test_the_compare_page_renders_in_headless_chromium_with_every_plot_loaded(tmp_path):
+    from tests.tracking.test_report import toy_runs
+    from tests.tracking.test_report_render import CHROMIUM, PROBE, _chromium
+
+    if CHROMIUM is None:
+        pytest.skip("no Chromium binary on PATH (Debian: apt-get install chromium)")
+    from gfcr.tracking.compare_figures import compare
+    from gfcr.tracking.compare_report import write_comparison
+    from gfcr.tracking.report_series import series_from_run_dirs
+
+    comparison = compare(series_from_run_dirs(toy_runs(tmp_path / "runs")))
+    assert comparison.target == 0.3  # the lowest final accuracy of the baseline's two seeds (0.4, 0.3)
+    paths = write_comparison(comparison, tmp_path / "report", "toy comparison")
+    probe = paths.out_dir / "probe.html"
+    probe.write_text(paths.html.read_text().replace("</body>", PROBE))
+    assert 'data-plots="3/3"' in _chromium(probe, tmp_path / "profile", "--dump-dom")
+    assert "n/a (target not reached)" in paths.markdown.read_text()  # the n=8 variant peaks at 0.25
