@@ -236,7 +236,7 @@ def main() -> None:
         print(f"trained in {time.time() - start:.0f}s", flush=True)
         args.out.mkdir(parents=True, exist_ok=True)
         model.save_pretrained(args.out, safe_serialization=True)
-        tok.save_pretrained(args.out)
+        build_tokenizer().save_pretrained(args.out)  # fresh: the progress probes set padding on `tok`
 
     print(json.dumps(evaluate(model, tok), indent=2))
 
