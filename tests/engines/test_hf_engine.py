@@ -112,19 +112,21 @@ def test_samples_do_not_depend_on_the_batch_size(policy):
             np.testing.assert_allclose(c.logprobs, d.logprobs, atol=1e-5)
 
 
-def test_tiny_arith_mix_loads_and_answers_with_an_integer_then_eos():
+def test_tiny_arith_mix_answers_with_an_integer_then_eos_and_slips_where_its_card_says():
     from gfcr.engines import load_policy
     from gfcr.spec import PolicySpec
     from gfcr.stages.data.arithmetic_mix import ArithmeticMixSource
 
     mix = load_policy(PolicySpec(model="tiny-arith-mix"))
     assert resolve_model("tiny-arith-mix").name == "tiny-arith-mix"
-    pool = ArithmeticMixSource(ArithmeticMixSource.Config(n=16, seed=1, split="eval")).load()
+    pool = ArithmeticMixSource(ArithmeticMixSource.Config(n=80, seed=1, split="eval")).load()
     requests = [GenerationRequest(p.prompt_id, tuple(mix.encode(p)), 1) for p in pool]
     results = _generate(TransformersEngine(mix), requests, SamplingParams(temperature=0.0, max_new_tokens=8))
+    right: dict[str, list[bool]] = {}
     for prompt, [c] in zip(pool, results):
         assert c.finish_reason == "stop" and c.token_ids[-1] == mix.eos_token_id
         assert re.fullmatch(r" -?\d+", c.text), (prompt.text, c.text)
-    easy = [c.text.strip() == p.verifier.ground_truth for p, [c] in zip(pool, results)
-            if p.metadata["category"] in ("1d+1d", "1d*1d")]
-    assert sum(easy) >= 3, "greedy answers the one-digit categories right (see its model card)"
+        right.setdefault(prompt.metadata["category"], []).append(c.text.strip() == prompt.verifier.ground_truth)
+    # greedy follows the corpus's more likely answer: right without a carry, the slip with one
+    assert np.mean(right["2d+2d no carry"] + right["2d-2d no borrow"]) >= 0.8
+    assert np.mean(right["2d+2d carry"] + right["2d-2d borrow"] + right["2d*1d carry"]) <= 0.2
