@@ -1,23 +1,17 @@
-"""The arithmetic_mix data source: stable ids, disjoint splits, categories, exact answers."""
+"""The arithmetic_mix data source: stable ids, disjoint splits, categories, exact answers
+(its docstring example runs in test_jsonl.py, with the other sources')."""
 
 from __future__ import annotations
-
-import doctest
 
 import pytest
 from pydantic import ValidationError
 
 from gfcr.registry import DATA_SOURCES
-from gfcr.stages.data import arithmetic_mix
 from gfcr.stages.data.arithmetic_mix import CATEGORIES, ArithmeticMixSource, category_of, problems, split_of
 
 
 def load(**kwargs):
     return ArithmeticMixSource(ArithmeticMixSource.Config(**kwargs)).load()
-
-
-def test_the_docstring_example_runs():
-    assert doctest.testmod(arithmetic_mix, optionflags=doctest.ELLIPSIS).failed == 0
 
 
 def test_registered_as_a_data_source():
