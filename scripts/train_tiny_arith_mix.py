@@ -1,6 +1,7 @@
 """Pretrain ``tiny-arith-mix`` and write it to ``gfcr/assets/tiny-arith-mix/``.
 
-Command (from the repo root; CPU, one thread, deterministic)::
+Command (from the repo root; CPU, one thread, deterministic: two runs wrote byte-identical
+folders, after 937 s and 825 s of training on a shared 2-core machine)::
 
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/train_tiny_arith_mix.py
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/train_tiny_arith_mix.py --eval-only

@@ -22,7 +22,7 @@ categories exist so that a policy's accuracy can be reported per category: every
 prompt's ``metadata`` names its ``category`` and ``expr``. The ground truth is the exact
 integer, scored by the ``arithmetic`` verifier.
 
-Splits: a fixed fifth of all problems (``crc32(expr) % 5 == 0``, e.g. ``"47 + 12"``) is
+Splits: a fixed fifth of all problems (``crc32(expr) % 5 == 0``, ``expr`` as printed: ``"47 + 12"``) is
 the ``eval`` split, the rest ``train``; the two never share a problem, and
 ``scripts/train_tiny_arith_mix.py`` never trains the ``tiny-arith-mix`` policy on the
 ``eval`` split either. Prompt ``i`` is from category ``categories[i % len(categories)]``
