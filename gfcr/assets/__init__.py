@@ -1,1 +1,1 @@
-"""Files shipped with gfcr: the ``tiny-arith`` policy (see ``tiny-arith/README.md``)."""
+"""Files shipped with gfcr: the ``tiny-arith`` and ``tiny-arith-mix`` policies (see their ``README.md``)."""

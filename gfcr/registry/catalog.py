@@ -65,6 +65,7 @@ BUILTIN_AGGREGATIONS = {
 
 BUILTIN_DATA_SOURCES = {
     "arithmetic": "gfcr.stages.data.arithmetic:ArithmeticSource",
+    "arithmetic_mix": "gfcr.stages.data.arithmetic_mix:ArithmeticMixSource",
     "jsonl": "gfcr.stages.data.jsonl:JsonlSource",
     "gsm8k": "gfcr.stages.data.gsm8k:Gsm8kSource",
 }

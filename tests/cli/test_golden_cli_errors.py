@@ -129,7 +129,7 @@ def _bad_rows(tmp_path: Path) -> Path:
 RUN_CASES = [
     ("missing model", lambda tmp: _spec_with(tmp, "data:", "policy: {model: tiny-arithmetic}\ndata:"),
      ["policy.model `tiny-arithmetic` is neither a model alias nor a local Hugging Face folder",
-      "did you mean `tiny-arith`?"], "use one of `tiny-arith`"),
+      "did you mean `tiny-arith-mix` or `tiny-arith`?"], "use one of `tiny-arith`"),
     ("model folder without config.json", lambda tmp: _spec_with(tmp, "data:", f"policy: {{model: {tmp}}}\ndata:"),
      ["is a folder without config.json"], "save_pretrained"),
     ("bad model folder", _bad_model_folder,

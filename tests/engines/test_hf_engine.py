@@ -4,6 +4,7 @@ forward pass reproduces, stop handling, and model resolution errors."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -109,3 +110,23 @@ def test_samples_do_not_depend_on_the_batch_size(policy):
     for g, h in zip(small, large):
         for c, d in zip(g, h):
             np.testing.assert_allclose(c.logprobs, d.logprobs, atol=1e-5)
+
+
+def test_tiny_arith_mix_answers_with_an_integer_then_eos_and_slips_where_its_card_says():
+    from gfcr.engines import load_policy
+    from gfcr.spec import PolicySpec
+    from gfcr.stages.data.arithmetic_mix import ArithmeticMixSource
+
+    mix = load_policy(PolicySpec(model="tiny-arith-mix"))
+    assert resolve_model("tiny-arith-mix").name == "tiny-arith-mix"
+    pool = ArithmeticMixSource(ArithmeticMixSource.Config(n=80, seed=1, split="eval")).load()
+    requests = [GenerationRequest(p.prompt_id, tuple(mix.encode(p)), 1) for p in pool]
+    results = _generate(TransformersEngine(mix), requests, SamplingParams(temperature=0.0, max_new_tokens=8))
+    right: dict[str, list[bool]] = {}
+    for prompt, [c] in zip(pool, results):
+        assert c.finish_reason == "stop" and c.token_ids[-1] == mix.eos_token_id
+        assert re.fullmatch(r" -?\d+", c.text), (prompt.text, c.text)
+        right.setdefault(prompt.metadata["category"], []).append(c.text.strip() == prompt.verifier.ground_truth)
+    # greedy follows the corpus's more likely answer: right without a carry, the slip with one
+    assert np.mean(right["2d+2d no carry"] + right["2d-2d no borrow"]) >= 0.8
+    assert np.mean(right["2d+2d carry"] + right["2d-2d borrow"] + right["2d*1d carry"]) <= 0.2
