@@ -240,7 +240,9 @@ class ReplayStore:
         for rollout, text, priority in pending.candidates:
             vector = fresh[text] if text in fresh else self._stored_vector(text)
             if self.config.dedup_threshold is not None:
-                near = neighbours.setdefault(rollout.prompt_id, self._prompt_vectors(rollout.prompt_id))
+                if rollout.prompt_id not in neighbours:  # this add's entries are not in the index yet
+                    neighbours[rollout.prompt_id] = self._prompt_vectors(rollout.prompt_id)
+                near = neighbours[rollout.prompt_id]
                 if len(near) and float(np.max(near @ vector)) >= self.config.dedup_threshold:
                     result.near_duplicates += 1
                     continue
@@ -284,6 +286,7 @@ class ReplayStore:
 
     def evict(self, policy_version: int) -> dict[str, int]:
         """Apply ``max_staleness`` at ``policy_version``, then the caps; the entries removed, by reason."""
+        self.finish()
         evicted: dict[str, int] = {}
         if self.config.max_staleness is not None:
             floor = policy_version - self.config.max_staleness
@@ -321,6 +324,7 @@ class ReplayStore:
 
     def remove(self, entry_ids: Iterable[int]) -> int:
         """Remove these entries (and a prompt left with none); return how many were stored."""
+        self.finish()
         gone = [self._entries.pop(i) for i in dict.fromkeys(entry_ids) if i in self._entries]
         for entry in gone:
             self._forget(entry)
