@@ -11,6 +11,7 @@ prompt). API (``k`` nearest by cosine, best first):
 
     store.add(rollouts, prompt_texts, step, policy_version)   -> AddResult  (embeds, dedups, evicts)
     store.submit(...) then store.finish()                     the same, embedding in a background thread
+                                                              (stored at submit; vectors join at finish)
     store.knn_by_response(text, k, prompt_id=None)            -> [Hit]   similar responses
     store.knn_by_prompt(text, k)                              -> [Hit]   rollouts of the most similar prompts
     store.knn_prompts(text, k)                                -> [PromptHit]
@@ -28,6 +29,9 @@ Eviction, after every add: entries older than ``max_staleness`` policy versions 
 token) go first; then, while the store exceeds ``max_entries`` or ``max_bytes``, entries leave in
 the ``evict`` order: ``fifo`` (first added first), ``staleness`` (oldest policy version first) or
 ``priority`` (lowest priority first; the stage uses the reward); ties leave oldest first.
+
+The embedder runs in a thread of the store's own, on one torch thread, whether the add waits
+for it (``background: false``) or not.
 
 Determinism: the embeddings of a step's texts are computed in fixed batches (unique texts in
 first-seen order), and a text already in the store reuses its stored vector, so a store rebuilt
@@ -130,7 +134,11 @@ class _Pending:
     step: int
     policy_version: int
     exact_duplicates: int
-    started: float = field(default_factory=time.perf_counter)
+    # set when the add was committed at submit (no near-duplicate check): only vectors are missing
+    committed: AddResult | None = None
+    waiting: list[tuple[int, str]] = field(default_factory=list)  # entry id, response text
+    known: dict[str, np.ndarray] = field(default_factory=dict)  # texts whose vector the store had
+    waiting_prompts: list[tuple[int, str]] = field(default_factory=list)  # prompt key, text
 
 
 class ReplayStore:
@@ -151,7 +159,10 @@ class ReplayStore:
         self.nbytes = 0
         self.totals = {"added": 0, "exact_duplicates": 0, "near_duplicates": 0, "evicted": 0}
         self.embed_seconds = 0.0  # wall time spent computing embeddings (background or not)
+        self.embed_cpu_seconds = 0.0  # CPU time of the embedding thread
         self.last_result = AddResult()  # what the latest completed add did
+        self._unindexed: set[int] = set()  # entries stored at submit whose vectors are still coming
+        self._unindexed_prompts: set[int] = set()
         self._pending: _Pending | None = None
         self._pool: ThreadPoolExecutor | None = None
 
@@ -181,19 +192,58 @@ class ReplayStore:
                 new_prompts[r.prompt_id] = prompt_texts[r.prompt_id]
         texts = list(dict.fromkeys([t for _, t, _ in candidates if t not in self._by_text]
                                    + list(new_prompts.values())))
+        pending = _Pending(candidates, new_prompts, texts, np.zeros((0, self.dim)), step, policy_version, exact)
+        if self.config.dedup_threshold is None:  # nothing waits for the vectors but the index
+            self._commit(pending)
         use_thread = self.config.background if background is None else background
-        vectors = self._executor().submit(self._encode, texts) if use_thread and texts else self._encode(texts)
-        self._pending = _Pending(candidates, new_prompts, texts, vectors, step, policy_version, exact)
+        future = self._executor().submit(self._encode, texts)
+        pending.vectors = future if use_thread else future.result()
+        self._pending = pending
+
+    def _commit(self, pending: _Pending) -> None:
+        """Store the entries and prompts of ``pending`` and evict now; their vectors join the indexes
+        in ``finish``. The stored vectors of texts already in the store are read before eviction."""
+        result = AddResult(exact_duplicates=pending.exact_duplicates)
+        for pid, text in pending.prompt_texts.items():
+            pending.waiting_prompts.append((self._add_prompt_entry(pid, text), text))
+        for rollout, text, priority in pending.candidates:
+            if text in self._by_text and text not in pending.known and text not in pending.texts:
+                pending.known[text] = self._stored_vector(text)
+            entry = stored_from(rollout, self.next_entry_id, pending.step, text, priority, self.dim)
+            self.next_entry_id += 1
+            self._insert(entry)
+            self._unindexed.add(entry.entry_id)
+            pending.waiting.append((entry.entry_id, text))
+            result.added.append(entry.entry_id)
+        result.evicted = self.evict(pending.policy_version)
+        self._count_result(result)
+        pending.committed = result
+
+    def _index_committed(self, pending: _Pending, fresh: dict[str, np.ndarray]) -> AddResult:
+        prompts = [(key, text) for key, text in pending.waiting_prompts if key in self._unindexed_prompts]
+        if prompts:
+            self.prompt_index.add(np.array([k for k, _ in prompts], dtype=np.int64), np.stack([fresh[t] for _, t in prompts]))
+        live = [(i, t) for i, t in pending.waiting if i in self._unindexed]
+        if live:
+            vectors = [pending.known[t] if t in pending.known else fresh[t] for _, t in live]
+            self.responses.add(np.array([i for i, _ in live], dtype=np.int64), np.stack(vectors))
+        self._unindexed.clear()
+        self._unindexed_prompts.clear()
+        assert pending.committed is not None
+        return pending.committed
 
     def _encode(self, texts: list[str]) -> np.ndarray:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         vectors = self.embedder.encode(texts, batch_size=self.config.embed_batch_size)
         self.embed_seconds += time.perf_counter() - start
+        self.embed_cpu_seconds += time.thread_time() - cpu
         return vectors
 
     def _executor(self) -> ThreadPoolExecutor:
+        """The embedding thread: every encode runs here, on one torch thread (see ``_one_torch_thread``)."""
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gfcr-replay-embed")
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gfcr-replay-embed",
+                                            initializer=_one_torch_thread)
         return self._pool
 
     def _candidates(self, rollouts: list[Rollout], priorities: Sequence[float]
@@ -212,6 +262,12 @@ class ReplayStore:
     def pending(self) -> bool:
         return self._pending is not None
 
+    def settle(self) -> None:
+        """Make the sizes and ``last_result`` final: finish a pending add whose outcome waits on its
+        embeddings (the near-duplicate check); an add committed at submit keeps embedding."""
+        if self._pending is not None and self._pending.committed is None:
+            self.finish()
+
     def finish(self) -> AddResult | None:
         """Complete a submitted add (waiting for its embeddings): near-duplicate check, index,
         evict. None when nothing was pending."""
@@ -220,6 +276,8 @@ class ReplayStore:
             return None
         vectors = pending.vectors.result() if isinstance(pending.vectors, Future) else pending.vectors
         fresh = dict(zip(pending.texts, vectors))
+        if pending.committed is not None:
+            return self._index_committed(pending, fresh)
         result = AddResult(exact_duplicates=pending.exact_duplicates)
         for pid, text in pending.prompt_texts.items():
             self._add_prompt(pid, text, fresh[text])
@@ -228,10 +286,13 @@ class ReplayStore:
             self.responses.add(np.array([e.entry_id for e, _ in accepted], dtype=np.int64),
                                np.stack([v for _, v in accepted]))
         result.evicted = self.evict(pending.policy_version)
+        self._count_result(result)
+        return result
+
+    def _count_result(self, result: AddResult) -> None:
         self.totals["exact_duplicates"] += result.exact_duplicates
         self.totals["near_duplicates"] += result.near_duplicates
         self.last_result = result
-        return result
 
     def _accept(self, pending: _Pending, fresh: dict[str, np.ndarray], result: AddResult
                 ) -> list[tuple[StoredRollout, np.ndarray]]:
@@ -262,11 +323,18 @@ class ReplayStore:
         return self.responses.vectors(ids) if len(ids) else np.zeros((0, self.dim), dtype=np.float32)
 
     def _add_prompt(self, prompt_id: str, text: str, vector: np.ndarray) -> None:
+        key = self._add_prompt_entry(prompt_id, text)
+        self._unindexed_prompts.discard(key)
+        self.prompt_index.add(np.array([key], dtype=np.int64), vector[None])
+
+    def _add_prompt_entry(self, prompt_id: str, text: str) -> int:
+        """A new prompt, its vector to come (``_unindexed_prompts`` until it is in the index)."""
         key = self.next_prompt_key
         self.next_prompt_key += 1
         self._prompts[prompt_id] = (key, text)
-        self.prompt_index.add(np.array([key], dtype=np.int64), vector[None])
+        self._unindexed_prompts.add(key)
         self.nbytes += _prompt_bytes(text, self.dim)
+        return key
 
     def _insert(self, entry: StoredRollout) -> None:
         self._entries[entry.entry_id] = entry
@@ -328,7 +396,9 @@ class ReplayStore:
         gone = [self._entries.pop(i) for i in dict.fromkeys(entry_ids) if i in self._entries]
         for entry in gone:
             self._forget(entry)
-        self.responses.remove(np.array([e.entry_id for e in gone], dtype=np.int64))
+        indexed = [e.entry_id for e in gone if e.entry_id not in self._unindexed]
+        self._unindexed.difference_update(e.entry_id for e in gone)
+        self.responses.remove(np.array(indexed, dtype=np.int64))
         self.totals["evicted"] += len(gone)
         if len(self._heap) > 2 * len(self._entries) + 64:  # drop the removed entries' heap items
             self._heap = [item for item in self._heap if item[1] in self._entries]
@@ -342,7 +412,10 @@ class ReplayStore:
         _discard(self._by_text, entry.text, entry.entry_id)
         if _discard(self._by_prompt, entry.prompt_id, entry.entry_id):
             key, text = self._prompts.pop(entry.prompt_id)
-            self.prompt_index.remove(np.array([key], dtype=np.int64))
+            if key in self._unindexed_prompts:
+                self._unindexed_prompts.discard(key)
+            else:
+                self.prompt_index.remove(np.array([key], dtype=np.int64))
             self.nbytes -= _prompt_bytes(text, self.dim)
 
     # --- reading ---------------------------------------------------------------------------------
@@ -378,7 +451,7 @@ class ReplayStore:
         return None if found is None else found[1]
 
     def embed(self, text: str) -> np.ndarray:  # [dim]
-        return self.embedder.encode([text], batch_size=1)[0]
+        return self._executor().submit(self._encode, [text]).result()[0]
 
     def knn_by_response(self, text: str, k: int, prompt_id: str | None = None) -> list[Hit]:
         """The ``k`` stored responses most similar to ``text`` (only ``prompt_id``'s, if given: exact)."""
@@ -450,7 +523,7 @@ class ReplayStore:
                                   "delete this checkpoint directory to resume from an older one")
         fresh.next_entry_id, fresh.next_prompt_key = int(state["next_entry_id"]), int(state["next_prompt_key"])
         fresh.totals = {k: int(v) for k, v in state["totals"].items()}
-        self.__dict__.update({k: v for k, v in fresh.__dict__.items() if k not in ("_pool", "embed_seconds", "last_result")})
+        self.__dict__.update({k: v for k, v in fresh.__dict__.items() if k not in ("_pool", "embed_seconds", "embed_cpu_seconds", "last_result")})
 
     def _check_state(self, directory: Path, state: dict[str, Any]) -> None:
         if state.get("dim") != self.dim or state.get("embedder") != self.config.embedder:
@@ -468,6 +541,17 @@ class ReplayStore:
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
+
+
+def _one_torch_thread() -> None:
+    """Run the embedder on one intra-op thread, in its own thread (torch's setting is per thread):
+    beside the update on a small machine, two threads each fighting for both cores run several
+    times slower than one (benchmarks/replay_store.py), and the policy's threads are left as they are."""
+    try:
+        import torch
+    except ImportError:  # an embedder without torch
+        return
+    torch.set_num_threads(1)
 
 
 def _token_key(prompt_id: str, tokens: Any) -> tuple[str, bytes]:

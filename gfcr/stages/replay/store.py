@@ -16,10 +16,12 @@ Which rollouts are stored: ``kept_only`` (groups and rollouts the filters kept),
 ``correct_only``, ``finished_only`` (completed or truncated, not partials) and
 ``store_replayed`` (rollouts another Replay stage replayed, skipped by default).
 
-Embedding runs in a background thread (``background``) while the update runs; the add
-completes when the runner reads the step's metrics (``entries``, ``prompts``, ``bytes``,
-``added``, ``exact_duplicates``, ``near_duplicates``, ``evicted``: in ``metrics.jsonl`` under
-``stages.<id>`` and in MLflow). The store is saved with each checkpoint in the stage's own
+Without ``dedup_threshold`` the rollouts are stored (and evicted) at once and only their
+vectors wait: embedding runs in a background thread (``background``) while the update and
+the next step's generation run, and joins the index at the next add, query or checkpoint.
+With it, the step's metrics wait for the embeddings. The metrics (``entries``, ``prompts``,
+``bytes``, ``added``, ``exact_duplicates``, ``near_duplicates``, ``evicted``) go to
+``metrics.jsonl`` under ``stages.<id>`` and to MLflow. The store is saved with each checkpoint in the stage's own
 ``files/`` directory (``entries.parquet``, ``prompts.parquet``, ``responses.faiss``,
 ``prompts.faiss``) and its counters in the stage state, so a resumed run has the same store.
 ``gfcr replay inspect RUN_DIR`` shows what a run's store holds.
@@ -115,7 +117,7 @@ class Store:
     def step_metrics(self) -> dict[str, float]:
         """The store after this step's add: sizes, and what the add did."""
         store = self._require()
-        store.finish()
+        store.settle()  # waits for the embeddings only when the near-duplicate check needs them
         last = store.last_result
         return {"entries": len(store), "prompts": store.prompt_count, "bytes": store.nbytes,
                 "added": len(last.added), "exact_duplicates": last.exact_duplicates,

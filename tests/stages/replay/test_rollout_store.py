@@ -194,6 +194,9 @@ def test_hnsw_leaves_removed_rollouts_out_of_searches(embedder):
     assert [e.text for e in store.entries()] == ["Lyon", "four"]
     assert [h.entry.text for h in store.knn_by_response("Paris", k=5)] == ["Lyon", "four"]
     assert store.responses.dead == {0}
+    at_once = _store(embedder, index="hnsw", max_entries=2)  # evicted before its vector reached the index
+    at_once.add([_rollout(f"p:{i}", [i], t, i=i) for i, t in enumerate(["Paris", "Lyon", "four"])], PROMPTS, 0, 0)
+    assert at_once.responses.dead == set() and len(at_once.responses) == 2 and at_once.prompt_count == 2
 
 
 def test_a_truncated_index_file_is_a_checkpoint_error_naming_it(embedder, tmp_path):
