@@ -271,6 +271,7 @@ from gfcr.cli import lineage_cmd  # noqa: E402,F401  (registers `gfcr lineage`)
 from gfcr.cli import orchestrate  # noqa: E402,F401  (registers `gfcr deploy`, `serve` and `ui`)
 from gfcr.cli import ablate_cmd  # noqa: E402,F401  (registers `gfcr ablate`)
 from gfcr.cli import compare_cmd  # noqa: E402,F401  (registers `gfcr compare`)
+from gfcr.cli import replay_cmd  # noqa: E402,F401  (registers `gfcr replay inspect`)
 
 if __name__ == "__main__":  # `python -m gfcr.cli.main`: the command modules register on gfcr.cli.main's app
     from gfcr.cli.main import app as registered

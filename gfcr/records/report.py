@@ -51,7 +51,7 @@ class StepReport:
     update: UpdateReport | None
     stage_seconds: dict[str, float]
     loop_rounds: dict[str, int]
-    metrics: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)  # stage id -> its step_metrics() (ReportsMetrics)
     created_by: dict[str, str] = field(default_factory=dict)  # group id -> stage that first output it
     dropped_by: dict[str, str] = field(default_factory=dict)  # group id -> id of the stage that dropped it
     changed_by: dict[str, tuple[str, ...]] = field(default_factory=dict)  # group id -> stages that changed it

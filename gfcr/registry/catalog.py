@@ -26,6 +26,7 @@ BUILTIN_STAGES = {
     "update.grpo": "gfcr.stages.update.grpo:GRPOUpdate",
     "update.fake": "gfcr.stages.testing:FakeUpdate",
     "control.fake_stop": "gfcr.stages.testing:FakeStop",
+    "replay.store": "gfcr.stages.replay.store:Store",
     "replay.fake_provide": "gfcr.stages.testing:FakeProvide",
     "replay.fake_ingest": "gfcr.stages.testing:FakeIngest",
     "replay.fake_mix": "gfcr.stages.testing:FakeMix",

@@ -9,6 +9,7 @@ role                methods                                   called by the runt
 SetsUp              ``setup(resources)``                      once, after the stages are built
 BeforeStep          ``before_step(ctx)``                      at the start of every step
 Observes            ``observe(report)``                       after every step's update
+ReportsMetrics      ``step_metrics() -> {name: number}``      after every step's update, before ``observe``
 Stateful            ``state_dict()``, ``load_state_dict(s)``  when checkpointing / resuming
 OwnsFiles           ``save_files(dir)``, ``load_files(dir)``  with the checkpoint, in the stage's own subdir
 EndsLoop            ``done() -> bool``                        after each round, as a loop block's until stage
@@ -62,6 +63,14 @@ class Observes(Protocol):
 
 
 @runtime_checkable
+class ReportsMetrics(Protocol):
+    """Numbers the stage reports per step (``metrics.jsonl`` under ``stages.<id>``, and MLflow).
+    They must be deterministic for a seeded run: clock readings do not belong here."""
+
+    def step_metrics(self) -> dict[str, float]: ...
+
+
+@runtime_checkable
 class Stateful(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
@@ -100,10 +109,11 @@ class ChecksPipeline(Protocol):
     def check_pipeline(config: Any, view: Any) -> Sequence[Any]: ...
 
 
-ROLES: tuple[type, ...] = (Stage, SetsUp, BeforeStep, Observes, Stateful, OwnsFiles, EndsLoop,
+ROLES: tuple[type, ...] = (Stage, SetsUp, BeforeStep, Observes, ReportsMetrics, Stateful, OwnsFiles, EndsLoop,
                            InFlightController, HostsInFlight, ChecksPipeline)
 METHODS: dict[type, tuple[str, ...]] = {
     Stage: ("run",), SetsUp: ("setup",), BeforeStep: ("before_step",), Observes: ("observe",),
+    ReportsMetrics: ("step_metrics",),
     Stateful: ("state_dict", "load_state_dict"), OwnsFiles: ("save_files", "load_files"),
     EndsLoop: ("done",), InFlightController: ("steer",), HostsInFlight: ("attach_in_flight",),
     ChecksPipeline: ("check_pipeline",),

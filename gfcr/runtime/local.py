@@ -6,7 +6,8 @@ building the stages it attaches every generate stage's in-flight controllers
 and engine the runtime lends). Per step: ``before_step(ctx)`` on every ``BeforeStep`` stage;
 the plan's items in order (a loop block repeats its body, each round with a fresh
 ``StepContext`` carrying the round, until its until stage is ``done()`` or ``max_rounds``
-have run); then ``observe(report)`` on every ``Observes`` stage. Runtime inputs of ``run``
+have run); then ``step_metrics()`` on every ``ReportsMetrics`` stage (the report's
+``metrics``, by stage id) and ``observe(report)`` on every ``Observes`` stage. Runtime inputs of ``run``
 (``PromptPool``, ``StepContext``, ``StepOutputs``) are filled by type.
 
 The runner, not the stages, records who did what to a group: the stage that first output
@@ -31,7 +32,7 @@ from gfcr.records import (
     Allocation, PromptPool, Provided, RolloutGroup, RolloutGroups, StepContext, StepOutputs, StepReport,
     UpdateReport,
 )
-from gfcr.registry.lifecycle import BeforeStep, EndsLoop, HostsInFlight, Observes, SetsUp, Stateful
+from gfcr.registry.lifecycle import BeforeStep, EndsLoop, HostsInFlight, Observes, ReportsMetrics, SetsUp, Stateful
 from gfcr.registry.contract import Port
 from gfcr.spec import UPDATE_ID
 from gfcr.stages.resources import Resources
@@ -231,8 +232,10 @@ class LocalRunner:
         in_update = {g.group_id for out in fed if isinstance(out, RolloutGroups) for g in out if g.verdict.included}
         controls = {sid: dict(out.controller_state) for sid, out in state.outputs.items()
                     if isinstance(out, Allocation) and out.controller_state}
+        metrics = {sid: dict(self._call(sid, state.ctx, stage.step_metrics)) for sid, stage in self.stages.items()
+                   if isinstance(stage, ReportsMetrics)}
         return StepReport(
-            run_id=self.run_id, step=state.ctx.step, policy_version=version,
+            run_id=self.run_id, step=state.ctx.step, policy_version=version, metrics=metrics,
             groups=tuple(state.groups.values()), update=update, stage_seconds=dict(state.seconds),
             loop_rounds=dict(state.rounds), created_by=dict(state.created_by), dropped_by=dict(state.dropped_by),
             changed_by={gid: tuple(s) for gid, s in state.changed_by.items()},

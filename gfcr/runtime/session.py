@@ -236,6 +236,8 @@ def step_record(report: StepReport, result: EvalResult | None, seconds: float) -
         "time": {"step_s": seconds, "stages_s": report.stage_seconds,
                  "rollouts_per_s": report.rollouts_generated / seconds if seconds > 0 else None},
     }
+    if report.metrics:  # the ReportsMetrics stages' numbers, by stage id
+        record["stages"] = {sid: dict(values) for sid, values in report.metrics.items()}
     if result is not None:
         record["eval_accuracy"] = result.accuracy
         record["eval_n"] = result.n

@@ -103,6 +103,53 @@ RESUME_CASES = [
 ]
 
 
+STORE_BASE = BASE.replace("update: {use: update.fake, from: keep}",
+                          "  store:   {use: replay.store, from: keep}\nupdate: {use: update.fake, from: store}")
+INDEX = f"{CKPT}/stages/store/files/responses.faiss"
+
+
+@pytest.fixture(scope="module")
+def store_run(tmp_path_factory) -> Path:
+    """The fake pipeline with a replay store, checkpointed at step 2: the replay cases damage a copy."""
+    root = tmp_path_factory.mktemp("golden-store")
+    (root / "spec.yaml").write_text(STORE_BASE)
+    result = cli.invoke(app, ["run", str(root / "spec.yaml"), "--run-dir", str(root / "run"), "--executor", "local"])
+    assert result.exit_code == 0, result.output
+    assert (root / "run" / INDEX).is_file()
+    return root / "run"
+
+
+def _rehash(ckpt: Path) -> None:
+    """Rewrite the manifest's sizes and hashes to match the files (a store copied in by hand)."""
+    import hashlib
+
+    manifest = json.loads((ckpt / MANIFEST).read_text())
+    for entry in manifest["files"]:
+        data = (ckpt / entry["path"]).read_bytes()
+        entry.update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    (ckpt / MANIFEST).write_text(json.dumps(manifest))
+
+
+def _truncate_and_rehash(run: Path) -> None:
+    _truncate(run / INDEX)
+    _rehash(run / CKPT)
+
+
+REPLAY_CASES = [
+    Case("truncated replay index", lambda run: _truncate(run / INDEX),
+         [f"{{run}} has no complete checkpoint to resume from: {{run}}/{INDEX} has"], f"delete {{run}}/{CKPT}"),
+    Case("truncated replay index listed in the manifest", _truncate_and_rehash,
+         [f"{{run}}/{INDEX} is not a readable FAISS index (truncated or corrupt)"],
+         "delete this checkpoint directory to resume from an older one"),
+    Case("replay inspect of a truncated index", lambda run: _truncate(run / INDEX),
+         [f"{{run}} has no complete checkpoint: {{run}}/{INDEX} has"], "set `run.checkpoint_every`",
+         ["replay", "inspect", "{run}"]),
+    Case("replay inspect of a truncated index listed in the manifest", _truncate_and_rehash,
+         [f"{{run}}/{INDEX} is not a readable FAISS index"], "delete this checkpoint directory",
+         ["replay", "inspect", "{run}"]),
+]
+
+
 def _spec_with(tmp_path: Path, old: str, new: str) -> Path:
     assert old in BASE
     path = tmp_path / "spec.yaml"
@@ -172,13 +219,22 @@ def _assert_user_error(result, says: list[str], fix: str) -> None:
 
 
 def test_the_table_covers_every_user_error_class():
-    assert len(RESUME_CASES) + len(RUN_CASES) + len(SET_CASES) >= 20
+    assert len(RESUME_CASES) + len(RUN_CASES) + len(SET_CASES) + len(REPLAY_CASES) >= 24
 
 
 @pytest.mark.parametrize("case", RESUME_CASES, ids=[c.id for c in RESUME_CASES])
 def test_a_bad_checkpoint_or_run_dir_exits_2_with_what_where_and_the_fix(case, finished_run, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(finished_run, run)
+    case.damage(run)
+    result = cli.invoke(app, [a.format(run=run) for a in case.args])
+    _assert_user_error(result, [s.format(run=run) for s in case.says], case.fix.format(run=run))
+
+
+@pytest.mark.parametrize("case", REPLAY_CASES, ids=[c.id for c in REPLAY_CASES])
+def test_a_damaged_replay_store_exits_2_with_what_where_and_the_fix(case, store_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(store_run, run)
     case.damage(run)
     result = cli.invoke(app, [a.format(run=run) for a in case.args])
     _assert_user_error(result, [s.format(run=run) for s in case.says], case.fix.format(run=run))
