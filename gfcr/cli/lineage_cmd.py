@@ -64,6 +64,7 @@ def _links(chain: Any) -> list[tuple[str, str]]:
         ("selected", f"step {row['step']}, by " + (" -> ".join(map(str, chain.selected_by)) or "(no control stage)")
          + " (the allocation's per-prompt reason is not recorded in the lineage)"),
         ("generated", _generated(chain)),
+        *_replayed(chain),
         ("scored", _scored(row)),
         ("group", f"{row['group_id']}: {chain.group.size} rollouts, {chain.group.correct} correct, mean reward "
                   + _num(chain.group.reward_mean)),
@@ -96,10 +97,29 @@ def _generated(chain: Any) -> str:
              f"replica {row['replica'] or '-'}", f"{row['n_tokens']} tokens",
              f"{row['status']} (finish reason: {row['finish_reason'] or '-'})"]
     if row["replayed_from"]:
-        parts.append(f"replayed from {row['replayed_from']}")
+        parts.append(f"replayed from {row['replayed_from']}" + _original(row))
     if row["tree_id"]:
         parts.append(f"tree {row['tree_id']} node {row['node_id']} (parent {row['parent_node_id'] or '-'})")
     return ", ".join(parts)
+
+
+def _original(row: dict[str, Any]) -> str:
+    known = [f"step {row['replayed_step']}" if row.get("replayed_step") is not None else "",
+             f"policy version {row['replayed_policy_version']}" if row.get("replayed_policy_version") is not None
+             else ""]
+    known = [k for k in known if k]
+    return f" (generated at {', '.join(known)})" if known else ""
+
+
+def _replayed(chain: Any) -> list[tuple[str, str]]:
+    """One link per original a replayed rollout copies, as far as this run's lineage goes."""
+    links = [("replay of", f"{src['rollout_id']}: step {src['step']}, by {src['created_by'] or '(unknown stage)'}, "
+                           f"origin {src['origin']}, policy version {src['policy_version_min']}, "
+                           f"{src['n_tokens']} tokens, {_scored(src)}") for src in chain.sources]
+    if chain.row["replayed_from"] and not chain.sources:
+        links.append(("replay of", f"{chain.row['replayed_from']}: not in this run's lineage (a pool seeded "
+                                   "from another run or a file)"))
+    return links
 
 
 def _scored(row: dict[str, Any]) -> str:

@@ -310,7 +310,8 @@ class _Compiler:
             frontier = nxt
         fixed = next((u for u in upstream if getattr(configs.get(u), "rollouts_per_prompt", None) is not None), None)
         return PipelineView(tuple((u, infos[u].alias) for u in upstream),
-                            getattr(configs[fixed], "rollouts_per_prompt") if fixed else None, fixed)
+                            getattr(configs[fixed], "rollouts_per_prompt") if fixed else None, fixed,
+                            {s: info.alias for s, info in infos.items()}, dict(configs))
 
     def plan(self, graph: nx.MultiDiGraph, infos: dict[str, StageInfo]) -> tuple[PlanItem, ...] | None:
         """Units (stages, loop blocks) in dependency order, ties in the author's order; an ingest

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping
 
 import networkx as nx
 from pydantic import BaseModel
@@ -30,11 +30,16 @@ class PipelineView:
     ``upstream``: the stages it depends on, ``(id, alias)``, nearest first (breadth-first over
     the edges into it, feedback edges left out); ``rollouts_per_prompt``: the group size fixed
     by the nearest upstream stage whose Config exposes ``rollouts_per_prompt`` (``control.fixed_n``),
-    None when none does, and ``rollouts_from`` that stage's id."""
+    None when none does, and ``rollouts_from`` that stage's id; ``aliases`` and ``configs``: every
+    stage's alias and validated Config by id, the update's under ``update`` (a Config is None
+    where it did not validate), for a pairing with a stage that is not upstream (``replay.rlep``
+    with ``correction: tis`` needs the update's ``tis_cap``)."""
 
     upstream: tuple[tuple[str, str], ...]
     rollouts_per_prompt: int | None
     rollouts_from: str | None
+    aliases: Mapping[str, str] = field(default_factory=dict)
+    configs: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,12 @@ class StepReport:
     update_group_ids: frozenset[str] = frozenset()  # groups handed to the update stage
     controller_state: dict[str, dict[str, Any]] = field(default_factory=dict)  # control stage id -> its state
     tokens_scored: int = 0  # response tokens stages scored without generating them (pilots, draft checks)
+    added_by: dict[str, str] = field(default_factory=dict)  # rollout id -> stage that added it to a group it did not create
+
+    def created_by_rollout(self, group_id: str, rollout_id: str) -> str | None:
+        """The stage that created a rollout: the one that added it to an existing group (a Replay
+        stage appending replayed rollouts), else the stage that created its group."""
+        return self.added_by.get(rollout_id, self.created_by.get(group_id))
 
     @property
     def prompts_sampled(self) -> int:
@@ -66,11 +72,18 @@ class StepReport:
 
     @property
     def rollouts_generated(self) -> int:
-        return sum(len(g.generated) for g in self.groups)
+        """Rollouts the step generated (replayed and cached ones are reused, not generated)."""
+        return sum(1 for g in self.groups for r in g.generated if not r.reused)
 
     @property
     def tokens_generated(self) -> int:
-        return sum(len(r) for g in self.groups for r in g.generated)
+        """Response tokens the step generated (not those of replayed or cached rollouts)."""
+        return sum(len(r) for g in self.groups for r in g.generated if not r.reused)
+
+    @property
+    def rollouts_replayed(self) -> int:
+        """Rollouts taken from earlier material (origin ``replayed`` or ``cached_correct``) in the step's groups."""
+        return sum(1 for g in self.groups for r in g.generated if r.reused)
 
     @property
     def groups_kept(self) -> int:
@@ -81,7 +94,7 @@ class StepReport:
         """Response tokens of the groups that reached the update with unequal rewards: the
         generated tokens a group-relative advantage can give a gradient."""
         return sum(len(r) for g in self.groups if g.group_id in self.update_group_ids
-                   and g.stats.n_scored > 1 and g.stats.reward_std > 0.0 for r in g.rollouts)
+                   and g.stats.n_scored > 1 and g.stats.reward_std > 0.0 for r in g.rollouts if not r.reused)
 
     @property
     def zero_variance_groups(self) -> int:

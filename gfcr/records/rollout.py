@@ -38,6 +38,11 @@ class Origin(StrEnum):
     CACHED_CORRECT = "cached_correct"
 
 
+REUSED_ORIGINS = frozenset({Origin.REPLAYED, Origin.CACHED_CORRECT})
+"""Origins of rollouts a step did not generate (taken from a replay store or cache): they count in
+their group and the update, not in the step's generated rollouts and tokens."""
+
+
 class SegmentOrigin(StrEnum):
     SAMPLED = "sampled"
     DRAFT_ACCEPTED = "draft_accepted"
@@ -86,6 +91,8 @@ class Rollout:
     context_token_ids: list[int] | None = None  # set only when the context differs from the prompt's
     replica: str | None = None  # which engine replica produced it
     replayed_from: str | None = None  # the rollout id it was replayed from (origin ``replayed``), for lineage
+    replayed_step: int | None = None  # the step that generated the original (replayed rollouts)
+    replayed_policy_version: int | None = None  # the original's oldest policy version (replayed rollouts)
     # topology, for tree rollouts
     tree_id: str | None = None
     node_id: str | None = None
@@ -127,6 +134,11 @@ class Rollout:
 
     def __len__(self) -> int:
         return len(self.response_token_ids)
+
+    @property
+    def reused(self) -> bool:
+        """Whether the step took it from earlier material instead of generating it (``REUSED_ORIGINS``)."""
+        return self.origin in REUSED_ORIGINS
 
     @property
     def behavior_logprobs(self) -> np.ndarray:  # [T] float32

@@ -27,6 +27,7 @@ BUILTIN_STAGES = {
     "update.fake": "gfcr.stages.testing:FakeUpdate",
     "control.fake_stop": "gfcr.stages.testing:FakeStop",
     "replay.store": "gfcr.stages.replay.store:Store",
+    "replay.rlep": "gfcr.stages.replay.rlep:RLEP",
     "replay.fake_provide": "gfcr.stages.testing:FakeProvide",
     "replay.fake_ingest": "gfcr.stages.testing:FakeIngest",
     "replay.fake_mix": "gfcr.stages.testing:FakeMix",

@@ -6,9 +6,11 @@ A row follows a rollout from its prompt to the update:
 - who: ``run_id``, ``step``, ``rollout_id``, ``group_id``, ``prompt_id``, and for tree
   rollouts ``tree_id`` / ``node_id`` / ``parent_node_id``;
 - how it was made: ``origin`` (fresh, pilot, resumed, replayed, ...), ``replayed_from`` (the
-  rollout id a replayed rollout copies), ``policy_version_min`` / ``_max`` over its tokens (they
+  rollout id a replayed rollout copies) with ``replayed_step`` and ``replayed_policy_version``
+  (the step that generated the original and its oldest policy version), ``policy_version_min`` / ``_max`` over its tokens (they
   differ only for rollouts continued across updates), the engine ``replica``, ``status``,
-  ``finish_reason``, ``n_tokens`` and ``created_by`` (the id of the first stage that output it);
+  ``finish_reason``, ``n_tokens`` and ``created_by`` (the id of the first stage that output it, or
+  of the stage that appended it to its group);
 - what was decided: ``reward``, ``correct``, ``reward_reason``, ``advantage`` (the mean over
   tokens for per-token estimators), ``dropped_by`` (the id of the stage that dropped its group
   or removed the rollout from it, or null) with ``drop_reason``, ``changed_by`` (the ids of the
@@ -43,6 +45,7 @@ SCHEMA = pa.schema([
     ("reward", pa.float64()), ("correct", pa.bool_()), ("reward_reason", pa.string()),
     ("advantage", pa.float64()), ("created_by", pa.string()), ("dropped_by", pa.string()),
     ("drop_reason", pa.string()), ("in_update", pa.bool_()), ("changed_by", pa.list_(pa.string())),
+    ("replayed_step", pa.int64()), ("replayed_policy_version", pa.int64()),
 ])
 
 
@@ -70,10 +73,11 @@ def _row(report: StepReport, group: RolloutGroup, r: Rollout) -> dict[str, Any]:
         "policy_version_max": int(versions.max()) if len(versions) else None,
         "replica": r.replica, "status": str(r.status), "finish_reason": r.finish_reason, "n_tokens": len(r),
         "reward": r.reward, "correct": r.correct, "reward_reason": r.reward_reason,
-        "advantage": _scalar_advantage(r.advantage), "created_by": report.created_by.get(group.group_id),
+        "advantage": _scalar_advantage(r.advantage), "created_by": report.created_by_rollout(group.group_id, r.rollout_id),
         "dropped_by": dropped_by, "drop_reason": group.verdict.reason if dropped_by is not None else None,
         "in_update": group.group_id in report.update_group_ids,
         "changed_by": list(report.changed_by.get(group.group_id, ())),
+        "replayed_step": r.replayed_step, "replayed_policy_version": r.replayed_policy_version,
     }
 
 

@@ -14,7 +14,8 @@ The runner, not the stages, records who did what to a group: the stage that firs
 it (``created_by``), the stage that dropped it (stamped on its verdict as ``dropped_by``) and
 the stages that changed its rewards, advantages, loss masks, sample weights or verdict
 (``changed_by``, found by comparing a cheap fingerprint of every group before and after each
-stage). An exception raised inside a stage becomes a ``StageError`` naming the stage, step,
+stage), and the stage that appended a rollout to a group another stage created (``added_by``: a
+Replay stage's replayed rollouts). An exception raised inside a stage becomes a ``StageError`` naming the stage, step,
 round and run.
 """
 
@@ -80,6 +81,8 @@ class _StepState:
     created_by: dict[str, str] = field(default_factory=dict)  # group id -> first stage that output it
     dropped_by: dict[str, str] = field(default_factory=dict)  # group id -> stage id that dropped it
     changed_by: dict[str, list[str]] = field(default_factory=dict)  # group id -> stages that changed it
+    added_by: dict[str, str] = field(default_factory=dict)  # rollout id -> stage that added it to an existing group
+    rollout_ids: set[str] = field(default_factory=set)  # every rollout id the step's groups have held
 
     def outputs_so_far(self) -> StepOutputs:
         return StepOutputs(self.ctx.step, tuple(self.groups.values()), dict(self.created_by), dict(self.dropped_by),
@@ -104,6 +107,7 @@ class LocalRunner:
         self.policy_version = 0
         self.resources = resources or Resources()
         self.stages = stages if stages is not None else build_stages(pipeline)
+        self.resources.stages = self.stages  # a Replay stage may read another's store (replay.rlep)
         setup_ctx = StepContext(self.run_id, 0, pipeline.spec.run.seed, 0)
         for sid, node in pipeline.nodes.items():
             host = self.stages[sid]
@@ -188,6 +192,7 @@ class LocalRunner:
             if g.group_id not in state.groups:
                 state.groups[g.group_id] = g
                 state.created_by[g.group_id] = sid
+                state.rollout_ids.update(r.rollout_id for r in g.generated)
                 if not g.verdict.included:  # dropped by the stage that produced it
                     self._dropped(sid, state, g)
             elif g is not state.groups[g.group_id]:
@@ -195,11 +200,20 @@ class LocalRunner:
         for gid, copies in touched.items():
             if gid in before and any(fingerprint(g) != before[gid] for g in copies):
                 state.changed_by.setdefault(gid, []).append(sid)
+                self._added(sid, state, copies)
                 for g in copies:
                     if not g.verdict.included and gid not in state.dropped_by:
                         self._dropped(sid, state, g)
                     for removal in g.removed:  # rollouts this stage took out of the group
                         removal.removed_by = removal.removed_by or sid
+
+    @staticmethod
+    def _added(sid: str, state: _StepState, copies: list[RolloutGroup]) -> None:
+        """Rollouts stage ``sid`` appended to a group another stage created (replayed ones)."""
+        for r in (r for g in copies for r in g.generated):
+            if r.rollout_id not in state.rollout_ids:
+                state.rollout_ids.add(r.rollout_id)
+                state.added_by[r.rollout_id] = sid
 
     @staticmethod
     def _dropped(sid: str, state: _StepState, group: RolloutGroup) -> None:
@@ -240,7 +254,7 @@ class LocalRunner:
             loop_rounds=dict(state.rounds), created_by=dict(state.created_by), dropped_by=dict(state.dropped_by),
             changed_by={gid: tuple(s) for gid, s in state.changed_by.items()},
             update_group_ids=frozenset(in_update), controller_state=controls,
-            tokens_scored=self.resources.take_tokens_scored(),
+            tokens_scored=self.resources.take_tokens_scored(), added_by=dict(state.added_by),
         )
 
     def state_dict(self) -> dict[str, Any]:

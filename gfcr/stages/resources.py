@@ -77,6 +77,7 @@ class Resources:
     map: Map = in_process_map
     closers: list[Callable[[], None]] = field(default_factory=list)
     tokens_scored: int = 0  # response tokens stages scored through ``require_engine``'s engine
+    stages: dict[str, Any] = field(default_factory=dict)  # the pipeline's stages by id (the runner lends them)
 
     def take_tokens_scored(self) -> int:
         """The tokens scored since the last call (the runner calls it once a step)."""
@@ -99,6 +100,14 @@ class Resources:
             raise ModelError(f"`{stage}` needs an engine, and the pipeline has none",
                              "add `policy: {model: tiny-arith, engine: hf}` to the pipeline")
         return MeteredEngine(self.engine, self)
+
+    def require_stage(self, stage_id: str, by: str) -> Any:
+        """Another stage of the pipeline, for a stage that reads its state (``replay.rlep`` reads a
+        ``replay.store``'s store); the compiler has checked the pairing (``check_pipeline``)."""
+        if stage_id not in self.stages:
+            raise ModelError(f"`{by}` reads the stage `{stage_id}`, and the pipeline has no such stage",
+                             f"add a stage `{stage_id}` to the pipeline, or change the stage id `{by}` names")
+        return self.stages[stage_id]
 
 
 class MeteredEngine:

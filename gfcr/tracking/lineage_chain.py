@@ -57,6 +57,7 @@ class RolloutChain:
     dropped_by: StageRef | None = None
     update: StageRef | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)  # what could not be shown, and why
+    sources: tuple[dict[str, Any], ...] = ()  # a replayed rollout's original's lineage row, and its original's...
 
 
 def rollout_chain(run_dir: Path, rollout_id: str) -> RolloutChain:
@@ -77,7 +78,20 @@ def rollout_chain(run_dir: Path, rollout_id: str) -> RolloutChain:
     refs = _stage_refs(pipeline, row)
     prompt, source = _prompt(pipeline, row["prompt_id"], notes)
     return RolloutChain(run_dir=rd.path, row=row, group=_group(siblings), step_metrics=_step_metrics(rd, row["step"]),
-                        prompt=prompt, data_source=source, notes=tuple(notes), **refs)
+                        prompt=prompt, data_source=source, notes=tuple(notes), sources=_sources(row, rows), **refs)
+
+
+def _sources(row: dict[str, Any], rows: list[dict[str, Any]]) -> tuple[dict[str, Any], ...]:
+    """The rows of the rollouts a replayed rollout copies, nearest first, as far as this run's
+    lineage holds them (a pool seeded from elsewhere ends the chain)."""
+    by_id = {r["rollout_id"]: r for r in rows}
+    chain: list[dict[str, Any]] = []
+    seen = {row["rollout_id"]}
+    while row["replayed_from"] and row["replayed_from"] in by_id and row["replayed_from"] not in seen:
+        row = by_id[row["replayed_from"]]
+        seen.add(row["rollout_id"])
+        chain.append(row)
+    return tuple(chain)
 
 
 def _run_dir(path: Path) -> RunDir:

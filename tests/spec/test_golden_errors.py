@@ -145,6 +145,19 @@ CASES = [
          "provided: pick", "stages.rollout.from.provided",
          "reads input `provided` of type Provided, but `pick` (control.uniform) outputs Allocation",
          "read `provided` from a stage that outputs Provided"),
+    Case("replay.rlep with correction tis and no tis_cap in the update",
+         edit(BASE, "  keep:    {use: filter.nonzero_variance, from: rollout}",
+              "  rlep:    {use: replay.rlep, from: rollout, with: {correction: tis}}\n"
+              "  keep:    {use: filter.nonzero_variance, from: rlep}"),
+         "correction: tis", "stages.rlep.with.correction",
+         "the update has no `tis_cap` to correct for them",
+         "set the update's `tis_cap` (`--set update.with.tis_cap=2.0`), or use `correction: none`"),
+    Case("replay.rlep reads a store that is not a replay.store",
+         edit(BASE, "  keep:    {use: filter.nonzero_variance, from: rollout}",
+              "  rlep:    {use: replay.rlep, from: rollout, with: {store: budget}}\n"
+              "  keep:    {use: filter.nonzero_variance, from: rlep}"),
+         "store: budget", "stages.rlep.with.store", "`store`: `budget` is `control.fixed_n`, not a `replay.store`",
+         "add a `replay.store` stage before this one, or remove `store`"),
 ]
 
 

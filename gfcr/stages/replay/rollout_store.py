@@ -429,21 +429,21 @@ class ReplayStore:
 
     def entries(self) -> list[StoredRollout]:
         """Every stored rollout, oldest added first."""
-        self.finish()
+        self.settle()  # metadata only: an add committed at submit keeps embedding
         return list(self._entries.values())
 
     def get(self, entry_id: int) -> StoredRollout:
-        self.finish()
+        self.settle()  # metadata only: an add committed at submit keeps embedding
         return self._entries[entry_id]
 
     def get_rollout(self, rollout_id: str) -> StoredRollout | None:
-        self.finish()
+        self.settle()  # metadata only: an add committed at submit keeps embedding
         entry_id = self._by_rollout.get(rollout_id)
         return None if entry_id is None else self._entries[entry_id]
 
     def for_prompt(self, prompt_id: str) -> list[StoredRollout]:
         """The stored rollouts of ``prompt_id``, oldest added first."""
-        self.finish()
+        self.settle()  # metadata only: an add committed at submit keeps embedding
         return [self._entries[i] for i in self._by_prompt.get(prompt_id, {})]
 
     def prompt_text(self, prompt_id: str) -> str | None:

@@ -58,7 +58,8 @@ class StoredRollout:
                     for s in self.segments]
         return Rollout(rollout_id, group_id, self.prompt_id, self.response_token_ids.tolist(), segments,
                        status=self.status, origin=origin, finish_reason=self.finish_reason, created_step=self.step,
-                       text=self.text, reward=self.reward, correct=self.correct, replayed_from=self.rollout_id)
+                       text=self.text, reward=self.reward, correct=self.correct, replayed_from=self.rollout_id,
+                       replayed_step=self.step, replayed_policy_version=self.policy_version)
 
 
 def stored_bytes(n_tokens: int, n_segments: int, text: str, dim: int) -> int:
