@@ -130,7 +130,8 @@ def _update(chain: Any) -> str:
     if metrics.get("update_skipped"):
         return text + f", but the update was skipped ({metrics.get('skip_reason') or 'no reason given'})"
     if metrics:
-        text += f": policy version {row['policy_version_max']} -> {metrics['policy_version']}, loss {_num(metrics['loss'])}"
+        after = metrics["policy_version"]  # one update a step: it trained version after - 1 (a reused rollout's own is older)
+        text += f": policy version {after - 1} -> {after}, loss {_num(metrics['loss'])}"
     if row["advantage"] == 0.0:
         text += " (advantage 0: no gradient from this rollout)"
     return text
