@@ -4,7 +4,8 @@
 
 prints a table, one line per link: the prompt (id, text, ground truth, source row), the step
 and the Control stages that selected it, the stage that generated it (origin, policy
-version, replica, tokens, finish reason), its reward and why, its group, whether a filter
+version, replica, tokens, finish reason), for a replayed or cached rollout the rollout it
+copies (its step, stage, policy version, reward; back to the generated one), its reward and why, its group, whether a filter
 kept or dropped it (which stage, why), its advantage, and whether it reached the update.
 ``--json`` prints the same as one JSON object.
 """
@@ -64,6 +65,7 @@ def _links(chain: Any) -> list[tuple[str, str]]:
         ("selected", f"step {row['step']}, by " + (" -> ".join(map(str, chain.selected_by)) or "(no control stage)")
          + " (the allocation's per-prompt reason is not recorded in the lineage)"),
         ("generated", _generated(chain)),
+        *[("reused from", _original(row)) for row in chain.reused_from],
         ("scored", _scored(row)),
         ("group", f"{row['group_id']}: {chain.group.size} rollouts, {chain.group.correct} correct, mean reward "
                   + _num(chain.group.reward_mean)),
@@ -96,10 +98,20 @@ def _generated(chain: Any) -> str:
              f"replica {row['replica'] or '-'}", f"{row['n_tokens']} tokens",
              f"{row['status']} (finish reason: {row['finish_reason'] or '-'})"]
     if row["replayed_from"]:
-        parts.append(f"replayed from {row['replayed_from']}")
+        made = f" (generated at step {row['created_step']})" if row.get("created_step") is not None else ""
+        parts.append(f"replayed from {row['replayed_from']}{made}")
     if row["tree_id"]:
         parts.append(f"tree {row['tree_id']} node {row['node_id']} (parent {row['parent_node_id'] or '-'})")
     return ", ".join(parts)
+
+
+def _original(row: dict[str, Any]) -> str:
+    """One link back of a reused rollout: the rollout it copies, where and how that was made."""
+    lo, hi = row["policy_version_min"], row["policy_version_max"]
+    version = f"policy version {lo}" if lo == hi else f"policy versions {lo}-{hi}"
+    fate = "reached the update" if row["in_update"] else f"did not reach the update ({row['dropped_by'] or 'not handed to it'})"
+    return (f"{row['rollout_id']}: step {row['step']}, by {row['created_by'] or '(unknown stage)'}, origin "
+            f"{row['origin']}, {version}, reward {_num(row['reward'])}, {fate}")
 
 
 def _scored(row: dict[str, Any]) -> str:
@@ -118,7 +130,8 @@ def _update(chain: Any) -> str:
     if metrics.get("update_skipped"):
         return text + f", but the update was skipped ({metrics.get('skip_reason') or 'no reason given'})"
     if metrics:
-        text += f": policy version {row['policy_version_max']} -> {metrics['policy_version']}, loss {_num(metrics['loss'])}"
+        after = metrics["policy_version"]  # one update a step: it trained version after - 1 (a reused rollout's own is older)
+        text += f": policy version {after - 1} -> {after}, loss {_num(metrics['loss'])}"
     if row["advantage"] == 0.0:
         text += " (advantage 0: no gradient from this rollout)"
     return text

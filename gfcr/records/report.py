@@ -66,11 +66,19 @@ class StepReport:
 
     @property
     def rollouts_generated(self) -> int:
-        return sum(len(g.generated) for g in self.groups)
+        """Rollouts sampled this step; rollouts reused from earlier steps (``Rollout.reused``:
+        replayed groups, cached correct responses) are not generated again, so not counted."""
+        return sum(1 for g in self.groups for r in g.generated if not r.reused)
 
     @property
     def tokens_generated(self) -> int:
-        return sum(len(r) for g in self.groups for r in g.generated)
+        """Response tokens sampled this step (reused rollouts left out, as in ``rollouts_generated``)."""
+        return sum(len(r) for g in self.groups for r in g.generated if not r.reused)
+
+    @property
+    def rollouts_replayed(self) -> int:
+        """Rollouts of earlier steps reused in this step's groups (``Rollout.reused``)."""
+        return sum(1 for g in self.groups for r in g.generated if r.reused)
 
     @property
     def groups_kept(self) -> int:
@@ -79,9 +87,10 @@ class StepReport:
     @property
     def tokens_with_signal(self) -> int:
         """Response tokens of the groups that reached the update with unequal rewards: the
-        generated tokens a group-relative advantage can give a gradient."""
+        generated tokens a group-relative advantage can give a gradient (reused rollouts left
+        out: they were generated, and counted, at an earlier step)."""
         return sum(len(r) for g in self.groups if g.group_id in self.update_group_ids
-                   and g.stats.n_scored > 1 and g.stats.reward_std > 0.0 for r in g.rollouts)
+                   and g.stats.n_scored > 1 and g.stats.reward_std > 0.0 for r in g.rollouts if not r.reused)
 
     @property
     def zero_variance_groups(self) -> int:

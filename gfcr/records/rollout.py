@@ -38,6 +38,11 @@ class Origin(StrEnum):
     CACHED_CORRECT = "cached_correct"
 
 
+REUSED_ORIGINS = frozenset({Origin.REPLAYED, Origin.CACHED_CORRECT})
+"""Origins of rollouts generated at an earlier step and reused in this one: they are not counted
+as generated (``StepReport.tokens_generated``) but as replayed (``rollouts_replayed``)."""
+
+
 class SegmentOrigin(StrEnum):
     SAMPLED = "sampled"
     DRAFT_ACCEPTED = "draft_accepted"
@@ -127,6 +132,12 @@ class Rollout:
 
     def __len__(self) -> int:
         return len(self.response_token_ids)
+
+    @property
+    def reused(self) -> bool:
+        """Generated at an earlier step and reused now (origin ``replayed`` or ``cached_correct``;
+        ``replayed_from`` names the original and ``created_step`` its step)."""
+        return self.origin in REUSED_ORIGINS
 
     @property
     def behavior_logprobs(self) -> np.ndarray:  # [T] float32

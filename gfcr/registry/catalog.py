@@ -27,6 +27,8 @@ BUILTIN_STAGES = {
     "update.fake": "gfcr.stages.testing:FakeUpdate",
     "control.fake_stop": "gfcr.stages.testing:FakeStop",
     "replay.store": "gfcr.stages.replay.store:Store",
+    "replay.rollout_replay": "gfcr.stages.replay.rollout_replay:RolloutReplay",
+    "replay.correct_cache": "gfcr.stages.replay.correct_cache:CorrectCache",
     "replay.fake_provide": "gfcr.stages.testing:FakeProvide",
     "replay.fake_ingest": "gfcr.stages.testing:FakeIngest",
     "replay.fake_mix": "gfcr.stages.testing:FakeMix",

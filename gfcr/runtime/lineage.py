@@ -5,9 +5,11 @@ A row follows a rollout from its prompt to the update:
 
 - who: ``run_id``, ``step``, ``rollout_id``, ``group_id``, ``prompt_id``, and for tree
   rollouts ``tree_id`` / ``node_id`` / ``parent_node_id``;
-- how it was made: ``origin`` (fresh, pilot, resumed, replayed, ...), ``replayed_from`` (the
-  rollout id a replayed rollout copies), ``policy_version_min`` / ``_max`` over its tokens (they
-  differ only for rollouts continued across updates), the engine ``replica``, ``status``,
+- how it was made: ``origin`` (fresh, pilot, resumed, replayed, cached_correct, ...),
+  ``replayed_from`` (the rollout id a reused rollout copies), ``created_step`` (the step that
+  generated it: an earlier one than ``step`` for a reused rollout), ``policy_version_min`` /
+  ``_max`` over its tokens (they differ only for rollouts continued across updates; a reused
+  rollout keeps its original versions), the engine ``replica``, ``status``,
   ``finish_reason``, ``n_tokens`` and ``created_by`` (the id of the first stage that output it);
 - what was decided: ``reward``, ``correct``, ``reward_reason``, ``advantage`` (the mean over
   tokens for per-token estimators), ``dropped_by`` (the id of the stage that dropped its group
@@ -38,7 +40,7 @@ SCHEMA = pa.schema([
     ("run_id", pa.string()), ("step", pa.int64()), ("rollout_id", pa.string()), ("group_id", pa.string()),
     ("prompt_id", pa.string()), ("tree_id", pa.string()), ("node_id", pa.string()),
     ("parent_node_id", pa.string()), ("origin", pa.string()), ("replayed_from", pa.string()),
-    ("policy_version_min", pa.int64()), ("policy_version_max", pa.int64()), ("replica", pa.string()),
+    ("created_step", pa.int64()), ("policy_version_min", pa.int64()), ("policy_version_max", pa.int64()), ("replica", pa.string()),
     ("status", pa.string()), ("finish_reason", pa.string()), ("n_tokens", pa.int64()),
     ("reward", pa.float64()), ("correct", pa.bool_()), ("reward_reason", pa.string()),
     ("advantage", pa.float64()), ("created_by", pa.string()), ("dropped_by", pa.string()),
@@ -66,6 +68,7 @@ def _row(report: StepReport, group: RolloutGroup, r: Rollout) -> dict[str, Any]:
         "run_id": report.run_id, "step": report.step, "rollout_id": r.rollout_id, "group_id": group.group_id,
         "prompt_id": group.prompt_id, "tree_id": r.tree_id, "node_id": r.node_id,
         "parent_node_id": r.parent_node_id, "origin": str(r.origin), "replayed_from": r.replayed_from,
+        "created_step": r.created_step,
         "policy_version_min": int(versions.min()) if len(versions) else None,
         "policy_version_max": int(versions.max()) if len(versions) else None,
         "replica": r.replica, "status": str(r.status), "finish_reason": r.finish_reason, "n_tokens": len(r),
