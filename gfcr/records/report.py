@@ -58,6 +58,10 @@ class StepReport:
     update_group_ids: frozenset[str] = frozenset()  # groups handed to the update stage
     controller_state: dict[str, dict[str, Any]] = field(default_factory=dict)  # control stage id -> its state
     tokens_scored: int = 0  # response tokens stages scored without generating them (pilots, draft checks)
+    # samples a stage generated outside the plan's generate stages (sGPO's profiling pass):
+    # no groups, but counted in ``rollouts_generated`` and ``tokens_generated``
+    rollouts_charged: int = 0
+    tokens_charged: int = 0
 
     @property
     def prompts_sampled(self) -> int:
@@ -66,11 +70,13 @@ class StepReport:
 
     @property
     def rollouts_generated(self) -> int:
-        return sum(len(g.generated) for g in self.groups)
+        """Rollouts of the step's groups, plus those a stage generated and charged itself."""
+        return sum(len(g.generated) for g in self.groups) + self.rollouts_charged
 
     @property
     def tokens_generated(self) -> int:
-        return sum(len(r) for g in self.groups for r in g.generated)
+        """Response tokens of the step's groups, plus those a stage generated and charged itself."""
+        return sum(len(r) for g in self.groups for r in g.generated) + self.tokens_charged
 
     @property
     def groups_kept(self) -> int:
