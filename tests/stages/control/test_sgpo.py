@@ -5,6 +5,7 @@ and its charge to the step, checkpoints, and `gfcr validate` refusing a fixed n 
 from __future__ import annotations
 
 import json
+import numpy as np
 import pytest
 from pydantic import ValidationError
 
@@ -112,7 +113,6 @@ def test_within_a_phase_batches_follow_a_seeded_permutation_per_epoch():
     s, data = curriculum_stage(), pool(8)
     batches = [[e.prompt_id for e in call(s, step, data)] for step in range(4)]
     ids = ["p:1", "p:2", "p:3", "p:7"]
-    import numpy as np
     epoch0, epoch1 = (np.random.default_rng([0, 0, e]).permutation(4) for e in (0, 1))
     assert batches[0] + batches[1] == [ids[i] for i in epoch0]
     assert batches[2] + batches[3] == [ids[i] for i in epoch1]
@@ -178,22 +178,27 @@ def test_the_profile_samples_every_prompt_under_the_initial_policy_and_charges_t
 
 def test_state_is_plain_json_and_resumes_with_the_run_seed_it_labelled_with():
     data = pool(8)
+
+    def at(s: Sgpo, step: int):
+        s.before_step(StepContext("run", step, 5, step))  # the run's seed: 5
+        return s.run(data)
+
     a = Sgpo(Sgpo.Config(batch_size=2, phase_steps=[3, 6], unsolved_rate=0.5))
-    a.before_step(StepContext("run", 0, 5, 0))  # the run's seed: 5
+    a.before_step(StepContext("run", 0, 5, 0))
     a.use_profile({f"p:{i}": s for i, s in enumerate([0, 0, 0, 4, 5, 2, 3, 1])})
     for step in range(4):
-        call5 = a.before_step(StepContext("run", step, 5, step)) or a.run(data)
+        at(a, step)
     state = json.loads(json.dumps(a.state_dict(), allow_nan=False))
     assert state == a.state_dict() and state["profile_seed"] == 5
     b = Sgpo(Sgpo.Config(batch_size=2, phase_steps=[3, 6], unsolved_rate=0.5))
-    b.load_state_dict(state)  # before any before_step: labels must use the saved seed, not 0
+    b.load_state_dict(state)  # before any before_step: the labels must use the saved seed, not 0
     assert b._labels == a._labels
     for step in range(4, 9):
-        first, second = (s.before_step(StepContext("run", step, 5, step)) or s.run(data) for s in (a, b))
+        first, second = at(a, step), at(b, step)
         assert [(e.prompt_id, e.n_rollouts, e.reason) for e in first] == \
                [(e.prompt_id, e.n_rollouts, e.reason) for e in second]
         assert first.controller_state == second.controller_state
-    assert call5 is not None and a.state_dict() == b.state_dict()
+    assert a.state_dict() == b.state_dict()
 
 
 # --- pipelines ------------------------------------------------------------------------------------
