@@ -58,6 +58,10 @@ class StepReport:
     update_group_ids: frozenset[str] = frozenset()  # groups handed to the update stage
     controller_state: dict[str, dict[str, Any]] = field(default_factory=dict)  # control stage id -> its state
     tokens_scored: int = 0  # response tokens stages scored without generating them (pilots, draft checks)
+    # samples a stage generated outside the plan's generate stages (sGPO's profiling pass):
+    # no groups, but counted in ``rollouts_generated`` and ``tokens_generated``
+    rollouts_charged: int = 0
+    tokens_charged: int = 0
 
     @property
     def prompts_sampled(self) -> int:
@@ -66,14 +70,16 @@ class StepReport:
 
     @property
     def rollouts_generated(self) -> int:
-        """Rollouts sampled this step; rollouts reused from earlier steps (``Rollout.reused``:
-        replayed groups, cached correct responses) are not generated again, so not counted."""
-        return sum(1 for g in self.groups for r in g.generated if not r.reused)
+        """Rollouts sampled this step, plus those a stage generated and charged itself (a
+        profiling pass); rollouts reused from earlier steps (``Rollout.reused``: replayed
+        groups, cached correct responses) are not generated again, so not counted."""
+        return sum(1 for g in self.groups for r in g.generated if not r.reused) + self.rollouts_charged
 
     @property
     def tokens_generated(self) -> int:
-        """Response tokens sampled this step (reused rollouts left out, as in ``rollouts_generated``)."""
-        return sum(len(r) for g in self.groups for r in g.generated if not r.reused)
+        """Response tokens sampled this step (reused rollouts left out, as in ``rollouts_generated``),
+        plus those a stage generated and charged itself."""
+        return sum(len(r) for g in self.groups for r in g.generated if not r.reused) + self.tokens_charged
 
     @property
     def rollouts_replayed(self) -> int:

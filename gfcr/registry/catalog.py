@@ -14,6 +14,8 @@ BUILTIN_STAGES = {
     "control.fixed_n": "gfcr.stages.control.fixed_n:FixedN",
     "control.greso": "gfcr.stages.control.greso:Greso",
     "control.beta_thompson": "gfcr.stages.control.beta_thompson:BetaThompson",
+    "control.vade": "gfcr.stages.control.vade:Vade",
+    "control.sgpo": "gfcr.stages.control.sgpo:Sgpo",
     "control.stop_at_target": "gfcr.stages.control.stop_at_target:StopAtTarget",
     "filter.nonzero_variance": "gfcr.stages.filter.nonzero_variance:NonzeroVariance",
     "filter.dynamic_sampling": "gfcr.stages.filter.dynamic_sampling:DynamicSampling",
