@@ -4,8 +4,11 @@
 
 prints a table, one line per link: the prompt (id, text, ground truth, source row), the step
 and the Control stages that selected it, the stage that generated it (origin, policy
-version, replica, tokens, finish reason), its reward and why, its group, whether a filter
-kept or dropped it (which stage, why), its advantage, and whether it reached the update.
+version, replica, tokens, finish reason; for a reused rollout the step and policy version its
+original was generated at), for a replayed or cached rollout the rollout it copies ("reused
+from": its step, stage, policy version, tokens, reward; back to the generated one, a note where
+the chain leaves this run's lineage), its reward and why, its group, whether a filter kept or
+dropped it (which stage, why), its advantage, and whether it reached the update.
 ``--json`` prints the same as one JSON object.
 """
 
@@ -64,7 +67,7 @@ def _links(chain: Any) -> list[tuple[str, str]]:
         ("selected", f"step {row['step']}, by " + (" -> ".join(map(str, chain.selected_by)) or "(no control stage)")
          + " (the allocation's per-prompt reason is not recorded in the lineage)"),
         ("generated", _generated(chain)),
-        *_replayed(chain),
+        *[("reused from", _original(row)) for row in chain.reused_from],
         ("scored", _scored(row)),
         ("group", f"{row['group_id']}: {chain.group.size} rollouts, {chain.group.correct} correct, mean reward "
                   + _num(chain.group.reward_mean)),
@@ -97,29 +100,30 @@ def _generated(chain: Any) -> str:
              f"replica {row['replica'] or '-'}", f"{row['n_tokens']} tokens",
              f"{row['status']} (finish reason: {row['finish_reason'] or '-'})"]
     if row["replayed_from"]:
-        parts.append(f"replayed from {row['replayed_from']}" + _original(row))
+        parts.append(f"replayed from {row['replayed_from']}" + _made(row))
     if row["tree_id"]:
         parts.append(f"tree {row['tree_id']} node {row['node_id']} (parent {row['parent_node_id'] or '-'})")
     return ", ".join(parts)
 
 
 def _original(row: dict[str, Any]) -> str:
-    known = [f"step {row['replayed_step']}" if row.get("replayed_step") is not None else "",
-             f"policy version {row['replayed_policy_version']}" if row.get("replayed_policy_version") is not None
-             else ""]
+    """One link back of a reused rollout: the rollout it copies, where and how that was made."""
+    lo, hi = row["policy_version_min"], row["policy_version_max"]
+    version = f"policy version {lo}" if lo == hi else f"policy versions {lo}-{hi}"
+    fate = "reached the update" if row["in_update"] else f"did not reach the update ({row['dropped_by'] or 'not handed to it'})"
+    return (f"{row['rollout_id']}: step {row['step']}, by {row['created_by'] or '(unknown stage)'}, origin "
+            f"{row['origin']}, {version}, {_scored(row)}, {row['n_tokens']} tokens, {fate}")
+
+
+def _made(row: dict[str, Any]) -> str:
+    """When a reused rollout's original was generated: its step, and its policy version where the
+    copy's tokens no longer say it (the replay rescored them at the current policy)."""
+    known = [f"step {row['created_step']}" if row.get("created_step") is not None else ""]
+    original = row.get("replayed_policy_version")
+    if original is not None and (original, original) != (row["policy_version_min"], row["policy_version_max"]):
+        known.append(f"policy version {original}")
     known = [k for k in known if k]
     return f" (generated at {', '.join(known)})" if known else ""
-
-
-def _replayed(chain: Any) -> list[tuple[str, str]]:
-    """One link per original a replayed rollout copies, as far as this run's lineage goes."""
-    links = [("replay of", f"{src['rollout_id']}: step {src['step']}, by {src['created_by'] or '(unknown stage)'}, "
-                           f"origin {src['origin']}, policy version {src['policy_version_min']}, "
-                           f"{src['n_tokens']} tokens, {_scored(src)}") for src in chain.sources]
-    if chain.row["replayed_from"] and not chain.sources:
-        links.append(("replay of", f"{chain.row['replayed_from']}: not in this run's lineage (a pool seeded "
-                                   "from another run or a file)"))
-    return links
 
 
 def _scored(row: dict[str, Any]) -> str:
@@ -138,7 +142,8 @@ def _update(chain: Any) -> str:
     if metrics.get("update_skipped"):
         return text + f", but the update was skipped ({metrics.get('skip_reason') or 'no reason given'})"
     if metrics:
-        text += f": policy version {row['policy_version_max']} -> {metrics['policy_version']}, loss {_num(metrics['loss'])}"
+        after = metrics["policy_version"]  # one update a step: it trained version after - 1 (a reused rollout's own is older)
+        text += f": policy version {after - 1} -> {after}, loss {_num(metrics['loss'])}"
     if row["advantage"] == 0.0:
         text += " (advantage 0: no gradient from this rollout)"
     return text

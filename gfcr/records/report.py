@@ -59,6 +59,10 @@ class StepReport:
     controller_state: dict[str, dict[str, Any]] = field(default_factory=dict)  # control stage id -> its state
     tokens_scored: int = 0  # response tokens stages scored without generating them (pilots, draft checks)
     added_by: dict[str, str] = field(default_factory=dict)  # rollout id -> stage that added it to a group it did not create
+    # samples a stage generated outside the plan's generate stages (sGPO's profiling pass):
+    # no groups, but counted in ``rollouts_generated`` and ``tokens_generated``
+    rollouts_charged: int = 0
+    tokens_charged: int = 0
 
     def created_by_rollout(self, group_id: str, rollout_id: str) -> str | None:
         """The stage that created a rollout: the one that added it to an existing group (a Replay
@@ -72,17 +76,20 @@ class StepReport:
 
     @property
     def rollouts_generated(self) -> int:
-        """Rollouts the step generated (replayed and cached ones are reused, not generated)."""
-        return sum(1 for g in self.groups for r in g.generated if not r.reused)
+        """Rollouts sampled this step, plus those a stage generated and charged itself (a
+        profiling pass); rollouts reused from earlier steps (``Rollout.reused``: replayed
+        groups, cached correct responses) are not generated again, so not counted."""
+        return sum(1 for g in self.groups for r in g.generated if not r.reused) + self.rollouts_charged
 
     @property
     def tokens_generated(self) -> int:
-        """Response tokens the step generated (not those of replayed or cached rollouts)."""
-        return sum(len(r) for g in self.groups for r in g.generated if not r.reused)
+        """Response tokens sampled this step (reused rollouts left out, as in ``rollouts_generated``),
+        plus those a stage generated and charged itself."""
+        return sum(len(r) for g in self.groups for r in g.generated if not r.reused) + self.tokens_charged
 
     @property
     def rollouts_replayed(self) -> int:
-        """Rollouts taken from earlier material (origin ``replayed`` or ``cached_correct``) in the step's groups."""
+        """Rollouts of earlier steps reused in this step's groups (``Rollout.reused``)."""
         return sum(1 for g in self.groups for r in g.generated if r.reused)
 
     @property
@@ -92,7 +99,8 @@ class StepReport:
     @property
     def tokens_with_signal(self) -> int:
         """Response tokens of the groups that reached the update with unequal rewards: the
-        generated tokens a group-relative advantage can give a gradient."""
+        generated tokens a group-relative advantage can give a gradient (reused rollouts left
+        out: they were generated, and counted, at an earlier step)."""
         return sum(len(r) for g in self.groups if g.group_id in self.update_group_ids
                    and g.stats.n_scored > 1 and g.stats.reward_std > 0.0 for r in g.rollouts if not r.reused)
 

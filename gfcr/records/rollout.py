@@ -39,8 +39,10 @@ class Origin(StrEnum):
 
 
 REUSED_ORIGINS = frozenset({Origin.REPLAYED, Origin.CACHED_CORRECT})
-"""Origins of rollouts a step did not generate (taken from a replay store or cache): they count in
-their group and the update, not in the step's generated rollouts and tokens."""
+"""Origins of rollouts generated at an earlier step (or outside the run: a replay pool seeded from
+a file) and reused in this one: they count in their group and the update, not as generated
+(``StepReport.rollouts_generated``, ``tokens_generated``, ``tokens_with_signal``) nor in the
+step's ``reward_mean`` / ``correct_fraction``, but as replayed (``rollouts_replayed``)."""
 
 
 class SegmentOrigin(StrEnum):
@@ -86,13 +88,14 @@ class Rollout:
     status: RolloutStatus = RolloutStatus.COMPLETED
     origin: Origin = Origin.FRESH
     finish_reason: str = ""
-    created_step: int = 0
+    created_step: int = 0  # the step that generated it (a reused rollout keeps its original's)
     text: str | None = None  # decoded response, for verifiers and reading; never re-tokenized
     context_token_ids: list[int] | None = None  # set only when the context differs from the prompt's
     replica: str | None = None  # which engine replica produced it
-    replayed_from: str | None = None  # the rollout id it was replayed from (origin ``replayed``), for lineage
-    replayed_step: int | None = None  # the step that generated the original (replayed rollouts)
-    replayed_policy_version: int | None = None  # the original's oldest policy version (replayed rollouts)
+    replayed_from: str | None = None  # the rollout id a reused rollout copies (``reused``), for lineage
+    # a reused rollout's original's oldest policy version: its own segments say the same unless the
+    # replay rescored them at the current version (``replay.rlep``, ``correction: none``)
+    replayed_policy_version: int | None = None
     # topology, for tree rollouts
     tree_id: str | None = None
     node_id: str | None = None
@@ -137,7 +140,9 @@ class Rollout:
 
     @property
     def reused(self) -> bool:
-        """Whether the step took it from earlier material instead of generating it (``REUSED_ORIGINS``)."""
+        """Generated at an earlier step and reused now (origin ``replayed`` or ``cached_correct``;
+        ``replayed_from`` names the original, ``created_step`` its step and
+        ``replayed_policy_version`` its oldest policy version)."""
         return self.origin in REUSED_ORIGINS
 
     @property

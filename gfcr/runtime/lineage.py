@@ -5,12 +5,15 @@ A row follows a rollout from its prompt to the update:
 
 - who: ``run_id``, ``step``, ``rollout_id``, ``group_id``, ``prompt_id``, and for tree
   rollouts ``tree_id`` / ``node_id`` / ``parent_node_id``;
-- how it was made: ``origin`` (fresh, pilot, resumed, replayed, ...), ``replayed_from`` (the
-  rollout id a replayed rollout copies) with ``replayed_step`` and ``replayed_policy_version``
-  (the step that generated the original and its oldest policy version), ``policy_version_min`` / ``_max`` over its tokens (they
-  differ only for rollouts continued across updates), the engine ``replica``, ``status``,
+- how it was made: ``origin`` (fresh, pilot, resumed, replayed, cached_correct, ...),
+  ``replayed_from`` (the rollout id a reused rollout copies), ``created_step`` (the step that
+  generated it: an earlier one than ``step`` for a reused rollout), ``replayed_policy_version``
+  (a reused rollout's original's oldest policy version, null for others), ``policy_version_min`` /
+  ``_max`` over its tokens (they differ only for rollouts continued across updates; a reused
+  rollout keeps its original versions unless its replay rescored it at the current policy,
+  ``replay.rlep`` with ``correction: none``), the engine ``replica``, ``status``,
   ``finish_reason``, ``n_tokens`` and ``created_by`` (the id of the first stage that output it, or
-  of the stage that appended it to its group);
+  of the stage that appended it to a group another stage created: ``replay.rlep``);
 - what was decided: ``reward``, ``correct``, ``reward_reason``, ``advantage`` (the mean over
   tokens for per-token estimators), ``dropped_by`` (the id of the stage that dropped its group
   or removed the rollout from it, or null) with ``drop_reason``, ``changed_by`` (the ids of the
@@ -40,12 +43,12 @@ SCHEMA = pa.schema([
     ("run_id", pa.string()), ("step", pa.int64()), ("rollout_id", pa.string()), ("group_id", pa.string()),
     ("prompt_id", pa.string()), ("tree_id", pa.string()), ("node_id", pa.string()),
     ("parent_node_id", pa.string()), ("origin", pa.string()), ("replayed_from", pa.string()),
+    ("created_step", pa.int64()), ("replayed_policy_version", pa.int64()),
     ("policy_version_min", pa.int64()), ("policy_version_max", pa.int64()), ("replica", pa.string()),
     ("status", pa.string()), ("finish_reason", pa.string()), ("n_tokens", pa.int64()),
     ("reward", pa.float64()), ("correct", pa.bool_()), ("reward_reason", pa.string()),
     ("advantage", pa.float64()), ("created_by", pa.string()), ("dropped_by", pa.string()),
     ("drop_reason", pa.string()), ("in_update", pa.bool_()), ("changed_by", pa.list_(pa.string())),
-    ("replayed_step", pa.int64()), ("replayed_policy_version", pa.int64()),
 ])
 
 
@@ -69,6 +72,7 @@ def _row(report: StepReport, group: RolloutGroup, r: Rollout) -> dict[str, Any]:
         "run_id": report.run_id, "step": report.step, "rollout_id": r.rollout_id, "group_id": group.group_id,
         "prompt_id": group.prompt_id, "tree_id": r.tree_id, "node_id": r.node_id,
         "parent_node_id": r.parent_node_id, "origin": str(r.origin), "replayed_from": r.replayed_from,
+        "created_step": r.created_step, "replayed_policy_version": r.replayed_policy_version,
         "policy_version_min": int(versions.min()) if len(versions) else None,
         "policy_version_max": int(versions.max()) if len(versions) else None,
         "replica": r.replica, "status": str(r.status), "finish_reason": r.finish_reason, "n_tokens": len(r),
@@ -77,7 +81,6 @@ def _row(report: StepReport, group: RolloutGroup, r: Rollout) -> dict[str, Any]:
         "dropped_by": dropped_by, "drop_reason": group.verdict.reason if dropped_by is not None else None,
         "in_update": group.group_id in report.update_group_ids,
         "changed_by": list(report.changed_by.get(group.group_id, ())),
-        "replayed_step": r.replayed_step, "replayed_policy_version": r.replayed_policy_version,
     }
 
 

@@ -248,6 +248,7 @@ class LocalRunner:
                     if isinstance(out, Allocation) and out.controller_state}
         metrics = {sid: dict(self._call(sid, state.ctx, stage.step_metrics)) for sid, stage in self.stages.items()
                    if isinstance(stage, ReportsMetrics)}
+        rollouts_charged, tokens_charged = self.resources.take_generation_charge()
         return StepReport(
             run_id=self.run_id, step=state.ctx.step, policy_version=version, metrics=metrics,
             groups=tuple(state.groups.values()), update=update, stage_seconds=dict(state.seconds),
@@ -255,6 +256,7 @@ class LocalRunner:
             changed_by={gid: tuple(s) for gid, s in state.changed_by.items()},
             update_group_ids=frozenset(in_update), controller_state=controls,
             tokens_scored=self.resources.take_tokens_scored(), added_by=dict(state.added_by),
+            rollouts_charged=rollouts_charged, tokens_charged=tokens_charged,
         )
 
     def state_dict(self) -> dict[str, Any]:

@@ -78,10 +78,30 @@ class Resources:
     closers: list[Callable[[], None]] = field(default_factory=list)
     tokens_scored: int = 0  # response tokens stages scored through ``require_engine``'s engine
     stages: dict[str, Any] = field(default_factory=dict)  # the pipeline's stages by id (the runner lends them)
+    # rollouts and response tokens a stage generated itself, outside the plan's generate stages
+    # (sGPO's profiling pass), charged with ``charge_generation``
+    rollouts_charged: int = 0
+    tokens_charged: int = 0
 
     def take_tokens_scored(self) -> int:
         """The tokens scored since the last call (the runner calls it once a step)."""
         taken, self.tokens_scored = self.tokens_scored, 0
+        return taken
+
+    def charge_generation(self, rollouts: int, tokens: int) -> None:
+        """Charge the current step with ``rollouts`` samples of ``tokens`` response tokens that a
+        stage generated through the engine without handing them on as groups (a profiling
+        pass): the runner adds them to the step's ``rollouts_generated`` and
+        ``tokens_generated``, so budgets and ``gfcr compare`` count them."""
+        if rollouts < 0 or tokens < 0:
+            raise ValueError(f"a generation charge must be >= 0, got {rollouts} rollouts, {tokens} tokens")
+        self.rollouts_charged += rollouts
+        self.tokens_charged += tokens
+
+    def take_generation_charge(self) -> tuple[int, int]:
+        """``(rollouts, tokens)`` charged since the last call (the runner calls it once a step)."""
+        taken = (self.rollouts_charged, self.tokens_charged)
+        self.rollouts_charged = self.tokens_charged = 0
         return taken
 
     def close(self) -> None:

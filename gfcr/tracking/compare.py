@@ -10,8 +10,9 @@ budget is the same for every cell: ``steps=N`` sets ``run.steps``; ``rollouts=N`
 reaches them) and lift ``run.steps`` to ``STEP_CAP``. A cell is one pipeline and one seed.
 
 The comparison lives in one folder (``--out``, default ``runs/compare-<task>-<fingerprint>``,
-the fingerprint hashing the pipelines' and task's text, the seeds, the budget and the
-overrides, so the same command finds the same folder):
+the fingerprint hashing the task's text, the budget and the overrides: what every cell
+shares), so the same command finds the same folder, and so does one with more pipelines or
+more seeds, which reuses the cells already run:
 
     comparison.json       what was compared, and the MLflow parent run
     specs/<pipeline>.yaml each pipeline with the task put in (what the cells compile)
@@ -22,7 +23,9 @@ Tracking and orchestration are ``gfcr ablate``'s: one MLflow parent run, a child
 cell (tags ``gfcr.variant`` = the pipeline's name, ``gfcr.seed``); under the Prefect runner
 one flow run whose task runs each start a cell's subflow run, ``parallel`` at a time.
 
-Resuming: run the same command again. A cell with ``DONE`` is not rerun; a cell with a
+Resuming: run the same command again (or one with more pipelines or seeds). A cell with
+``DONE`` is not rerun, unless its pipeline changed since (its run directory's ``spec.yaml``
+differs from the cell's spec now: an error that names the folder to delete); a cell with a
 checkpoint resumes from it and continues its MLflow run (``gfcr resume``'s mechanism, which
 gives the metrics of an uninterrupted run); a cell that died before its first checkpoint
 starts over, its half-written MLflow run deleted. The report is computed from the MLflow
@@ -159,7 +162,7 @@ def plan_comparison(files: Sequence[Path], *, task: str | None = None, seeds: Se
                             "give each compared pipeline its own `name`: the report labels rows by it")
         docs[name] = doc
     cell_overrides = [*(budget.overrides() if budget else []), *overrides]
-    fingerprint = _fingerprint(files, loaded, seeds, budget, overrides)
+    fingerprint = _fingerprint(loaded, budget, overrides)
     root = Path(out_dir) if out_dir is not None else runs_dir / f"compare-{loaded.spec.name if loaded else 'own'}-" \
                                                                f"{fingerprint[:8]}"
     specs = {name: f"# {name}, as `gfcr compare` runs it" + (f" on task {loaded.spec.name}" if loaded else "")
@@ -200,10 +203,10 @@ def _compile_cells(specs: dict[str, str], seeds: Sequence[int], overrides: Seque
     return compiled
 
 
-def _fingerprint(files: Sequence[Path], task: Task | None, seeds: Sequence[int], budget: Budget | None,
-                 overrides: Sequence[str]) -> str:
-    what = {"pipelines": [Path(f).read_text(encoding="utf-8") for f in files], "task": task.text if task else None,
-            "seeds": list(seeds), "budget": str(budget) if budget else None, "overrides": list(overrides)}
+def _fingerprint(task: Task | None, budget: Budget | None, overrides: Sequence[str]) -> str:
+    """What every cell of a comparison shares: cells of equal fingerprints are comparable."""
+    what = {"task": task.text if task else None, "budget": str(budget) if budget else None,
+            "overrides": list(overrides)}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
 
@@ -213,6 +216,8 @@ def run_comparison(plan: Plan, *, parallel: int = 1, baseline: str | None = None
                    on_cell: Callable[[CellResult], None] | None = None) -> ComparisonRun:
     """Run (or continue) every cell of ``plan``, then write the report from the MLflow child runs."""
     spec = next(iter(plan.cells.values())).spec
+    _check_same_comparison(plan)
+    _check_cells_current(plan)
     parent, uri = _parent_run(plan, spec)
     done = ComparisonRun(plan.root, parent, uri, plan.experiment)
 
@@ -233,7 +238,9 @@ def run_comparison(plan: Plan, *, parallel: int = 1, baseline: str | None = None
             done.results = map_in_flow("gfcr-compare", plan.root.name, run_cell, cells, [c.slug for c in cells],
                                        parallel)
         if not done.failed:
-            runs = series_from_mlflow(plan.experiment, parent_run_id=parent, tracking_uri=uri)
+            mine = {_mlflow_run_id(r.run_dir) for r in done.results}  # this plan's cells, not every child run
+            runs = [r for r in series_from_mlflow(plan.experiment, parent_run_id=parent, tracking_uri=uri)
+                    if r.source in mine]
             done.comparison = compare(runs, baseline, target)
             what = f"on task {plan.task.spec.name}" if plan.task else "on their own tasks"
             done.report = write_comparison(done.comparison, plan.root / "report",
@@ -244,28 +251,50 @@ def run_comparison(plan: Plan, *, parallel: int = 1, baseline: str | None = None
     return done
 
 
+def _check_same_comparison(plan: Plan) -> None:
+    """Refuse a folder that holds a comparison with another task, budget or overrides."""
+    manifest = plan.root / MANIFEST
+    if manifest.is_file() and json.loads(manifest.read_text(encoding="utf-8"))["fingerprint"] != plan.fingerprint:
+        raise GfcrError(f"{plan.root} holds a comparison with another task, budget or overrides",
+                        "pass --out with a new folder, or delete that one")
+
+
+def _check_cells_current(plan: Plan) -> None:
+    """Refuse to reuse a cell whose pipeline changed since it ran (its resolved spec differs)."""
+    stale = [plan.root / cell.slug for cell, pipeline in plan.cells.items()
+             if RunDir(plan.root / cell.slug).spec.is_file()
+             and RunDir(plan.root / cell.slug).spec.read_text(encoding="utf-8") != pipeline.spec.to_yaml()]
+    if stale:
+        raise GfcrError(f"{len(stale)} cell(s) in {plan.root} ran with another version of their pipeline: "
+                        + ", ".join(p.name for p in stale),
+                        f"delete those folders to run them again ({' '.join(str(p) for p in stale)}), or pass --out "
+                        "with a new folder")
+
+
 def _parent_run(plan: Plan, spec: Any) -> tuple[str, str]:
     """The comparison's MLflow parent run: the one its folder names (a rerun), else a new one."""
     manifest = plan.root / MANIFEST
+    (plan.root / "specs").mkdir(parents=True, exist_ok=True)
     if manifest.is_file():
         saved = json.loads(manifest.read_text(encoding="utf-8"))
-        if saved["fingerprint"] != plan.fingerprint:
-            raise GfcrError(f"{plan.root} holds another comparison (other pipelines, task, seeds, budget or "
-                            "overrides)", "pass --out with a new folder, or delete that one")
+        parent, uri = saved["parent_run_id"], saved["tracking_uri"]
         with quiet():
-            connect(saved["tracking_uri"]).update_run(saved["parent_run_id"], status="RUNNING")
-        return saved["parent_run_id"], saved["tracking_uri"]
-    plan.root.mkdir(parents=True, exist_ok=True)
+            connect(uri).update_run(parent, status="RUNNING")
+    else:
+        tags = {COMPARE_TAG: "parent", "gfcr.compare.task": plan.task.spec.name if plan.task else "(own)",
+                "gfcr.run_dir": str(plan.root.resolve())}
+        parent, uri = create_parent_run(spec.tracking.mlflow, plan.experiment, plan.root.name, tags)
+        write_text(manifest, json.dumps({"fingerprint": plan.fingerprint, "parent_run_id": parent, "tracking_uri": uri,
+                                         "experiment": plan.experiment,
+                                         "task": plan.task.spec.name if plan.task else None}, indent=2) + "\n")
     for name, text in plan.specs.items():
         write_text(plan.root / "specs" / f"{name}.yaml", text)
-    tags = {COMPARE_TAG: "parent", "gfcr.compare.pipelines": ", ".join(plan.specs),
-            "gfcr.compare.task": plan.task.spec.name if plan.task else "(own)", "gfcr.run_dir": str(plan.root.resolve())}
-    parent, uri = create_parent_run(spec.tracking.mlflow, plan.experiment, plan.root.name, tags)
-    write_text(manifest, json.dumps({"fingerprint": plan.fingerprint, "parent_run_id": parent, "tracking_uri": uri,
-                                     "experiment": plan.experiment, "pipelines": list(plan.specs),
-                                     "seeds": sorted({c.seed for c in plan.cells}),
-                                     "task": plan.task.spec.name if plan.task else None}, indent=2) + "\n")
     return parent, uri
+
+
+def _mlflow_run_id(run_dir: Path) -> str | None:
+    tracking = run_dir / TRACKING_FILE
+    return json.loads(tracking.read_text(encoding="utf-8"))["mlflow_run_id"] if tracking.is_file() else None
 
 
 def _run_cell(cell: Cell, pipeline: CompiledPipeline, run_dir: Path, parent: str) -> CellResult:

@@ -8,6 +8,10 @@ of ``metrics.jsonl`` says what the update did with the batch.
 
 The Allocation's per-prompt reason is not part of the lineage rows today, so the chain names
 the Control stages that selected the prompt but not their reason.
+
+A reused rollout (a replayed group's, a cached correct response; ``replayed_from`` set) is
+followed back to the rollout it copies: that one's step, the stage that generated it, its
+policy version, reward and whether it reached an update then (``reused_from``).
 """
 
 from __future__ import annotations
@@ -57,7 +61,9 @@ class RolloutChain:
     dropped_by: StageRef | None = None
     update: StageRef | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)  # what could not be shown, and why
-    sources: tuple[dict[str, Any], ...] = ()  # a replayed rollout's original's lineage row, and its original's...
+    # a reused rollout's originals, nearest first: the lineage row of the rollout it copies, then
+    # that one's if it was itself reused (``replayed_from``), as far as the run's lineage goes
+    reused_from: tuple[dict[str, Any], ...] = ()
 
 
 def rollout_chain(run_dir: Path, rollout_id: str) -> RolloutChain:
@@ -77,20 +83,27 @@ def rollout_chain(run_dir: Path, rollout_id: str) -> RolloutChain:
     pipeline = _pipeline(rd, notes)
     refs = _stage_refs(pipeline, row)
     prompt, source = _prompt(pipeline, row["prompt_id"], notes)
+    originals = _originals(row, rows, notes)
     return RolloutChain(run_dir=rd.path, row=row, group=_group(siblings), step_metrics=_step_metrics(rd, row["step"]),
-                        prompt=prompt, data_source=source, notes=tuple(notes), sources=_sources(row, rows), **refs)
+                        prompt=prompt, data_source=source, notes=tuple(notes), reused_from=originals, **refs)
 
 
-def _sources(row: dict[str, Any], rows: list[dict[str, Any]]) -> tuple[dict[str, Any], ...]:
-    """The rows of the rollouts a replayed rollout copies, nearest first, as far as this run's
-    lineage holds them (a pool seeded from elsewhere ends the chain)."""
-    by_id = {r["rollout_id"]: r for r in rows}
-    chain: list[dict[str, Any]] = []
-    seen = {row["rollout_id"]}
-    while row["replayed_from"] and row["replayed_from"] in by_id and row["replayed_from"] not in seen:
-        row = by_id[row["replayed_from"]]
-        seen.add(row["rollout_id"])
-        chain.append(row)
+def _originals(row: dict[str, Any], rows: list[dict[str, Any]], notes: list[str]) -> tuple[dict[str, Any], ...]:
+    """The rows a reused rollout copies, following ``replayed_from`` back to a generated rollout.
+    The original's row is the first one with its id (the step that generated it)."""
+    first: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        first.setdefault(r["rollout_id"], r)
+    chain, seen, source = [], {row["rollout_id"]}, row.get("replayed_from")
+    while source and source not in seen:
+        seen.add(source)
+        original = first.get(source)
+        if original is None:
+            notes.append(f"rollout `{source}` (replayed into this one) is not in this run's lineage: it comes from "
+                         "another run or a file (a replay pool seeded from them), or its step's lineage file is gone")
+            break
+        chain.append(original)
+        source = original.get("replayed_from")
     return tuple(chain)
 
 

@@ -41,6 +41,6 @@ def test_its_sections_compile_into_the_quickstart_pipeline(tmp_path):
     compiled = load_pipeline(path)
     assert compiled.spec.policy.model == "tiny-arith-mix"
     train, held = compiled.data.load(), compiled.eval.load()
-    assert len(train) == 4000 and len(held) == task()["eval"]["with"]["n"]
+    assert len(train) == task()["data"]["with"]["n"] and len(held) == task()["eval"]["with"]["n"]
     assert not {p.metadata["expr"] for p in train} & {p.metadata["expr"] for p in held}
     assert {p.metadata["category"] for p in held} == {p.metadata["category"] for p in train}

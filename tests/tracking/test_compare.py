@@ -211,3 +211,26 @@ def test_the_compare_page_renders_in_headless_chromium_with_every_plot_loaded(tm
     probe.write_text(paths.html.read_text().replace("</body>", PROBE))
     assert 'data-plots="3/3"' in _chromium(probe, tmp_path / "profile", "--dump-dom")
     assert "n/a (target not reached)" in paths.markdown.read_text()  # the n=8 variant peaks at 0.25
+
+
+def test_a_comparison_grows_by_pipelines_and_refuses_a_changed_one(tmp_path, monkeypatch):
+    """A second command with one more pipeline reuses the finished cells; a pipeline edited
+    since its cells ran is refused, naming the folders to delete."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "task.yaml").write_text(TASK)
+    base = ["--task", "task.yaml", "--seeds", "0", "--budget", "steps=2", "--executor", "local", "--out", "grow",
+            *SMALL]
+    first = CliRunner().invoke(app, ["compare", str(QUICKSTART), *base])
+    assert first.exit_code == 0, first.output
+    grown = CliRunner().invoke(app, ["compare", str(QUICKSTART), str(GRESO), *base])
+    assert grown.exit_code == 0, grown.output
+    assert "quickstart-seed0: finished earlier, kept" in grown.output and "greso-arith-seed0: eval" in grown.output
+    rows = json.loads((tmp_path / "grow" / "report" / "compare.json").read_text())["rows"]
+    assert [r["pipeline"] for r in rows] == ["quickstart", "greso-arith"]
+
+    edited = tmp_path / "quickstart.yaml"
+    edited.write_text(QUICKSTART.read_text().replace("lr: 3.0e-4", "lr: 1.0e-4"))
+    refused = CliRunner().invoke(app, ["compare", str(edited), *base])
+    assert refused.exit_code == 2 and "quickstart-seed0" in refused.output and "another version" in refused.output
+    other_budget = CliRunner().invoke(app, ["compare", str(QUICKSTART), *base, "--budget", "steps=3"])
+    assert other_budget.exit_code == 2 and "another task, budget or overrides" in other_budget.output

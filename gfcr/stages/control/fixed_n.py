@@ -1,6 +1,8 @@
 """control.fixed_n: give every selected prompt the same number of rollouts (GRPO's group size G).
 
-Prompts an upstream control skipped (``n_rollouts == 0``) stay skipped.
+Prompts an upstream control skipped (``n_rollouts == 0``) stay skipped. ``gfcr validate``
+refuses it after a stage that sets each prompt's group size itself (``control.sgpo``): it
+would overwrite them.
 
 Deviations: none; this is GRPO's fixed group size (Shao et al., 2024, arXiv 2402.03300).
 
@@ -22,12 +24,16 @@ YAML:
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field
 
 from gfcr.records import Allocation
 from gfcr.registry import StageConfig
+from gfcr.stages.update.component import Pairing
+
+# control stages that set each prompt's group size themselves
+ALLOCATORS = frozenset({"control.sgpo"})
 
 
 class FixedN:
@@ -40,6 +46,14 @@ class FixedN:
         def rollouts_per_prompt(self) -> int:
             """The group size this stage fixes (read by ``gfcr validate``'s pairing checks)."""
             return self.n
+
+    @staticmethod
+    def check_pipeline(config: "FixedN.Config", view: Any) -> list[Pairing]:
+        """A fixed n after a stage that sizes each prompt's group would undo its allocation."""
+        return [Pairing(("n",), f"`{sid}` ({alias}) upstream sets each prompt's group size itself; a fixed "
+                               f"n = {config.n} would overwrite them",
+                        f"remove this stage and take the rollout stage `from: {sid}`")
+                for sid, alias in view.upstream if alias in ALLOCATORS]
 
     def __init__(self, config: Config):
         self.config = config

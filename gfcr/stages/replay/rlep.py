@@ -10,10 +10,11 @@ rollouts by the update's estimator, e.g. GRPO's
     A_i = (r_i - mean(r_1..r_G')) / (std(r_1..r_G') + eps),   i = 1..G'
 
 so a group whose fresh rollouts all failed still gets a signal from its replayed successes.
-Replayed rollouts carry ``origin = replayed``, ``replayed_from`` (the original rollout id),
-``replayed_step`` and ``replayed_policy_version`` (the original's step and oldest policy
+Replayed rollouts carry ``origin = replayed`` (``Rollout.reused``), ``replayed_from`` (the original
+rollout id), ``created_step`` and ``replayed_policy_version`` (the original's step and oldest policy
 version); the lineage records the three and the stage that appended them, and the step's
-``tokens_generated`` and ``rollouts_generated`` leave them out.
+``rollouts_generated``, ``tokens_generated``, ``tokens_with_signal``, ``reward_mean`` and
+``correct_fraction`` leave them out (``StepReport.rollouts_replayed`` counts them).
 
 Pool: ``seed_from: {run_dir: ...}`` (the correct rollouts of another run's replay store, its
 newest checkpoint) or ``seed_from: {jsonl: ...}`` (responses as text, tokenized with the policy),

@@ -53,13 +53,13 @@ class StoredRollout:
 
     def to_rollout(self, rollout_id: str, group_id: str, origin: Origin = Origin.REPLAYED) -> Rollout:
         """A new ``Rollout`` with this one's tokens, segments and outcome, recording where it came from
-        (``replayed_from``); its update-time fields start empty."""
+        (``replayed_from``, ``created_step``, ``replayed_policy_version``); its update-time fields start empty."""
         segments = [Segment(s.start, s.end, s.policy_version, s.behavior_logprobs.copy(), s.origin)
                     for s in self.segments]
         return Rollout(rollout_id, group_id, self.prompt_id, self.response_token_ids.tolist(), segments,
                        status=self.status, origin=origin, finish_reason=self.finish_reason, created_step=self.step,
                        text=self.text, reward=self.reward, correct=self.correct, replayed_from=self.rollout_id,
-                       replayed_step=self.step, replayed_policy_version=self.policy_version)
+                       replayed_policy_version=self.policy_version)
 
 
 def stored_bytes(n_tokens: int, n_segments: int, text: str, dim: int) -> int:

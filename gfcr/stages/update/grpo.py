@@ -25,7 +25,9 @@ accumulate. ``gfcr validate`` checks the components against each other and the p
 
 Off-policy corrections, each its own field, all off by default (``gfcr.stages.update.off_policy``):
 ``tis_cap`` (truncated importance sampling), ``decoupled_clip`` (AReaL's decoupled PPO for
-stale tokens) and ``max_staleness`` (mask tokens too many versions old). With any of them on,
+stale tokens; on stale tokens it is also DOTS' clip centred on the stale ratio ``pi_old/mu``,
+which ``replay.rollout_replay`` requires: an upstream stage's ``update_needs`` names the options
+``gfcr validate`` requires on) and ``max_staleness`` (mask tokens too many versions old). With any of them on,
 the metrics add ``off_policy_token_fraction`` (tokens with staleness > 0, before the
 staleness limit), ``is_weight_mean``, ``is_weight_max`` and ``is_clipped_fraction``.
 
@@ -188,6 +190,7 @@ class GRPOUpdate:
         ctx = PairingContext(config.advantage.use, config.loss.use, config.aggregation.use,
                              view.rollouts_per_prompt, view.rollouts_from, view.upstream)
         found = [p for spec in (config.advantage, config.loss, config.aggregation) for p in spec.pairing_problems(ctx)]
+        found += upstream_needs(config, view.upstream)
         loss_cls = config.loss.component_class()
         if not getattr(loss_cls, "token_corrections", True):
             for key in ("tis_cap", "decoupled_clip"):
@@ -371,6 +374,21 @@ class GRPOUpdate:
             self.aggregation.load_state_dict(state["aggregation"])
         if state.get("optimizer") is not None:
             self.optimizer.load_state_dict(state["optimizer"])
+
+
+def upstream_needs(config: "GRPOUpdate.Config", upstream: tuple[tuple[str, str], ...]) -> list[Pairing]:
+    """The update options that upstream stages need on: a stage class's ``update_needs``
+    (``{option: why}``, for example ``replay.rollout_replay``'s ``decoupled_clip``)."""
+    from gfcr.registry import STAGES
+
+    found = []
+    for sid, alias in upstream:
+        needs: dict[str, str] = getattr(STAGES.get(alias), "update_needs", {}) if alias in STAGES else {}
+        for key, why in needs.items():
+            if not getattr(config, key):
+                found.append(Pairing((key,), f"stage `{sid}` ({alias}) {why}, and `{key}` is off",
+                                     f"set `{key}: true` in the update's `with` (--set update.with.{key}=true)"))
+    return found
 
 
 def batch_denominators(items: list[_Item]) -> tuple[int, float | int]:

@@ -107,7 +107,7 @@ def test_correction_none_rescores_under_the_current_policy_and_tis_keeps_the_sto
         (segment,) = r.segments
         assert (segment.policy_version, segment.origin) == (3, SegmentOrigin.REPLAYED_TEXT)
         assert np.allclose(segment.behavior_logprobs, expected.logprobs, atol=1e-6)
-        assert (r.replayed_step, r.replayed_policy_version) == (1, 1)  # the original's, for lineage
+        assert (r.created_step, r.replayed_policy_version) == (1, 1)  # the original's, for lineage
     _, _, _, group = _mixed_group(policy, "tis")
     by_source = {r.replayed_from: r for r in group.rollouts[4:]}
     for index, source in enumerate(["a:0@s1/0", "a:0@s1/1"]):
@@ -166,7 +166,7 @@ def test_replayed_rollouts_are_in_the_lineage_with_their_origin_and_not_counted_
     for row in replayed:
         source = by_id[row["replayed_from"]]
         assert source["origin"] == "fresh" and source["correct"] and source["step"] < row["step"]
-        assert row["replayed_step"] == source["step"]
+        assert row["created_step"] == source["step"] == source["created_step"]
         assert row["replayed_policy_version"] == source["policy_version_min"]
         assert row["created_by"] == "rlep" and row["correct"] and row["in_update"]
         assert row["group_id"] == f"{row['prompt_id']}@s{row['step']}"  # appended to the step's own group
@@ -194,13 +194,13 @@ def test_gfcr_lineage_shows_the_chain_of_a_replayed_rollout(full_run):
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
     assert "by rlep (replay.rlep), origin replayed" in text
-    assert (f"replayed from {row['replayed_from']} (generated at step {row['replayed_step']}, "
+    assert (f"replayed from {row['replayed_from']} (generated at step {row['created_step']}, "
             f"policy version {row['replayed_policy_version']})") in text
-    assert f"replay of │ {row['replayed_from']}: step {row['replayed_step']}, by rollout" in text
+    assert f"reused from │ {row['replayed_from']}: step {row['created_step']}, by rollout" in text
     result = cli.invoke(app, ["lineage", str(full_run), row["rollout_id"], "--json"])
-    (source,) = json.loads(result.output)["sources"]
+    (source,) = json.loads(result.output)["reused_from"]
     assert (source["rollout_id"], source["step"], source["created_by"], source["origin"]) == (
-        row["replayed_from"], row["replayed_step"], "rollout", "fresh")
+        row["replayed_from"], row["created_step"], "rollout", "fresh")
     assert source["policy_version_min"] == row["replayed_policy_version"]
 
 
@@ -292,7 +292,7 @@ def test_a_jsonl_seed_is_tokenized_with_the_policy_and_rescored_when_replayed(po
     (replayed,) = group.rollouts[1:]  # the reward-0 line is not a success
     assert replayed.response_token_ids == policy.tokenizer.encode(" 42", add_special_tokens=False) + [
         policy.tokenizer.eos_token_id]
-    assert replayed.replayed_from == "seed-jsonl:1" and replayed.replayed_step == -1
+    assert replayed.replayed_from == "seed-jsonl:1" and replayed.created_step == -1
     assert replayed.segments[0].origin == SegmentOrigin.REPLAYED_TEXT  # no log-probs of its own: rescored
     assert float(replayed.segments[0].behavior_logprobs.sum()) < 0.0
 
