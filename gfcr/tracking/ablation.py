@@ -58,7 +58,9 @@ class Cell:
 
 @dataclass
 class CellResult:
-    cell: Cell
+    """How one cell of an ablation (a ``Cell``) or of a comparison (``compare.Cell``) went."""
+
+    cell: Any
     run_dir: Path
     summary: dict[str, Any] | None = None
     error: str | None = None

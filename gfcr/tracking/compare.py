@@ -53,7 +53,7 @@ from gfcr.runtime.rundir import RunDir, write_text
 from gfcr.runtime.session import Run
 from gfcr.spec.task import Task, apply_task, load_task
 from gfcr.spec.yaml_source import parse_yaml
-from gfcr.tracking.ablation import SEED_TAG, VARIANT_TAG
+from gfcr.tracking.ablation import SEED_TAG, VARIANT_TAG, CellResult
 from gfcr.tracking.compare_figures import Comparison, compare
 from gfcr.tracking.compare_report import ComparisonPaths, write_comparison
 from gfcr.tracking.mlflow_store import connect, create_parent_run, finish_run, quiet
@@ -101,17 +101,6 @@ class Cell:
     @property
     def slug(self) -> str:
         return re.sub(r"[^A-Za-z0-9_.-]+", "_", self.pipeline) + f"-seed{self.seed}"
-
-
-@dataclass
-class CellResult:
-    """How one cell went: its summary (``resumed: "done before"`` when it was not rerun) or error."""
-
-    cell: Cell
-    run_dir: Path
-    summary: dict[str, Any] | None = None
-    error: str | None = None
-    seconds: float = 0.0
 
 
 @dataclass

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from gfcr.tracking.compare_figures import (Comparison, Estimate, PipelineFigures, accuracy_curve, seconds_before,
                                            tokens_before)
-from gfcr.tracking.plots import PlotSpec, colour, draw
+from gfcr.tracking.plots import PlotSpec, colour, draw, hex_colour
 from gfcr.tracking.report_variants import step_curve, zero_variance_fraction
 
 PLOTS = {spec.name: spec for spec in (
@@ -149,17 +149,13 @@ def _html(title: str, comparison: Comparison, plots: dict[str, Path]) -> str:
     e = html.escape
     head = "".join(f"<th>{e(h)}</th>" for h in header(comparison))
     body = "".join(
-        f'<tr><td><span class="swatch" style="background:{_hex(colour(i))}"></span>'
+        f'<tr><td><span class="swatch" style="background:{hex_colour(colour(i))}"></span>'
         + "</td><td>".join(e(c) for c in cells(r, comparison)) + "</td></tr>"
         for i, r in enumerate(comparison.rows))
     figures = "".join(f'<figure><img src="{e(p.name)}" alt="{e(PLOTS[n].title)}">'
                       f"<figcaption>{e(PLOTS[n].caption)}</figcaption></figure>" for n, p in plots.items())
     notes = "".join(f"<li>{e(d)}</li>" for d in DEFINITIONS)
     return _PAGE.format(title=e(title), head=head, body=body, figures=figures, notes=notes)
-
-
-def _hex(rgba: tuple[float, ...]) -> str:
-    return "#" + "".join(f"{round(c * 255):02x}" for c in rgba[:3])
 
 
 _PAGE = """<!doctype html>

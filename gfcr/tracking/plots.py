@@ -37,6 +37,11 @@ def colour(index: int) -> tuple[float, ...]:
     return colormaps["tab10"](index % 10)
 
 
+def hex_colour(rgba: tuple[float, ...]) -> str:
+    """``#1f77b4`` for an RGBA tuple of floats (the swatches of the reports' tables)."""
+    return "#" + "".join(f"{round(c * 255):02x}" for c in rgba[:3])
+
+
 def draw(curves: Sequence[Curve], spec: PlotSpec, out_dir: Path) -> Path:
     """Write ``<out_dir>/<spec.name>.png`` and return its path."""
     fig = Figure(figsize=(7.0, 4.4), dpi=110, layout="constrained")

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Sequence
 
 from gfcr.errors import GfcrError
-from gfcr.tracking.plots import PlotSpec, colour, draw
+from gfcr.tracking.plots import PlotSpec, colour, draw, hex_colour
 from gfcr.tracking.report_series import RunSeries, series_from_mlflow, series_from_run_dirs
 from gfcr.tracking.report_variants import (Row, Variant, default_target, eval_curve, group_variants, step_curve,
                                            table_row, tokens_curve, zero_variance_fraction)
@@ -166,7 +166,7 @@ def _html(title: str, rows: Sequence[Row], target: float | None, plots: dict[str
     e = html.escape
     head = "".join(f"<th>{e(h)}</th>" for h in header(target))
     body = "".join(
-        f'<tr><td><span class="swatch" style="background:{_hex(colour(i))}"></span>'
+        f'<tr><td><span class="swatch" style="background:{hex_colour(colour(i))}"></span>'
         + "</td><td>".join(e(c) for c in cells(r, target)) + "</td></tr>"
         for i, r in enumerate(rows))
     figures = "".join(f'<figure><img src="{e(p.name)}" alt="{e(PLOTS[n].title)}">'
@@ -174,10 +174,6 @@ def _html(title: str, rows: Sequence[Row], target: float | None, plots: dict[str
     notes = "".join(f"<li>{e(d)}</li>" for d in DEFINITIONS)
     sources = ", ".join(f"<code>{e(r.source)}</code>" for r in runs)
     return _PAGE.format(title=e(title), head=head, body=body, figures=figures, notes=notes, sources=sources)
-
-
-def _hex(rgba: tuple[float, ...]) -> str:
-    return "#" + "".join(f"{round(c * 255):02x}" for c in rgba[:3])
 
 
 _PAGE = """<!doctype html>
