@@ -14,4 +14,5 @@ SEEDS=${SEEDS:-0,1,2}
 .venv/bin/gfcr compare \
   pipelines/quickstart.yaml pipelines/greso_arith.yaml pipelines/dapo_arith.yaml pipelines/mopps_arith.yaml \
   pipelines/vade_arith.yaml pipelines/sgpo_arith.yaml pipelines/dots_rr_arith.yaml pipelines/ar3po_cache_arith.yaml \
+  pipelines/rlep_arith.yaml \
   --task arith-mix --seeds "$SEEDS" --budget "$BUDGET" --set eval.every=10 "$@"
