@@ -7,12 +7,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
-import subprocess
-import sys
 import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +31,7 @@ from gfcr.stages.resources import Resources, ScoreRequest
 from gfcr.stages.update.grpo import GRPOUpdate
 from gfcr.tracking.mlflow_tracker import start_tracking
 from tests.conftest import REPO
+from tests.killing import sigkill_after_step
 
 cli = CliRunner()
 
@@ -214,37 +210,12 @@ def test_resume_gives_the_store_pool_and_metrics_of_an_uninterrupted_run(full_ru
     assert _checkpoint_files(part, 6) == _checkpoint_files(full_run, 6)
 
 
-_KILLER = textwrap.dedent("""\
-    import sys, time
-    from gfcr.graph import load_pipeline
-    from gfcr.runtime.session import Run
-
-    class Stall:
-        def after_step(self, record):
-            if record["step"] == 4:  # mid-run: checkpoint 4 written, step 5 not yet run
-                open(sys.argv[3], "w").close()
-                time.sleep(120)
-
-    Run.start(load_pipeline(sys.argv[1]), sys.argv[2], hooks=(Stall(),)).train()
-    """)
-
-
 @pytest.mark.slow
 def test_a_sigkilled_run_with_store_and_rlep_resumes_to_an_uninterrupted_run(full_run, tmp_path):
-    spec, script = tmp_path / "spec.yaml", tmp_path / "killer.py"
+    spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC)
-    script.write_text(_KILLER)
-    run_dir, marker = tmp_path / "killed", tmp_path / "stalled"
-    proc = subprocess.Popen([sys.executable, str(script), str(spec), str(run_dir), str(marker)],
-                            env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)},
-                            start_new_session=True)
-    deadline = time.monotonic() + 300
-    while not marker.exists():
-        assert proc.poll() is None, "the run ended before step 4"
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    run_dir = tmp_path / "killed"
+    sigkill_after_step(spec, run_dir, 4, tmp_path)
     assert [r["step"] for r in _metrics(run_dir)] == [0, 1, 2, 3, 4]
     Run.resume(run_dir).train()
     assert _without_time(_metrics(run_dir)) == _without_time(_metrics(full_run))
