@@ -176,13 +176,23 @@ def run_ablation(file: Path, vary: list[tuple[str, list[str]]], seeds: Sequence[
 
 
 def _run_cell(cell: Cell, pipeline: CompiledPipeline, run_dir: Path, parent: str) -> CellResult:
-    result, start = CellResult(cell, run_dir), time.perf_counter()
-    trackers: tuple = ()
+    return train_cell(CellResult(cell, run_dir), lambda: Run.start(pipeline, run_dir), parent,
+                      {VARIANT_TAG: cell.label, SEED_TAG: str(cell.seed)})
+
+
+def train_cell(result: CellResult, make_run: Callable[[], Run], parent: str, tags: dict[str, str],
+               on_finished: Callable[[], None] | None = None) -> CellResult:
+    """Make the cell's run, track it as a child of MLflow run ``parent`` and train it to its end;
+    ``on_finished`` runs after the run and its MLflow run finished. A ``GfcrError`` becomes
+    ``result.error`` (the other cells go on)."""
+    start, trackers = time.perf_counter(), ()
     try:
-        run = Run.start(pipeline, run_dir)
-        trackers = start_tracking(run, parent_run_id=parent, tags={VARIANT_TAG: cell.label, SEED_TAG: str(cell.seed)})
+        run = make_run()
+        trackers = start_tracking(run, parent_run_id=parent, tags=tags)
         run.hooks = trackers
         result.summary = run.train()
+        if on_finished is not None:
+            on_finished()
     except GfcrError as exc:
         result.error = str(exc)
     finally:

@@ -38,7 +38,6 @@ import hashlib
 import json
 import re
 import shutil
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,11 +52,11 @@ from gfcr.runtime.rundir import RunDir, write_text
 from gfcr.runtime.session import Run
 from gfcr.spec.task import Task, apply_task, load_task
 from gfcr.spec.yaml_source import parse_yaml
-from gfcr.tracking.ablation import SEED_TAG, VARIANT_TAG, CellResult
+from gfcr.tracking.ablation import SEED_TAG, VARIANT_TAG, CellResult, train_cell
 from gfcr.tracking.compare_figures import Comparison, compare
 from gfcr.tracking.compare_report import ComparisonPaths, write_comparison
 from gfcr.tracking.mlflow_store import connect, create_parent_run, finish_run, quiet
-from gfcr.tracking.mlflow_tracker import TRACKING_FILE, start_tracking
+from gfcr.tracking.mlflow_tracker import TRACKING_FILE
 from gfcr.tracking.report_series import series_from_mlflow
 
 STEP_CAP = 1_000_000  # run.steps under a rollouts or tokens budget: only the budget stops a run
@@ -287,30 +286,21 @@ def _mlflow_run_id(run_dir: Path) -> str | None:
 
 
 def _run_cell(cell: Cell, pipeline: CompiledPipeline, run_dir: Path, parent: str) -> CellResult:
-    result, start = CellResult(cell, run_dir), time.perf_counter()
+    result = CellResult(cell, run_dir)
     if (run_dir / DONE).is_file():
         result.summary = json.loads(RunDir(run_dir).summary.read_text(encoding="utf-8"))
         result.summary["resumed"] = "done before"
         return result
-    trackers: tuple = ()
-    try:
+
+    def make_run() -> Run:
         if latest_checkpoint(RunDir(run_dir)) is not None:
-            run = Run.resume(run_dir)
-        else:
-            _discard(run_dir)
-            run = Run.start(pipeline, run_dir)
-        trackers = start_tracking(run, parent_run_id=parent,
-                                  tags={VARIANT_TAG: cell.pipeline, SEED_TAG: str(cell.seed)})
-        run.hooks = trackers
-        result.summary = run.train()  # ends by logging the final evaluation and marking the MLflow run FINISHED
-        write_text(run_dir / DONE, "")
-    except GfcrError as exc:
-        result.error = str(exc)
-    finally:
-        for tracker in trackers:
-            tracker.close()
-        result.seconds = time.perf_counter() - start
-    return result
+            return Run.resume(run_dir)
+        _discard(run_dir)
+        return Run.start(pipeline, run_dir)
+
+    # DONE only once the run ended by logging its final evaluation and marking its MLflow run FINISHED
+    return train_cell(result, make_run, parent, {VARIANT_TAG: cell.pipeline, SEED_TAG: str(cell.seed)},
+                      on_finished=lambda: write_text(run_dir / DONE, ""))
 
 
 def _discard(run_dir: Path) -> None:

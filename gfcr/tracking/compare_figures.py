@@ -127,12 +127,18 @@ def compare(runs: Sequence[RunSeries], baseline: str | None = None, target: floa
     return Comparison(base.label, target, rows, variants)
 
 
+def _reaches(variant: Variant, target: float | None) -> list[tuple[int, int] | None]:
+    """Each seed's (rollouts, tokens) to ``target``, None for a seed that never reaches it."""
+    return [first_reach(r, target) for r in variant.runs] if target is not None else []
+
+
+def _all_reached(reaches: list[tuple[int, int] | None]) -> list[tuple[int, int]] | None:
+    """The seeds' (rollouts, tokens) to target when every seed reached it, else None."""
+    return [h for h in reaches if h is not None] if reaches and None not in reaches else None
+
+
 def _to_target(variant: Variant, target: float | None) -> list[tuple[int, int]] | None:
-    """Each seed's (rollouts, tokens) to ``target``; None when a seed never reaches it."""
-    if target is None:
-        return None
-    hits = [first_reach(r, target) for r in variant.runs]
-    return None if any(h is None for h in hits) else [h for h in hits if h is not None]
+    return _all_reached(_reaches(variant, target))
 
 
 def _per_seed(variant: Variant, value: Callable[[RunSeries], float | None], high: float = math.inf) -> Estimate | None:
@@ -141,8 +147,9 @@ def _per_seed(variant: Variant, value: Callable[[RunSeries], float | None], high
 
 
 def _row(variant: Variant, target: float | None, base: list[tuple[int, int]] | None) -> PipelineFigures:
-    hits = _to_target(variant, target)
-    reaching = sum(first_reach(r, target) is not None for r in variant.runs) if target is not None else 0
+    reaches = _reaches(variant, target)
+    hits = _all_reached(reaches)
+    reaching = sum(h is not None for h in reaches)
     return PipelineFigures(
         pipeline=variant.label, seeds=variant.seeds,
         steps=estimate([len(r.steps) for r in variant.runs]),
