@@ -164,6 +164,24 @@ CASES = [
               "  keep:    {use: filter.nonzero_variance, from: rlep}"),
          "store: budget", "stages.rlep.with.store", "`store`: `budget` is `control.fixed_n`, not a `replay.store`",
          "add a `replay.store` stage before this one, or remove `store`"),
+    Case("filter.d3s whose schedule tightens instead of relaxing",
+         edit(BASE, "  keep:    {use: filter.nonzero_variance, from: rollout}",
+              "  keep:    {use: filter.d3s, from: rollout, with: {sample_keep_start: 0.8, sample_keep_end: 0.5, "
+              "token_keep_start: 1.0}}"),
+         "sample_keep_start: 0.8", "stages.keep.with",
+         "`sample_keep_start` (0.8) is above `sample_keep_end` (0.5)", "swap them"),
+    Case("filter.d3s measuring Var(A) with another estimator than the update's",
+         edit(edit(BASE, "  keep:    {use: filter.nonzero_variance, from: rollout}",
+                   "  keep:    {use: filter.d3s, from: rollout, with: {token_keep_start: 1.0}}"),
+              "update: {use: update.fake, from: keep}", "update: {use: update.grpo, from: keep, with: {advantage: {use: rloo}}}"),
+         "keep:    {use: filter.d3s", "stages.keep.with.advantage", "is not the update's (`rloo`",
+         "set this stage's `advantage` to the update's"),
+    Case("filter.d3s token level after a generate.sample that records no entropy",
+         edit(edit(BASE, "  keep:    {use: filter.nonzero_variance, from: rollout}",
+                   "  keep:    {use: filter.d3s, from: rollout}"),
+              "rollout: {use: generate.fake, from: budget}", "rollout: {use: generate.sample, from: budget}"),
+         "keep:    {use: filter.d3s", "stages.keep.with.token_keep_start", "does not record entropy",
+         "set `entropy: true` on `rollout`"),
 ]
 
 

@@ -102,6 +102,7 @@ from pydantic import Field, model_validator
 
 from gfcr.records import PromptPool, Rollout, RolloutGroup, RolloutGroups, StepContext
 from gfcr.registry import StageConfig
+from gfcr.spec.problems import fixable
 from gfcr.stages.filter.down_sampling import kept_count, linear_ratio, max_variance_subset, top_fraction
 from gfcr.stages.resources import Engine, Policy, Resources, ScoreRequest, prompt_tokens
 from gfcr.stages.update.advantage import AdvantageSpec, estimate_all
@@ -137,9 +138,10 @@ class D3S:
             for level in ("sample", "token"):
                 start, end = getattr(self, f"{level}_keep_start"), getattr(self, f"{level}_keep_end")
                 if start > end:
-                    raise ValueError(f"`{level}_keep_start` ({start}) is above `{level}_keep_end` ({end}): D^3S "
-                                     "starts aggressive and relaxes, so the kept fraction may only grow; swap them, "
-                                     "or set both equal for a constant ratio")
+                    raise fixable(f"`{level}_keep_start` ({start}) is above `{level}_keep_end` ({end}): D^3S starts "
+                                  "aggressive and relaxes, so the kept fraction may only grow",
+                                  f"swap them, or set both equal for a constant ratio (--set stages.<id>.with."
+                                  f"{level}_keep_end={start})")
             return self
 
         @property
