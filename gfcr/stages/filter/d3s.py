@@ -34,15 +34,21 @@ Dual-Level Down-Sampling Framework for Efficient Policy Optimization", arXiv 250
    the run's (``StepContext.step``), so the stage keeps no state and a resumed run continues
    the schedule where it stopped.
 
-Entropy ``H_{i,t}``: the policy's entropy at token ``t``, as ``generate.sample`` records it with
-``entropy: true`` (``Rollout.token_entropy``: the tempered, untruncated sampling distribution of
-the policy that sampled the rollout, which is the current policy for fresh rollouts, at no extra
-cost). ``gfcr validate`` refuses a token level after a ``generate.sample`` that does not record
-it. A rollout without recorded entropy on a counted token (a replayed rollout, a resumed
-prefix) is scored through the engine (``Engine.score``, current policy, ``temperature``): one
-forward pass over its prompt and response, its response tokens added to the step's
-``tokens_scored``. With ``token_keep_start = token_keep_end = 1`` the token level is off and
-needs no entropy.
+Under the default ``token_mean`` aggregation the loss is then the mean over the kept tokens;
+rollouts left with no counted token skip the forward and backward pass.
+
+Entropy ``H_{i,t}`` (``entropy``): ``recorded`` (default) reads ``Rollout.token_entropy``, which
+``generate.sample`` writes with ``entropy: true``: the entropy of the tempered, untruncated
+sampling distribution of the policy that sampled the rollout (the current policy, for fresh
+rollouts), at no extra cost; ``gfcr validate`` refuses a token level after a ``generate.sample``
+that does not record it. A rollout without recorded entropy on a counted token (a replayed
+rollout, a resumed prefix) is scored through the engine instead. ``scored`` scores every
+rollout through the engine (``Engine.score`` under the current policy at ``temperature``; for
+engines that record no entropy while sampling, such as the vLLM engine). Scoring costs one
+forward pass over each scored rollout's prompt and response, without gradient; its response
+tokens are added to the step's ``tokens_scored`` (so ``gfcr compare`` charges them) and to
+the ``entropy_tokens_scored`` metric. With ``token_keep_start = token_keep_end = 1`` the token
+level is off and needs no entropy.
 
 Defaults (ours; see Deviations): ``scope: intra_group``, ``rho_s`` 0.5 to 1.0 and ``rho_t`` 0.2
 to 1.0 over ``ramp_steps: 100``. ``step_metrics`` reports the two ratios, rollouts and tokens in
@@ -56,8 +62,9 @@ matches. Our choices, each an ambiguity resolved:
 - the ratios' values and the linear schedule are ours: ``rho_t`` starts at 0.2 after the
   "80/20" high-entropy-token result (arXiv 2506.01939), ``rho_s`` at 0.5, and both end at 1.0
   (no down-sampling once relaxed); set ``*_end`` below 1 to keep down-sampling late;
-- the advantages of the selection are the group-normalised ones of the full group; after the
-  selection the update re-estimates them on the kept subset (PODS does the same);
+- the advantages of the selection are those of the full group (``advantage``, checked equal to
+  the update's estimator); after the selection the update re-estimates them on the kept subset
+  (the abstract does not say which the paper's update uses; we did not verify PODS's choice);
 - a group is never cut below 2 rollouts (a lone rollout has no group baseline); in
   ``cross_group`` a group with fewer than 2 rollouts selected is dropped whole;
 - ties: between subsets of equal variance, more of the largest advantages; equal values and
@@ -130,8 +137,11 @@ class D3S:
                                                            "start to end")] = 100
         advantage: AdvantageSpec = Field(AdvantageSpec(), description="the advantage estimator of Var(A) and |A|; "
                                          "must equal the update's `advantage`")
+        entropy: Literal["recorded", "scored"] = Field(
+            "recorded", description="where H comes from: recorded at sampling (generate.sample `entropy: true`; "
+                                    "rollouts without it are scored), or scored through the engine for every rollout")
         temperature: Annotated[float, Field(gt=0.0, description="the temperature of entropies scored through the "
-                                            "engine (rollouts without recorded entropy): the sampling one")] = 1.0
+                                            "engine: the sampling one")] = 1.0
 
         @model_validator(mode="after")
         def _schedule_relaxes(self) -> "D3S.Config":
@@ -161,14 +171,15 @@ class D3S:
                                  "Var(A) and |A| would be measured on other advantages than the update uses",
                                  f"set this stage's `advantage` to the update's (`advantage: {{use: {theirs.use}}}` "
                                  "with the same `with`)"))
-        if config.token_level:
+        if config.token_level and config.entropy == "recorded":
             for sid, alias in view.upstream:
                 if alias == "generate.sample" and not getattr(view.configs.get(sid), "entropy", True):
                     found.append(Pairing(("token_keep_start",), f"the token level ranks tokens by |A|·H and "
                                          f"`{sid}` (generate.sample) does not record entropy: every rollout would "
                                          "be scored again through the engine, one forward pass each",
-                                         f"set `entropy: true` on `{sid}` (--set stages.{sid}.with.entropy=true), "
-                                         "or turn the token level off (`token_keep_start: 1.0`)"))
+                                         f"set `entropy: true` on `{sid}` (--set stages.{sid}.with.entropy=true); "
+                                         "or `entropy: scored` here to pay that pass (an engine that records no "
+                                         "entropy, vLLM); or turn the token level off (`token_keep_start: 1.0`)"))
         return found
 
     def __init__(self, config: Config):
@@ -264,16 +275,18 @@ class D3S:
 
     def _entropies(self, rollouts: list[Rollout], pool: PromptPool) -> tuple[list[np.ndarray], int]:
         """``[T]`` entropies per rollout: recorded ones, else scored through the engine."""
-        missing = [r for r in rollouts if not _has_entropy(r)]
+        score_all = self.config.entropy == "scored"
+        missing = [r for r in rollouts if score_all or not _has_entropy(r)]
         scored = dict(zip((r.rollout_id for r in missing), self._score(missing, pool))) if missing else {}
         out = [np.asarray(scored.get(r.rollout_id, r.token_entropy), dtype=np.float64) for r in rollouts]
         return out, sum(len(r) for r in missing)
 
     def _score(self, rollouts: list[Rollout], pool: PromptPool) -> list[np.ndarray]:
         if self._engine is None or self._policy is None:
-            raise ValueError(f"filter.d3s: rollout {rollouts[0].rollout_id} has no recorded token entropy and the "
-                             "stage has no engine to score it; set `entropy: true` on the generate.sample stage, "
-                             "or run the stage in a pipeline with a policy and engine")
+            raise ValueError(f"filter.d3s: rollout {rollouts[0].rollout_id} needs its token entropy scored and the "
+                             "stage has no engine to score it; set `entropy: true` on the generate.sample stage "
+                             "(with this stage's `entropy: recorded`), or run it in a pipeline with a policy and "
+                             "engine")
         requests = [ScoreRequest(tuple(r.context_token_ids or prompt_tokens(self._policy, pool.get(r.prompt_id))),
                                  tuple(r.response_token_ids), self.config.temperature) for r in rollouts]
         return [s.entropy for s in self._engine.score(requests)]

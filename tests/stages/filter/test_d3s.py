@@ -177,29 +177,39 @@ def test_linear_ratio_holds_a_constant_schedule():
 
 # --- entropy through the engine -------------------------------------------------------------
 
-def test_missing_entropy_is_scored_through_the_engine_and_charged():
+@pytest.fixture(scope="module")
+def tiny():
     from gfcr.engines import TransformersEngine, load_policy
-    from gfcr.records import Allocation, AllocationEntry
     from gfcr.spec import PolicySpec
+
+    policy = load_policy(PolicySpec(model="tiny-arith"))
+    return policy, TransformersEngine(policy)
+
+
+@pytest.mark.parametrize("entropy, drop_recorded", [("recorded", True), ("scored", False)])
+def test_entropy_is_scored_through_the_engine_and_charged(tiny, entropy, drop_recorded):
+    # recorded: a rollout with no entropy on record (as a replayed one) is scored; scored: every rollout is.
+    # Either way the scored entropies equal the sampled ones (same policy, same temperature, no update).
+    from gfcr.records import Allocation, AllocationEntry
     from gfcr.stages.generate.sample import Sample
     from gfcr.stages.resources import Resources
 
-    policy = load_policy(PolicySpec(model="tiny-arith"))
-    resources = Resources(policy, TransformersEngine(policy))
+    resources = Resources(*tiny)
     prompt = Prompt("a:0", text="What is 12 + 30? Answer:")
     sample = Sample(Sample.Config(max_new_tokens=6, entropy=True))
     sample.setup(resources)
     groups = sample.run(Allocation(0, (AllocationEntry(prompt, 4),)), ctx(0))
     recorded = [r.token_entropy.copy() for r in groups.rollouts()]
     for i, r in enumerate(groups.rollouts()):
-        r.reward, r.token_entropy = float(i % 2), None  # as a replayed rollout: no entropy on record
-    stage = D3S(D3S.Config(sample_keep_start=1.0, token_keep_start=0.5))
+        r.reward = float(i % 2)
+        if drop_recorded:
+            r.token_entropy = None
+    stage = D3S(D3S.Config(sample_keep_start=1.0, token_keep_start=0.5, entropy=entropy))
     stage.setup(resources)
     stage.run(groups, PromptPool([prompt]), ctx(0))
     n_tokens = sum(len(r) for r in groups.rollouts())
     assert stage.step_metrics()["entropy_tokens_scored"] == n_tokens
     assert resources.take_tokens_scored() == n_tokens
-    # the scored entropies are the sampled ones (same policy, same temperature): same ranking
     rescored = stage._entropies(list(groups.rollouts()), PromptPool([prompt]))[0]
     for a, b in zip(recorded, rescored):
         np.testing.assert_allclose(a, b, atol=1e-3)
@@ -233,6 +243,11 @@ def test_validate_refuses_an_update_with_another_estimator_and_no_recorded_entro
                      r"\(`mean_std`", out)
     assert "stages.d3s.with.token_keep_start" in out and "set `entropy: true` on `rollout`" in out
     assert "Traceback" not in result.output
+    scored = text.replace("advantage: {use: rloo}", "advantage: {use: mean_std}").replace(
+        "ramp_steps: 100,", "ramp_steps: 100, entropy: scored,")
+    path.write_text(scored)
+    result = CliRunner().invoke(app, ["validate", str(path)])  # entropy scored: no sampling-time entropy needed
+    assert result.exit_code == 0, result.output
 
 
 def test_the_token_level_off_needs_no_entropy_at_validate_or_run(tmp_path):
@@ -247,7 +262,7 @@ def test_the_token_level_off_needs_no_entropy_at_validate_or_run(tmp_path):
 
 
 def test_missing_entropy_without_an_engine_is_an_error_with_a_fix():
-    with pytest.raises(ValueError, match=r"rollout p:0@s0/0 has no recorded token entropy.*set `entropy: true`"):
+    with pytest.raises(ValueError, match=r"rollout p:0@s0/0 needs its token entropy scored.*set `entropy: true`"):
         run([scored_group("p:0", [1, 0])], token_keep_start=0.5)
 
 
