@@ -52,8 +52,8 @@ level is off and needs no entropy.
 
 Defaults (ours; see Deviations): ``scope: intra_group``, ``rho_s`` 0.5 to 1.0 and ``rho_t`` 0.2
 to 1.0 over ``ramp_steps: 100``. ``step_metrics`` reports the two ratios, rollouts and tokens in
-and kept, groups dropped, the mean ``Var(A)`` before and after the sample level, and the tokens
-whose entropy was scored.
+and kept, groups dropped, ``Var(A)`` before and after the sample level (the mean of the groups'
+for ``intra_group``, the pooled one for ``cross_group``), and the tokens whose entropy was scored.
 
 Deviations: the paper's body (its exact keep ratios, schedule shape and selection details) was
 not available to us; the rules above are from its abstract, a third-party summary (intra- and
@@ -190,7 +190,11 @@ class D3S:
         self._metrics: dict[str, float] = {}
 
     def setup(self, resources: Resources) -> None:
-        if self.config.token_level and resources.engine is not None and resources.policy is not None:
+        """The engine that scores entropies: required with ``entropy: scored``, borrowed when the
+        pipeline has one otherwise (for rollouts that carry no recorded entropy)."""
+        cfg = self.config
+        needed = cfg.token_level and cfg.entropy == "scored"
+        if cfg.token_level and (needed or (resources.engine is not None and resources.policy is not None)):
             self._policy = resources.require_policy("filter.d3s")
             self._engine = resources.require_engine("filter.d3s")  # metered: scored tokens are charged
 
@@ -206,7 +210,8 @@ class D3S:
         before = sum(len(g.rollouts) for g in included)
         values = [_per_rollout(a.values) for a in estimate_all(self.estimator, included, pool)]
         keep = self._select(values, rho_s)
-        var_before, var_after = _mean_variance(values, None), _mean_variance(values, keep)
+        pooled = self.config.scope == "cross_group"
+        var_before, var_after = _variance(values, None, pooled), _variance(values, keep, pooled)
         dropped = self._apply(included, keep, rho_s)
         survivors = [g for g in included if g.verdict.included]
         tokens_in, tokens_kept, scored = self._mask_tokens(survivors, pool, rho_t) if rho_t < 1.0 else (0, 0, 0)
@@ -302,11 +307,14 @@ def _per_rollout(values: tuple[float | np.ndarray, ...]) -> np.ndarray:
                      for v in values], dtype=np.float64)
 
 
-def _mean_variance(values: list[np.ndarray], keep: list[np.ndarray] | None) -> float:
-    """The mean over groups of the population Var(A) of all (``keep`` None) or the kept rollouts."""
+def _variance(values: list[np.ndarray], keep: list[np.ndarray] | None, pooled: bool) -> float:
+    """The population Var(A) the scope maximises, of all (``keep`` None) or the kept rollouts: the
+    mean over groups of each group's (intra-group), or that of the pooled rollouts (cross-group)."""
     parts = [v if keep is None else v[k] for v, k in zip(values, keep or [None] * len(values))]
     parts = [p for p in parts if len(p)]
-    return float(np.mean([np.var(p) for p in parts])) if parts else 0.0
+    if not parts:
+        return 0.0
+    return float(np.var(np.concatenate(parts))) if pooled else float(np.mean([np.var(p) for p in parts]))
 
 
 def _counted(r: Rollout) -> np.ndarray:  # [T] bool

@@ -99,7 +99,19 @@ def test_cross_group_pools_the_advantages_and_drops_groups_left_below_two():
     assert ids(a.rollouts) == ["a@s0/0", "a@s0/1"] and ids(b.rollouts) == ["b@s0/0", "b@s0/1", "b@s0/3"]
     assert not c.verdict.included and "kept 0 of its 2 rollouts" in c.verdict.reason
     assert [g.group_id for g in out] == ["a@s0", "b@s0"]
-    assert stage.step_metrics()["groups_dropped"] == 1 and stage.step_metrics()["rollouts_kept"] == 5
+    m = stage.step_metrics()
+    assert m["groups_dropped"] == 1 and m["rollouts_kept"] == 5
+    # pooled Var(A): all ten: mean 0, (2.25 + 2.25 + 6 * .25) / 10 = .6; the kept five: 1.04 (eps: 1e-5)
+    assert m["adv_var_before"] == pytest.approx(0.6, abs=1e-5) and m["adv_var_after"] == pytest.approx(1.04, abs=1e-5)
+
+
+def test_scored_entropy_needs_an_engine_at_setup():
+    from gfcr.errors import ModelError
+    from gfcr.stages.resources import Resources
+
+    with pytest.raises(ModelError, match="`filter.d3s` needs a policy"):
+        D3S(D3S.Config(entropy="scored")).setup(Resources())
+    D3S(D3S.Config()).setup(Resources())  # recorded: an engine is borrowed only when there is one
 
 
 def test_max_variance_subset_matches_exhaustive_search():
