@@ -183,6 +183,19 @@ def test_the_schedule_on_hand_steps(step, rho_s, rho_t, kept):
     assert (group.rollouts[0].loss_mask is None) == (rho_t == 1.0)
 
 
+def test_stateless_so_a_resumed_run_continues_the_schedule():
+    # no state to checkpoint: a fresh stage at step 30 (a resumed run) decides as one that ran steps 0..29
+    assert not hasattr(D3S, "state_dict") and not hasattr(D3S, "observe")
+    def decide(stage, step):
+        group = RolloutGroup("g", "g", step, 8, [rollout("g", i, i % 3 == 0, [0.1 * i + 0.1]) for i in range(8)])
+        stage.run(RolloutGroups([group]), pool("g"), ctx(step))
+        return ids(group.rollouts), [r.loss_mask.tolist() for r in group.rollouts]
+    running = D3S(D3S.Config())
+    for step in range(30):
+        decide(running, step)
+    assert decide(running, 30) == decide(D3S(D3S.Config()), 30)
+
+
 def test_linear_ratio_holds_a_constant_schedule():
     assert [linear_ratio(0.3, 0.3, 10, s) for s in (0, 5, 20)] == [0.3, 0.3, 0.3]
 
