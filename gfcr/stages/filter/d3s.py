@@ -73,7 +73,9 @@ matches. Our choices, each an ambiguity resolved:
   be a constant factor and the product would reduce to ``H``); a per-token estimator's
   ``[T]`` advantages are used as they are, and its mean over the response is the rollout's
   value at the sample level;
-- tokens an earlier filter masked stay masked and do not count in ``T``.
+- tokens an earlier filter masked stay masked and do not count in ``T``;
+- zero-variance groups are not dropped (their tokens score ``|A| = 0`` and are masked first
+  at the token level); put ``filter.nonzero_variance`` before the stage to leave them out.
 
 Example (a hand group, ``rho_s = 0.5``: the two correct and the first two wrong rollouts have
 the largest reward variance; then the ``ceil(0.5 * 4)`` tokens with the largest ``|A| * H``):
