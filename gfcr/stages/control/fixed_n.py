@@ -33,7 +33,7 @@ from gfcr.registry import StageConfig
 from gfcr.stages.update.component import Pairing
 
 # control stages that set each prompt's group size themselves
-ALLOCATORS = frozenset({"control.sgpo"})
+ALLOCATORS = frozenset({"control.sgpo", "control.dars"})
 
 
 class FixedN:
