@@ -22,6 +22,23 @@ STOP = BASE.replace("  rollout: {use: generate.fake, from: budget}",
                     "  stop:    {use: control.fake_stop, with: {groups: 2}}\n"
                     "  rollout: {use: generate.fake, from: budget, in_flight: [stop]}")
 
+# DARS's two-round top-up loop block (control.dars, filter.merge_rounds) on the fake engine
+DARS = textwrap.dedent("""\
+    name: golden-dars
+    data: {source: arithmetic, with: {n: 50}}
+    stages:
+      pick:    {use: control.uniform, with: {batch_size: 4}}
+      topup:   {use: control.dars, from: {allocation: pick, groups: merged}, with: {n: 4, n_max: 16}}
+      rollout: {use: generate.fake, from: topup}
+      merged:  {use: filter.merge_rounds, from: rollout}
+      keep:    {use: filter.nonzero_variance, from: dars}
+    loops:
+      dars: {stages: [topup, rollout, merged], until: merged, max_rounds: 2}
+    update: {use: update.fake, from: keep}
+    run: {steps: 2}
+    tracking: {mlflow: null}
+    """)
+
 
 @dataclass
 class Case:
@@ -164,6 +181,15 @@ CASES = [
               "  keep:    {use: filter.nonzero_variance, from: rlep}"),
          "store: budget", "stages.rlep.with.store", "`store`: `budget` is `control.fixed_n`, not a `replay.store`",
          "add a `replay.store` stage before this one, or remove `store`"),
+    Case("control.dars with a cap below its first stage", edit(DARS, "n_max: 16", "n_max: 2"),
+         "n_max: 2", "stages.topup.with", "n_max (2) must be at least n (4)", ""),
+    Case("control.dars outside a loop block, reading a generate stage's groups",
+         edit(BASE, "  keep:    {use: filter.nonzero_variance, from: rollout}",
+              "  topup:   {use: control.dars, from: {allocation: pick, groups: rollout}, with: {n: 4}}\n"
+              "  again:   {use: generate.fake, from: topup}\n"
+              "  keep:    {use: filter.nonzero_variance, from: again}"),
+         "topup:", "stages.topup.with", "`rollout` (generate.fake) is upstream of control.dars",
+         "put the stage in a loop block"),
 ]
 
 
