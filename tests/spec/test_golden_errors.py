@@ -190,6 +190,12 @@ CASES = [
               "  keep:    {use: filter.nonzero_variance, from: again}"),
          "topup:", "stages.topup.with", "`rollout` (generate.fake) is upstream of control.dars",
          "put the stage in a loop block"),
+    Case("control.dars sized without std for an update that divides by it",
+         edit(DARS, "update: {use: update.fake, from: keep}",
+              "update: {use: update.grpo, from: keep, with: {advantage: {use: mean_std}}}"),
+         "n_max: 16", "stages.topup.with.std", "std: false sizes the top-up for an advantage not divided by the "
+         "group's std, but the update's advantage is `mean_std`",
+         "set `std: true` here, or the update's advantage to `mean`"),
 ]
 
 

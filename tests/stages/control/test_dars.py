@@ -122,7 +122,7 @@ def test_round_0_gives_n_round_1_the_top_up_round_2_nothing():
     # 3 prompts x 8 first-stage; 27 + 3 top-up; the bound 3 x 64
     assert (m["prompts"], m["first_rollouts"], m["topup_rollouts"], m["total_rollouts"], m["max_rollouts"]) == \
            (3, 24, 30, 54, 192)
-    assert (m["topup_prompts"], m["capped_prompts"], m["zero_acc_prompts"], m["easy_prompts"]) == (2, 0, 1, 1)
+    assert (m["topup_prompts"], m["at_cap_prompts"], m["zero_acc_prompts"], m["easy_prompts"]) == (2, 0, 1, 1)
     assert m["first_acc_mean"] == pytest.approx((0 + 0.25 + 1) / 3)
     stage.before_step(_ctx(None))  # a new step starts from nothing
     assert stage.step_metrics()["total_rollouts"] == 0
@@ -141,7 +141,7 @@ def test_a_capped_prompt_is_counted_and_a_dropped_or_missing_group_gets_nothing(
     assert top.entries[1].reason == "dars hw: first-stage group dropped, no top-up"
     assert top.entries[2].reason == "dars hw: no first-stage group, no top-up"
     m = stage.step_metrics()
-    assert (m["capped_prompts"], m["total_rollouts"], m["max_rollouts"]) == (1, 14, 18)
+    assert (m["at_cap_prompts"], m["total_rollouts"], m["max_rollouts"]) == (1, 14, 18)
 
 
 def test_unscored_groups_and_runs_outside_a_loop_are_refused():
@@ -182,6 +182,17 @@ def test_validate_refuses_a_fixed_n_after_dars(tmp_path):
     spec.write_text(spec.read_text().replace("stages: [topup, rollout", "stages: [topup, budget, rollout"))
     with pytest.raises(GfcrError, match=r"stages\.budget\.with\.n: `topup` \(control\.dars\) upstream sets each"):
         load_pipeline(spec)
+
+
+def test_validate_refuses_a_std_that_disagrees_with_the_update_s_advantage(tmp_path):
+    from gfcr.errors import GfcrError
+
+    with pytest.raises(GfcrError, match=r"stages\.topup\.with\.std: std: false .* advantage is `mean_std`"):
+        load_pipeline(_bad_spec(tmp_path, "advantage: {use: mean}", "advantage: {use: mean_std}"))
+    with pytest.raises(GfcrError, match=r"std: true .* advantage is `mean`.*\n    fix: set `std: false` here"):
+        load_pipeline(_bad_spec(tmp_path, "schedule: hw}", "schedule: hw, std: true}"))
+    ok = _bad_spec(tmp_path, "advantage: {use: mean}", "advantage: {use: rloo}")  # other estimators: not checked
+    assert load_pipeline(ok).nodes["topup"].config.std is False
 
 
 def test_validate_refuses_dars_reading_groups_from_a_generate_stage_upstream(tmp_path):
