@@ -22,6 +22,23 @@ STOP = BASE.replace("  rollout: {use: generate.fake, from: budget}",
                     "  stop:    {use: control.fake_stop, with: {groups: 2}}\n"
                     "  rollout: {use: generate.fake, from: budget, in_flight: [stop]}")
 
+# DARS's two-round top-up loop block (control.dars, filter.merge_rounds) on the fake engine
+DARS = textwrap.dedent("""\
+    name: golden-dars
+    data: {source: arithmetic, with: {n: 50}}
+    stages:
+      pick:    {use: control.uniform, with: {batch_size: 4}}
+      topup:   {use: control.dars, from: {allocation: pick, groups: merged}, with: {n: 4, n_max: 16}}
+      rollout: {use: generate.fake, from: topup}
+      merged:  {use: filter.merge_rounds, from: rollout}
+      keep:    {use: filter.nonzero_variance, from: dars}
+    loops:
+      dars: {stages: [topup, rollout, merged], until: merged, max_rounds: 2}
+    update: {use: update.fake, from: keep}
+    run: {steps: 2}
+    tracking: {mlflow: null}
+    """)
+
 
 @dataclass
 class Case:
@@ -182,6 +199,21 @@ CASES = [
               "rollout: {use: generate.fake, from: budget}", "rollout: {use: generate.sample, from: budget}"),
          "keep:    {use: filter.d3s", "stages.keep.with.token_keep_start", "does not record entropy",
          "set `entropy: true` on `rollout`"),
+    Case("control.dars with a cap below its first stage", edit(DARS, "n_max: 16", "n_max: 2"),
+         "n_max: 2", "stages.topup.with", "n_max (2) must be at least n (4)", ""),
+    Case("control.dars outside a loop block, reading a generate stage's groups",
+         edit(BASE, "  keep:    {use: filter.nonzero_variance, from: rollout}",
+              "  topup:   {use: control.dars, from: {allocation: pick, groups: rollout}, with: {n: 4}}\n"
+              "  again:   {use: generate.fake, from: topup}\n"
+              "  keep:    {use: filter.nonzero_variance, from: again}"),
+         "topup:", "stages.topup.with", "`rollout` (generate.fake) is upstream of control.dars",
+         "put the stage in a loop block"),
+    Case("control.dars sized without std for an update that divides by it",
+         edit(DARS, "update: {use: update.fake, from: keep}",
+              "update: {use: update.grpo, from: keep, with: {advantage: {use: mean_std}}}"),
+         "n_max: 16", "stages.topup.with.std", "std: false sizes the top-up for an advantage not divided by the "
+         "group's std, but the update's advantage is `mean_std`",
+         "set `std: true` here, or the update's advantage to `mean`"),
 ]
 
 
