@@ -32,8 +32,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 # variant -> the --set overrides that swap one component of quickstart's update (a whole
 # component is replaced, so quickstart's `loss.with.clip` never reaches a loss without `clip`).
-# Values the papers leave open are this benchmark's choices, named here: cispo's eps_high
-# (0.28, DAPO's clip-higher), stratified's alpha (0.5) and lambda_grpo's r (0.3).
+# Values the papers leave open are this benchmark's choices, named here: cispo's and tic_grpo's
+# eps_high (0.28, DAPO's clip-higher), stratified's alpha (0.5), lambda_grpo's r (0.3) and
+# tr_grpo's tau (1/9).
 U = "update.with"
 DR_GRPO_AGG = f'{U}.aggregation={{"use": "seq_mean_token_sum", "with": {{"constant": 8}}}}'  # max_new_tokens 8
 VARIANTS: dict[str, list[str]] = {
@@ -51,17 +52,25 @@ VARIANTS: dict[str, list[str]] = {
     "stratified": [f'{U}.advantage={{"use": "stratified", "with": {{"stratum_by": "finish_reason", "alpha": 0.5}}}}'],
     "grpo_lead": [f"{U}.advantage.use=grpo_lead"],
     "xrpo": [f"{U}.advantage.use=xrpo"],
+    "tic_grpo_advantage": [f"{U}.advantage.use=tic_grpo"],
     # losses
     "dual_clip": [f"{U}.loss.with.dual_clip=3.0"],
     "gspo": [f'{U}.loss={{"use": "gspo"}}', f"{U}.aggregation.use=seq_mean_token_mean"],
     "gspo_token": [f'{U}.loss={{"use": "gspo_token"}}', f"{U}.aggregation.use=seq_mean_token_mean"],
     "cispo": [f'{U}.loss={{"use": "cispo", "with": {{"eps_high": 0.28}}}}'],
+    "tic_grpo_loss": [f'{U}.loss={{"use": "tic_grpo", "with": {{"eps_high": 0.28}}}}',
+                      f"{U}.aggregation.use=seq_mean_token_mean"],
+    # TR-GRPO with tau = 1/9: the transcribed tau = 9 gives every token weight 1 (see tr_grpo's docstring)
+    "tr_grpo": [f'{U}.loss={{"use": "tr_grpo", "with": {{"tau": 0.1111}}}}'],
     # aggregations
     "seq_mean_token_mean": [f"{U}.aggregation.use=seq_mean_token_mean"],
     "seq_mean_token_sum": [DR_GRPO_AGG],
     "daro": [f'{U}.aggregation={{"use": "daro", "with": {{"rollouts_per_prompt": 8}}}}'],
     # r = 0.3 keeps h = 1 + r z > 0 for groups of 8 (|z| <= 7 / sqrt(8) = 2.47 with the sample std)
     "lambda_grpo": [f'{U}.aggregation={{"use": "lambda_grpo", "with": {{"r": 0.3}}}}'],
+    # whole methods (more than one component)
+    "tic_grpo": [f"{U}.advantage.use=tic_grpo", f'{U}.loss={{"use": "tic_grpo", "with": {{"eps_high": 0.28}}}}',
+                 f"{U}.aggregation.use=seq_mean_token_mean"],
 }
 
 
