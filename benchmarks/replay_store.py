@@ -138,17 +138,24 @@ def clustered(n: int, centres: int = 500, seed: int = 0) -> np.ndarray:
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 
 
-def step_overhead(steps: int) -> dict:
-    """quickstart vs quickstart + replay.store (background and inline embedding), step by step in turn."""
+STEP_PIPELINES = {  # model -> (the pipeline without a store, the same pipeline with replay.store)
+    "tiny-arith": ("pipelines/quickstart.yaml", "pipelines/examples/replay_store_arith.yaml"),
+    "smollm2": ("pipelines/grpo_arith_smollm2.yaml", "pipelines/examples/replay_store_smollm2.yaml"),
+}
+
+
+def step_overhead(steps: int, model: str = "tiny-arith") -> dict:
+    """A pipeline vs the same pipeline + replay.store (background and inline embedding), step by
+    step in turn, so that load on the machine hits all three alike."""
     from gfcr.graph import load_pipeline
     from gfcr.runtime.session import build_resources
     from gfcr.runtime.local import LocalRunner
 
     repo = Path(__file__).resolve().parents[1]
-    variants = {"quickstart": (repo / "pipelines/quickstart.yaml", []),
-                "store, background": (repo / "pipelines/examples/replay_store_arith.yaml", []),
-                "store, inline": (repo / "pipelines/examples/replay_store_arith.yaml",
-                                  ["stages.store.with.background=false"])}
+    plain, with_store = STEP_PIPELINES[model]
+    variants = {"no store": (repo / plain, []),
+                "store, background": (repo / with_store, []),
+                "store, inline": (repo / with_store, ["stages.store.with.background=false"])}
     runners, times = {}, {}
     for name, (path, overrides) in variants.items():
         pipeline = load_pipeline(path, overrides + ["executor.kind=local", "tracking.mlflow=null"])
@@ -166,11 +173,11 @@ def step_overhead(steps: int) -> dict:
             times[name].append((seconds, report.stage_seconds.get("store", 0.0), embed_cpu))
     out = {}
     for name, rows in times.items():
-        rows = rows[2:]  # warm-up
+        rows = rows[min(2, steps // 3):]  # warm-up
         out[name] = {"step_s_median": float(np.median([r[0] for r in rows])),
                      "store_stage_s": float(np.mean([r[1] for r in rows])),
                      "embed_cpu_s": float(np.mean([r[2] for r in rows]))}
-    base = out["quickstart"]["step_s_median"]
+    base = out["no store"]["step_s_median"]
     for name in out:
         out[name]["wall_overhead"] = out[name]["step_s_median"] / base - 1
     return out
@@ -180,10 +187,16 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="10000,100000,1000000")
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--model", choices=sorted(STEP_PIPELINES), default="tiny-arith",
+                        help="whose step the store's overhead is measured against")
+    parser.add_argument("--overhead-only", action="store_true", help="skip the store, recall figures")
     parser.add_argument("--out", default="benchmarks/results/replay_store.json")
     args = parser.parse_args()
-    results: dict = {"overhead": step_overhead(args.steps)}
+    results: dict = {"model": args.model, "overhead": step_overhead(args.steps, args.model)}
     print(json.dumps(results["overhead"], indent=1), flush=True)
+    if args.overhead_only:
+        Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+        return
     sizes = [int(s) for s in args.sizes.split(",")]
     results["store"] = []
     for n in sizes:

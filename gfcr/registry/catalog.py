@@ -55,6 +55,7 @@ BUILTIN_ADVANTAGE_ESTIMATORS = {
     "stratified": "gfcr.stages.update.advantage.stratified:Stratified",
     "grpo_lead": "gfcr.stages.update.advantage.grpo_lead:GRPOLead",
     "xrpo": "gfcr.stages.update.advantage.xrpo:XRPO",
+    "tic_grpo": "gfcr.stages.update.advantage.tic_grpo:TICLengthCorrected",
 }
 
 BUILTIN_LOSSES = {
@@ -62,6 +63,8 @@ BUILTIN_LOSSES = {
     "gspo": "gfcr.stages.update.loss.gspo:GSPO",
     "gspo_token": "gfcr.stages.update.loss.gspo_token:GSPOToken",
     "cispo": "gfcr.stages.update.loss.cispo:CISPO",
+    "tic_grpo": "gfcr.stages.update.loss.tic_grpo:TICGRPO",
+    "tr_grpo": "gfcr.stages.update.loss.tr_grpo:TRGRPO",
 }
 
 BUILTIN_AGGREGATIONS = {

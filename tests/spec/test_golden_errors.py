@@ -214,6 +214,22 @@ CASES = [
          "n_max: 16", "stages.topup.with.std", "std: false sizes the top-up for an advantage not divided by the "
          "group's std, but the update's advantage is `mean_std`",
          "set `std: true` here, or the update's advantage to `mean`"),
+    Case("TIC-GRPO's trajectory ratio without its mean over trajectories",
+         edit(BASE, "{use: update.fake, from: keep}",
+              "{use: update.grpo, from: keep, with: {loss: {use: tic_grpo, with: {eps_high: 0.28}}}}"),
+         "tic_grpo", "update.with.aggregation.use",
+         "TIC-GRPO's objective is a mean over trajectories of one ratio each, so it needs aggregation "
+         "`seq_mean_token_mean`, not `token_mean`", "set `aggregation: {use: seq_mean_token_mean}`"),
+    Case("TIC-GRPO's clip bound left to a guess",
+         edit(BASE, "{use: update.fake, from: keep}", "{use: update.grpo, from: keep, with: "
+                                                        "{loss: {use: tic_grpo}, aggregation: {use: seq_mean_token_mean}}}"),
+         "tic_grpo", "update.with.loss.with", "loss `tic_grpo`: `eps_high` is required",
+         "write `loss: {use: tic_grpo, with: {eps_high: ...}}`"),
+    Case("TR-GRPO whose token weights are all equal (plain GRPO)",
+         edit(BASE, "{use: update.fake, from: keep}",
+              "{use: update.grpo, from: keep, with: {loss: {use: tr_grpo, with: {tau: 9.0}}}}"),
+         "tr_grpo", "update.with.loss.with", "every token weighs the same and this is plain GRPO",
+         "lower tau (e.g. 0.1111, i.e. sigmoid(9 p))"),
 ]
 
 

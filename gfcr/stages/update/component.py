@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from gfcr.errors import RegistryError, did_you_mean, known
-from gfcr.spec.problems import BOUNDS, fixable
+from gfcr.spec.problems import BOUNDS, FIXABLE, fixable
 
 
 class ComponentConfig(BaseModel):
@@ -110,6 +110,9 @@ def _config_problems(exc: ValidationError, allowed: list[str], key: str, use: st
         if err["type"] == "extra_forbidden":
             parts.append(f"unknown key `{field}`")
             fixes.append(did_you_mean(field, allowed) or f"the keys allowed are {known(allowed) or 'none'}")
+        elif err["type"] == FIXABLE:  # a Config validator that says its own fix
+            parts.append(err["ctx"]["message"])
+            fixes.append(err["ctx"]["fix"])
         elif err["type"] == "missing":
             parts.append(f"`{field}` is required")
             fixes.append(f"it has no default: write `{key}: {{use: {use}, with: {{{field}: ...}}}}` "

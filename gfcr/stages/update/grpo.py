@@ -320,7 +320,8 @@ class GRPOUpdate:
                 log_ratio = logp - correction.proximal
             else:
                 log_ratio = logp - behaviour
-            terms = self.loss.terms(log_ratio, adv.expand_as(logp), weight)
+            extra = {"logprobs": logp.detach()} if getattr(self.loss, "needs_logprobs", False) else {}
+            terms = self.loss.terms(log_ratio, adv.expand_as(logp), weight, **extra)
             per_token = terms.per_token if not cfg.off_policy else terms.per_token * correction.weight
             if self.reference is not None:
                 with torch.no_grad():

@@ -38,6 +38,8 @@ SETUP: dict[tuple[str, str], dict] = {
     ("aggregation", "seq_mean_token_sum"): {"with": {"constant": 8}},
     ("advantage", "stratified"): {"with": {"stratum_by": "finish_reason", "alpha": 0.5}},
     ("loss", "cispo"): {"with": {"eps_high": 0.28}},
+    ("loss", "tic_grpo"): {"with": {"eps_high": 0.28}},
+    ("loss", "tr_grpo"): {"with": {"tau": 0.1111}},
     ("aggregation", "lambda_grpo"): {"with": {"r": 0.5}},
     ("aggregation", "daro"): {"with": {"rollouts_per_prompt": 4}},  # the toy batch's groups of 4
 }

@@ -20,6 +20,8 @@ it. Class attributes a loss may set:
   sequence-mean aggregation);
 - ``token_corrections: bool`` (default True): whether the update's ``tis_cap`` and
   ``decoupled_clip`` are defined for it; a loss that sets False makes them a validate error.
+- ``needs_logprobs: bool`` (default False): the loss also takes ``logprobs=``, the ``[B, R]``
+  detached log-probabilities of the current policy (TR-GRPO weights tokens by them).
 """
 
 from __future__ import annotations
