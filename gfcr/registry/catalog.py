@@ -23,6 +23,7 @@ BUILTIN_STAGES = {
     "filter.finish_reason": "gfcr.stages.filter.finish_reason:FinishReasonFilter",
     "filter.beta_difficulty": "gfcr.stages.filter.beta_difficulty:BetaDifficulty",
     "filter.overlong": "gfcr.stages.filter.overlong:Overlong",
+    "filter.uniqueness": "gfcr.stages.filter.uniqueness:Uniqueness",
     "generate.sample": "gfcr.stages.generate.sample:Sample",
     "generate.fake": "gfcr.stages.testing:FakeGenerate",
     "update.grpo": "gfcr.stages.update.grpo:GRPOUpdate",
