@@ -24,6 +24,7 @@ BUILTIN_STAGES = {
     "filter.beta_difficulty": "gfcr.stages.filter.beta_difficulty:BetaDifficulty",
     "filter.overlong": "gfcr.stages.filter.overlong:Overlong",
     "filter.uniqueness": "gfcr.stages.filter.uniqueness:Uniqueness",
+    "filter.meds": "gfcr.stages.filter.meds:MEDS",
     "generate.sample": "gfcr.stages.generate.sample:Sample",
     "generate.fake": "gfcr.stages.testing:FakeGenerate",
     "update.grpo": "gfcr.stages.update.grpo:GRPOUpdate",
