@@ -144,6 +144,8 @@ def test_the_fingerprint_pass_is_charged_to_tokens_scored(policy):
     prompt = len(policy.encode(PROMPTS.get("a:0")))
     expected = (prompt + len(g.rollouts[0])) + (prompt + len(g.rollouts[1]))  # the two errors, prompt + response
     assert resources.take_tokens_scored() == expected == s.step_metrics()["tokens_fingerprinted"]
+    with pytest.raises(ValueError, match=">= 0"):
+        resources.charge_scoring(-1)
 
 
 def test_reused_shaped_and_dropped_rollouts_are_left_alone(policy):
