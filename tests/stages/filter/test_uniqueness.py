@@ -136,11 +136,14 @@ def test_embedding_needs_response_text():
 def test_the_weight_scales_the_advantage_in_update_grpo():
     policy = load_policy(PolicySpec(model="tiny-arith"))
     prompt = Prompt("a:0", text="What is 12 + 30? Answer:")
-    encode = lambda text: list(policy.tokenizer.encode(text, add_special_tokens=False)) + [policy.tokenizer.eos_token_id]
-    texts, rewards = [" 42", " 42", " 42", " 41"], [1.0, 1.0, 1.0, 0.0]
-    rollouts = [Rollout(f"a:0@s0/{i}", "a:0@s0", "a:0", encode(t), [Segment(0, len(encode(t)), 0, [-1.0] * len(encode(t)))],
-                        text=t, reward=r, correct=r == 1.0) for i, (t, r) in enumerate(zip(texts, rewards))]
-    rollouts[2].response_token_ids = encode(" 42 ")[: len(rollouts[2])]  # a third distinct correct response, same length
+
+    def make(i: int, text: str, reward: float) -> Rollout:
+        ids = list(policy.tokenizer.encode(text, add_special_tokens=False)) + [policy.tokenizer.eos_token_id]
+        return Rollout(f"a:0@s0/{i}", "a:0@s0", "a:0", ids, [Segment(0, len(ids), 0, [-1.0] * len(ids))],
+                       text=text, reward=reward, correct=reward == 1.0)
+
+    # correct: " 42" twice and "42" (other tokens) once; " 41" is wrong
+    rollouts = [make(0, " 42", 1.0), make(1, " 42", 1.0), make(2, "42", 1.0), make(3, " 41", 0.0)]
     groups = RolloutGroups([RolloutGroup("a:0@s0", "a:0", 0, 4, rollouts)])
     Uniqueness(Uniqueness.Config(clustering={"use": "exact"})).run(groups)
     assert [r.sample_weight for r in rollouts] == [0.5, 0.5, 1.0, 1.0]
