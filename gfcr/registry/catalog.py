@@ -26,6 +26,8 @@ BUILTIN_STAGES = {
     "filter.overlong": "gfcr.stages.filter.overlong:Overlong",
     "filter.d3s": "gfcr.stages.filter.d3s:D3S",
     "filter.merge_rounds": "gfcr.stages.filter.merge_rounds:MergeRounds",
+    "filter.uniqueness": "gfcr.stages.filter.uniqueness:Uniqueness",
+    "filter.meds": "gfcr.stages.filter.meds:MEDS",
     "generate.sample": "gfcr.stages.generate.sample:Sample",
     "generate.fake": "gfcr.stages.testing:FakeGenerate",
     "update.grpo": "gfcr.stages.update.grpo:GRPOUpdate",

@@ -98,6 +98,14 @@ class Resources:
         self.rollouts_charged += rollouts
         self.tokens_charged += tokens
 
+    def charge_scoring(self, tokens: int) -> None:
+        """Charge the current step with ``tokens`` tokens a stage ran through the policy itself,
+        outside the engine (``filter.meds``'s fingerprint pass): added to ``tokens_scored``, as
+        the engine's ``score`` calls are."""
+        if tokens < 0:
+            raise ValueError(f"a scoring charge must be >= 0, got {tokens} tokens")
+        self.tokens_scored += tokens
+
     def take_generation_charge(self) -> tuple[int, int]:
         """``(rollouts, tokens)`` charged since the last call (the runner calls it once a step)."""
         taken = (self.rollouts_charged, self.tokens_charged)
