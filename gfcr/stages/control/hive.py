@@ -229,7 +229,8 @@ class Hive:
         self.resources: Resources | None = None
         self._step, self._run_seed, self._policy_version = 0, 0, 0
         self._metrics: dict[str, float] = {}
-        self._entropy_sums = [0.0, 0, 0.0, 0]  # sum and count over survivors, then over kept
+        self._entropy_sums: list[float] = []  # sum and count over survivors, then over kept
+        self._reset_metrics()
 
     @property
     def seed(self) -> int:
@@ -241,6 +242,9 @@ class Hive:
 
     def before_step(self, ctx: StepContext) -> None:
         self._step, self._run_seed, self._policy_version = ctx.step, ctx.seed, ctx.policy_version
+        self._reset_metrics()
+
+    def _reset_metrics(self) -> None:
         self._metrics = dict.fromkeys(("candidates", "off_edge", "unseen", "kept_stage1", "kept_stage2",
                                        "tokens_scored"), 0)
         self._entropy_sums = [0.0, 0, 0.0, 0]
