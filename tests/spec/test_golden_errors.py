@@ -164,6 +164,15 @@ CASES = [
               "  keep:    {use: filter.nonzero_variance, from: rlep}"),
          "store: budget", "stages.rlep.with.store", "`store`: `budget` is `control.fixed_n`, not a `replay.store`",
          "add a `replay.store` stage before this one, or remove `store`"),
+    Case("control.hive with no generator recording response entropy",
+         edit(BASE, "{use: control.uniform, with: {batch_size: 4}}", "{use: control.hive, with: {batch_size: 4}}"),
+         "control.hive", "stages.pick.with", "no generate stage records per-token entropy",
+         "generate with `generate.sample` and `entropy: true`"),
+    Case("control.hive with an empty success band",
+         edit(BASE, "{use: control.uniform, with: {batch_size: 4}}",
+              "{use: control.hive, with: {batch_size: 4, min_success: 0.5, max_success: 0.5}}"),
+         "control.hive", "stages.pick.with", "min_success (0.5) must be below max_success (0.5)",
+         "lower `min_success` or raise `max_success`; the defaults are 0 and 1"),
 ]
 
 

@@ -22,9 +22,11 @@ permutation of the pool (``control.uniform``'s epochs and ``drop_last`` rule, as
    response-token entropy. A prompt never observed passes (no evidence against it). A seen
    prompt with ``p <= min_success`` or ``p >= max_success`` is off the edge and dropped
    (defaults 0 and 1: every judged rollout in the window failed, or every one succeeded).
-   The rest are ranked by the edge score ``u = p (1 - p) * H`` (reward variance, i.e.
-   intermediate difficulty, times uncertainty), unseen prompts first; the first
-   ``ceil(coarse_ratio * m)`` pass.
+   Each prompt off the edge is re-admitted with probability ``explore`` (one draw per visit,
+   seeded by ``(seed, epoch, step, crc32(prompt_id))``, so a resumed run redraws it). The
+   rest are ranked by the edge score ``u = p (1 - p) * H`` (reward variance, i.e.
+   intermediate difficulty, times uncertainty), unseen and re-admitted prompts first; the
+   first ``ceil(coarse_ratio * m)`` pass.
 2. **Online verification (fine).** Each prompt passing stage 1, with tokens
    ``x_1 .. x_L``, gets its prompt entropy under the current policy
    ``PE(x) = (1 / L) * sum_{t=1..L} H(pi(. | x_1 .. x_t))``, the mean entropy of the
@@ -40,7 +42,8 @@ and a reason (off the edge, cut at stage 1, pruned at stage 2). ``observe`` reco
 observation per group rolled out in the step (``prompt_stats.observe_group``: judged
 rollouts only; the response entropy needs ``generate.sample`` with ``entropy: true``, which
 ``gfcr validate`` requires). ``step_metrics`` reports, summed over the step's calls (a loop
-block calls it each round): ``candidates``, ``off_edge`` (dropped by the band), ``kept_stage1``,
+block calls it each round): ``candidates``, ``off_edge`` (dropped by the band), ``readmitted`` (off the edge, let
+through by ``explore``), ``kept_stage1``,
 ``kept_stage2``, ``unseen`` (kept prompts never observed), ``tokens_scored`` (the prompt
 tokens this stage scored) and, when a prompt was scored, ``prompt_entropy_mean``
 (over the stage-1 survivors) and ``prompt_entropy_kept`` (over the kept ones).
@@ -68,10 +71,11 @@ Deviations and ambiguities resolved (abstract only, see above):
   entropy averages its judged rollouts' tokens that have one (a continued prefix's tokens
   have none). A seen prompt whose window has no entropy ranks after those that have one, by
   ``p (1 - p)`` alone.
-- No exploration of dropped prompts (GRESO re-admits skipped prompts at random): a prompt
-  off the edge stays off until its window changes, which it cannot while it is not rolled
-  out; with ``min_success: 0, max_success: 1`` that is a prompt whose whole window was
-  all-correct or all-wrong.
+- Re-admission (``explore``, default 0.1, our choice; GRESO's exploration of skipped
+  prompts): without it a prompt off the edge would stay off for good, since its window only
+  changes when it is rolled out, and a prompt all wrong early in training would never be
+  tried again once the policy could solve it. Re-admitted prompts rank with the unseen:
+  their history is what is in doubt. ``explore: 0`` gives the pure rule.
 - Groups from earlier steps (replayed) are not observations of this step and are ignored;
   a prompt rolled out twice in one step (two loop rounds) is observed twice.
 
@@ -108,14 +112,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Annotated, Any, Sequence
+from typing import Annotated, Any, Collection, Sequence
 
 import numpy as np
 from pydantic import Field, model_validator
 
 from gfcr.records import Allocation, AllocationEntry, Prompt, PromptPool, PromptStats, StepContext, StepReport
 from gfcr.registry import StageConfig
-from gfcr.stages.control.prompt_stats import observe_group, stats_from_state, stats_to_state
+from gfcr.spec.problems import fixable
+from gfcr.stages.control.prompt_stats import observe_group, stats_from_state, stats_to_state, visit_draw
 from gfcr.stages.control.uniform import epoch_order, start_batch
 from gfcr.stages.resources import Engine, Resources, ScoreRequest, prompt_tokens
 
@@ -144,21 +149,33 @@ def edge_score(stats: PromptStats | None, window: int) -> tuple[float, float]:
     return sum(o.n_correct for o in history) / n, float(np.mean(entropies)) if entropies else math.nan
 
 
-def stage_one(scores: Sequence[tuple[float, float]], band: tuple[float, float], keep: int) -> tuple[list[int], set[int]]:
-    """Stage 1 over candidates' ``(p, H)``: the indices passing, best first (unseen, then by
-    ``p (1 - p) H``, then those without entropy by ``p (1 - p)``; ties in candidate order),
-    at most ``keep``; and the indices off the edge (``p`` outside the open band)."""
+def off_edge(scores: Sequence[tuple[float, float]], band: tuple[float, float]) -> set[int]:
+    """Indices of the seen candidates whose success rate ``p`` lies outside the open band."""
     low, high = band
-    off = {i for i, (p, _) in enumerate(scores) if not math.isnan(p) and not low < p < high}
+    return {i for i, (p, _) in enumerate(scores) if not math.isnan(p) and not low < p < high}
+
+
+def stage_one(scores: Sequence[tuple[float, float]], band: tuple[float, float], keep: int,
+              readmit: Collection[int] = ()) -> tuple[list[int], set[int]]:
+    """Stage 1 over candidates' ``(p, H)``: the indices passing, best first (unseen and
+    re-admitted, then by ``p (1 - p) H``, then those without entropy by ``p (1 - p)``; ties in
+    candidate order), at most ``keep``; and the indices off the edge (``p`` outside the open
+    band) that ``readmit`` does not name."""
+    off = off_edge(scores, band) - set(readmit)
 
     def key(i: int) -> tuple[int, float]:
         p, h = scores[i]
-        if math.isnan(p):
+        if math.isnan(p) or i in readmit:
             return 0, 0.0
         return (1, -p * (1 - p) * h) if math.isfinite(h) else (2, -p * (1 - p))
 
     ranked = sorted((i for i in range(len(scores)) if i not in off), key=key)
     return ranked[:keep], off
+
+
+def coarse_keep(coarse_ratio: float, candidates: int) -> int:
+    """``ceil(coarse_ratio * candidates)``, without float noise (0.07 * 100 is 7, not 8)."""
+    return math.ceil(round(coarse_ratio * candidates, 9))
 
 
 def stage_two(entropies: Sequence[float], keep: int) -> list[int]:
@@ -194,19 +211,22 @@ class Hive:
             "last observations (groups) per prompt the historical statistics average; checkpointed"))] = 4
         temperature: Annotated[float, Field(gt=0.0, description=(
             "temperature of the distribution whose entropy is the prompt entropy"))] = 1.0
+        explore: Probability = Field(0.1, description=(
+            "probability that a prompt off the edge is re-admitted to stage 1 at a visit, ranked with the unseen"))
         n_rollouts: Annotated[int, Field(ge=1, description="rollouts marked per kept prompt")] = 1
-        seed: int | None = Field(None, description="permutation seed; default: the run's seed")
+        seed: int | None = Field(None, description="permutation and re-admission seed; default: the run's seed")
 
         @model_validator(mode="after")
         def _band_is_open(self) -> "Hive.Config":
             if self.min_success >= self.max_success:
-                raise ValueError(f"min_success ({self.min_success}) must be below max_success ({self.max_success}): "
-                                 "no success rate would be on the edge; the defaults are 0 and 1")
-            if math.ceil(self.coarse_ratio * self.candidate_ratio * self.batch_size) < self.batch_size:
-                raise ValueError(f"stage 1 keeps at most ceil(coarse_ratio * candidate_ratio * batch_size) = "
-                                 f"{math.ceil(self.coarse_ratio * self.candidate_ratio * self.batch_size)} prompts, "
-                                 f"fewer than batch_size ({self.batch_size}): raise coarse_ratio to at least "
-                                 f"{1 / self.candidate_ratio:g} or candidate_ratio")
+                raise fixable(f"min_success ({self.min_success:g}) must be below max_success ({self.max_success:g}): "
+                              "no success rate would be on the edge",
+                              "lower `min_success` or raise `max_success`; the defaults are 0 and 1")
+            cap = coarse_keep(self.coarse_ratio, self.candidate_ratio * self.batch_size)
+            if cap < self.batch_size:
+                raise fixable(f"stage 1 keeps at most ceil(coarse_ratio * candidate_ratio * batch_size) = {cap} "
+                              f"prompts, fewer than batch_size ({self.batch_size})",
+                              f"raise `coarse_ratio` to at least {1 / self.candidate_ratio:g}, or `candidate_ratio`")
             return self
 
     @staticmethod
@@ -245,8 +265,8 @@ class Hive:
         self._reset_metrics()
 
     def _reset_metrics(self) -> None:
-        self._metrics = dict.fromkeys(("candidates", "off_edge", "unseen", "kept_stage1", "kept_stage2",
-                                       "tokens_scored"), 0)
+        self._metrics = dict.fromkeys(("candidates", "off_edge", "readmitted", "unseen", "kept_stage1",
+                                       "kept_stage2", "tokens_scored"), 0)
         self._entropy_sums = [0.0, 0, 0.0, 0]
 
     # --- selection ---------------------------------------------------------------------------
@@ -255,15 +275,19 @@ class Hive:
         cfg = self.config
         m = cfg.candidate_ratio * cfg.batch_size
         self.epoch, self.cursor = start_batch(self.epoch, self.cursor, m, len(pool))
-        candidates = [pool[int(i)] for i in epoch_order(self.seed, self.epoch, len(pool))[self.cursor : self.cursor + m]]
+        order = epoch_order(self.seed, self.epoch, len(pool))[self.cursor : self.cursor + m]
+        candidates = [pool[int(i)] for i in order]
         self.cursor += m
         scores = [edge_score(self.stats.get(p.prompt_id), cfg.history_size) for p in candidates]
-        survivors, off = stage_one(scores, (cfg.min_success, cfg.max_success), math.ceil(cfg.coarse_ratio * m))
+        band = (cfg.min_success, cfg.max_success)
+        readmit = {i for i in off_edge(scores, band)
+                   if visit_draw(self.seed, self.epoch, self._step, candidates[i].prompt_id) < cfg.explore}
+        survivors, off = stage_one(scores, band, coarse_keep(cfg.coarse_ratio, m), readmit)
         entropies = self.prompt_entropies([candidates[i] for i in survivors])
         kept = [survivors[j] for j in stage_two(entropies, cfg.batch_size)]
         pe = dict(zip(survivors, entropies))
-        self._count(len(candidates), off, survivors, kept, scores, pe)
-        reasons = self._reasons(len(candidates), scores, off, survivors, kept, pe)
+        self._count(len(candidates), off, readmit, survivors, kept, scores, pe)
+        reasons = self._reasons(len(candidates), scores, off, readmit, survivors, kept, pe)
         order = kept + [i for i in range(len(candidates)) if i not in set(kept)]
         entries = tuple(AllocationEntry(candidates[i], cfg.n_rollouts if i in set(kept) else 0, reason=reasons[i])
                         for i in order)
@@ -284,11 +308,12 @@ class Hive:
             return prompt_tokens(self.resources.require_policy(ALIAS), prompt)
         return prompt.prompt_token_ids or []
 
-    def _count(self, candidates: int, off: set[int], survivors: list[int], kept: list[int],
+    def _count(self, candidates: int, off: set[int], readmit: set[int], survivors: list[int], kept: list[int],
                scores: list[tuple[float, float]], pe: dict[int, float]) -> None:
         m = self._metrics
         m["candidates"] += candidates
         m["off_edge"] += len(off)
+        m["readmitted"] += len(readmit)
         m["unseen"] += sum(math.isnan(scores[i][0]) for i in kept)
         m["kept_stage1"] += len(survivors)
         m["kept_stage2"] += len(kept)
@@ -298,8 +323,8 @@ class Hive:
         sums[2] += sum(pe[i] for i in kept)
         sums[3] += len(kept)
 
-    def _reasons(self, n: int, scores: list[tuple[float, float]], off: set[int], survivors: list[int],
-                 kept: list[int], pe: dict[int, float]) -> list[str]:
+    def _reasons(self, n: int, scores: list[tuple[float, float]], off: set[int], readmit: set[int],
+                 survivors: list[int], kept: list[int], pe: dict[int, float]) -> list[str]:
         cfg = self.config
         rank1 = {i: r + 1 for r, i in enumerate(survivors)}
         rank2 = {i: r + 1 for r, i in enumerate(sorted(survivors, key=lambda i: (-pe[i], rank1[i])))}
@@ -307,6 +332,7 @@ class Hive:
         for i in range(n):
             p, h = scores[i]
             history = "unseen" if math.isnan(p) else f"success {p:.3f}, response entropy {h:.4f}"
+            history += ", re-admitted off the edge" if i in readmit else ""
             if i in off:
                 out.append(f"hive: off the edge ({history}; band ({cfg.min_success:g}, {cfg.max_success:g}))")
             elif i not in rank1:

@@ -14,6 +14,9 @@ streaks, ``beta_alpha`` / ``beta_beta``); this module holds the functions around
   ``beta <- lam * beta + (1 - lam) * beta0 + (n - s)`` for ``s`` successes out of ``n``;
   ``lam = 1`` is the plain conjugate update, ``lam < 1`` forgets toward the prior.
 - ``beta_mean``: the posterior mean ``alpha / (alpha + beta)``.
+- ``visit_draw``: the seeded uniform draw of one visit of a prompt (GRESO's skip, HIVE's
+  re-admission), a pure function of ``(seed, epoch, step, crc32(prompt_id))``, so a resumed
+  run redraws it exactly.
 - ``stats_to_state`` / ``stats_from_state``: ``PromptStats`` to JSON-safe data and back
   (enums as strings, NaN as None), what a stage's ``state_dict`` stores.
 
@@ -33,6 +36,7 @@ True
 from __future__ import annotations
 
 import math
+import zlib
 from collections import deque
 from dataclasses import fields
 from enum import Enum
@@ -91,6 +95,11 @@ def beta_update(stats: PromptStats, successes: int, n: int, decay: float,
 def beta_mean(stats: PromptStats) -> float:
     """The posterior mean success rate ``alpha / (alpha + beta)``."""
     return stats.beta_alpha / (stats.beta_alpha + stats.beta_beta)
+
+
+def visit_draw(seed: int, epoch: int, step: int, prompt_id: str) -> float:
+    """The uniform [0, 1) draw of one visit of a prompt, a pure function of where it happens."""
+    return float(np.random.default_rng([seed, epoch, step, zlib.crc32(prompt_id.encode())]).random())
 
 
 def _plain(value: Any) -> Any:

@@ -19,7 +19,7 @@ from gfcr.errors import GraphError
 from gfcr.graph import load_pipeline
 from gfcr.records import (Observation, Prompt, PromptPool, PromptStats, Rollout, RolloutGroup, Segment,
                           StepContext, StepReport, group_id, rollout_id)
-from gfcr.stages.control.hive import Hive, edge_score, prompt_entropy_request, stage_one, stage_two
+from gfcr.stages.control.hive import Hive, coarse_keep, edge_score, prompt_entropy_request, stage_one, stage_two
 from gfcr.stages.control.prompt_stats import observe_group, stats_from_state, stats_to_state
 from gfcr.stages.engine import Scored, ScoreRequest
 from gfcr.stages.resources import Resources
@@ -88,6 +88,40 @@ def test_stage_one_band_is_open_at_both_ends():
     assert kept == [0, 7, 1, 6]
 
 
+def test_stage_one_ranks_re_admitted_prompts_with_the_unseen():
+    # 3 (all correct) re-admitted: it joins the unseen 0 and 7 at the front, in candidate order
+    kept, off = stage_one(SCORES, (0.0, 1.0), keep=4, readmit={3})
+    assert off == {4} and kept == [0, 3, 7, 1]
+    # naming a prompt that is on the edge changes its rank: 2 (u = 0.1875) moves up among the unseen
+    assert stage_one(SCORES, (0.0, 1.0), keep=4, readmit={2})[0] == [0, 2, 7, 1]
+
+
+def test_off_edge_prompts_are_re_admitted_by_seeded_draws():
+    from gfcr.stages.control.prompt_stats import visit_draw
+
+    pool = pool_of(list(range(2, 10)))  # 8 prompts, all seen and all correct: every one off the edge
+    config = dict(batch_size=4, candidate_ratio=2, seed=0)
+    for explore, expect in [(0.0, 0), (1.0, 8)]:
+        stage = Hive(Hive.Config(**config, explore=explore))
+        stage.setup(Resources(engine=FirstTokenEngine()))
+        stage.stats = {f"p:{i}": stats_of(obs(4, 4, 1.0)) for i in range(8)}
+        alloc = call(stage, 3, pool)
+        assert stage.step_metrics()["readmitted"] == expect and stage.step_metrics()["off_edge"] == 8 - expect
+        assert len(alloc.active()) == min(expect, 4)
+    stage = Hive(Hive.Config(**config, explore=0.5))
+    stage.setup(Resources(engine=FirstTokenEngine()))
+    stage.stats = {f"p:{i}": stats_of(obs(4, 4, 1.0)) for i in range(8)}
+    alloc = call(stage, 3, pool)
+    drawn = {f"p:{i}" for i in range(8) if visit_draw(0, 0, 3, f"p:{i}") < 0.5}
+    readmitted = {e.prompt_id for e in alloc if "re-admitted" in e.reason}
+    assert readmitted == drawn and stage.step_metrics()["readmitted"] == len(drawn) == 3  # 3 of the 8 draws < 0.5
+
+
+def test_stage_one_s_cap_is_a_ceiling_without_float_noise():
+    assert coarse_keep(0.5, 64) == 32 and coarse_keep(0.5, 7) == 4 and coarse_keep(0.7, 10) == 7
+    assert coarse_keep(0.07, 100) == 7  # 0.07 * 100 = 7.000000000000001 in floats: a plain ceil gives 8
+
+
 def test_stage_one_ties_keep_candidate_order():
     kept, _ = stage_one([(0.5, 1.0), (0.5, 1.0), (0.5, 1.0)], (0.0, 1.0), keep=2)
     assert kept == [0, 1]
@@ -137,7 +171,7 @@ def call(stage: Hive, step: int, pool: PromptPool):
 def test_a_call_on_hand_values():
     # 4 candidates (the whole pool, one epoch), batch 2, stage 1 keeps ceil(0.75 * 4) = 3
     pool = pool_of([2, 8, 4, 16])
-    stage = Hive(Hive.Config(batch_size=2, candidate_ratio=2, coarse_ratio=0.75, seed=0))
+    stage = Hive(Hive.Config(batch_size=2, candidate_ratio=2, coarse_ratio=0.75, explore=0.0, seed=0))
     engine = FirstTokenEngine()
     resources = Resources(engine=engine)
     stage.setup(resources)
@@ -178,7 +212,7 @@ def test_metrics_sum_over_the_rounds_of_a_step_and_reset_at_the_next():
 
 def test_nothing_on_the_edge_scores_nothing_and_keeps_nothing():
     pool = pool_of([2, 3])
-    stage = Hive(Hive.Config(batch_size=1, candidate_ratio=2, seed=0))
+    stage = Hive(Hive.Config(batch_size=1, candidate_ratio=2, explore=0.0, seed=0))
     engine = FirstTokenEngine()
     stage.setup(Resources(engine=engine))
     stage.stats = {"p:0": stats_of(obs(4, 0, 1.0)), "p:1": stats_of(obs(4, 4, 1.0))}
@@ -279,13 +313,15 @@ def test_state_round_trip_gives_the_same_next_call():
 # --- misconfiguration -------------------------------------------------------------------------
 
 def test_a_closed_band_is_refused():
-    with pytest.raises(ValidationError, match=r"min_success \(0.6\) must be below max_success \(0.4\)"):
+    with pytest.raises(ValidationError,
+                       match=r"min_success \(0.6\) must be below max_success \(0.4\).*defaults are 0 and 1"):
         Hive.Config(batch_size=4, min_success=0.6, max_success=0.4)
 
 
 def test_a_stage_one_smaller_than_the_batch_is_refused():
     # ceil(0.2 * 2 * 4) = 2 < 4: the batch could never fill
-    with pytest.raises(ValidationError, match="fewer than batch_size .4.: raise coarse_ratio to at least 0.5"):
+    with pytest.raises(ValidationError,
+                       match="= 2 prompts, fewer than batch_size .4.; raise `coarse_ratio` to at least 0.5"):
         Hive.Config(batch_size=4, candidate_ratio=2, coarse_ratio=0.2)
     assert Hive.Config(batch_size=4, candidate_ratio=2, coarse_ratio=0.5).coarse_ratio == 0.5
 

@@ -83,7 +83,8 @@ def test_every_step_reports_what_the_selector_decided_on(full_runs, name):
     records = _metrics(full_runs[name])
     assert [r["step"] for r in records] == list(range(6))
     for r in records:
-        assert all(isinstance(r[REPORTED_AS.get(name, "control")]["pick"][key], (int, float)) for key in DECISIONS[name])
+        decided = r[REPORTED_AS.get(name, "control")]["pick"]
+        assert all(isinstance(decided[key], (int, float)) for key in DECISIONS[name])
 
 
 def test_sgpo_s_profile_is_charged_to_step_0_and_its_group_sizes_reach_the_generator(full_runs):
