@@ -41,12 +41,13 @@ Every candidate is in the Allocation: the kept ones first, the others with ``n_r
 and a reason (off the edge, cut at stage 1, pruned at stage 2). ``observe`` records one
 observation per group rolled out in the step (``prompt_stats.observe_group``: judged
 rollouts only; the response entropy needs ``generate.sample`` with ``entropy: true``, which
-``gfcr validate`` requires). ``step_metrics`` reports, summed over the step's calls (a loop
-block calls it each round): ``candidates``, ``off_edge`` (dropped by the band), ``readmitted`` (off the edge, let
-through by ``explore``), ``kept_stage1``,
-``kept_stage2``, ``unseen`` (kept prompts never observed), ``tokens_scored`` (the prompt
-tokens this stage scored) and, when a prompt was scored, ``prompt_entropy_mean``
-(over the stage-1 survivors) and ``prompt_entropy_kept`` (over the kept ones).
+``gfcr validate`` requires). ``step_metrics`` (``stages.<id>`` in ``metrics.jsonl``, and
+MLflow) reports, summed over the step's calls (a loop block calls it each round):
+``candidates``, ``off_edge`` (dropped by the band), ``readmitted`` (off the edge, let through
+by ``explore``), ``kept_stage1``, ``kept_stage2``, ``unseen`` (kept prompts never observed),
+``tokens_scored`` (the prompt tokens this stage scored) and, when a prompt was scored,
+``prompt_entropy_mean`` (over the stage-1 survivors) and ``prompt_entropy_kept`` (over the
+kept ones).
 
 With the defaults, 64 candidates for a batch of 16 become at most 32 after stage 1 and 16
 after stage 2.
@@ -71,6 +72,10 @@ Deviations and ambiguities resolved (abstract only, see above):
   entropy averages its judged rollouts' tokens that have one (a continued prefix's tokens
   have none). A seen prompt whose window has no entropy ranks after those that have one, by
   ``p (1 - p)`` alone.
+- Unseen prompts rank first (GRESO never skips a prompt without history): while a candidate
+  batch holds more unseen prompts than stage 1 keeps (the first epoch, or a pool much larger
+  than what has been rolled out), stage 1 passes only unseen ones and stage 2 alone chooses
+  among them; the history steers once the candidates are mostly seen.
 - Re-admission (``explore``, default 0.1, our choice; GRESO's exploration of skipped
   prompts): without it a prompt off the edge would stay off for good, since its window only
   changes when it is rolled out, and a prompt all wrong early in training would never be
