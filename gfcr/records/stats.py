@@ -3,6 +3,7 @@ posteriors, GDRO bins, lifecycle). Owned and checkpointed by those stages."""
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -28,6 +29,9 @@ class Observation:
     reward_std: float
     mean_length: float = 0.0
     source: ObservationSource = ObservationSource.TRAIN
+    # mean entropy of the sampling distribution over the group's response tokens (HIVE's
+    # "response entropy"); NaN when the generator did not record per-token entropy
+    mean_entropy: float = math.nan
 
     @property
     def all_correct(self) -> bool:

@@ -17,6 +17,7 @@ BUILTIN_STAGES = {
     "control.vade": "gfcr.stages.control.vade:Vade",
     "control.sgpo": "gfcr.stages.control.sgpo:Sgpo",
     "control.dars": "gfcr.stages.control.dars:Dars",
+    "control.hive": "gfcr.stages.control.hive:Hive",
     "control.stop_at_target": "gfcr.stages.control.stop_at_target:StopAtTarget",
     "filter.nonzero_variance": "gfcr.stages.filter.nonzero_variance:NonzeroVariance",
     "filter.dynamic_sampling": "gfcr.stages.filter.dynamic_sampling:DynamicSampling",

@@ -230,6 +230,15 @@ CASES = [
               "{use: update.grpo, from: keep, with: {loss: {use: tr_grpo, with: {tau: 9.0}}}}"),
          "tr_grpo", "update.with.loss.with", "every token weighs the same and this is plain GRPO",
          "lower tau (e.g. 0.1111, i.e. sigmoid(9 p))"),
+    Case("control.hive with no generator recording response entropy",
+         edit(BASE, "{use: control.uniform, with: {batch_size: 4}}", "{use: control.hive, with: {batch_size: 4}}"),
+         "control.hive", "stages.pick.with", "no generate stage records per-token entropy",
+         "generate with `generate.sample` and `entropy: true`"),
+    Case("control.hive with an empty success band",
+         edit(BASE, "{use: control.uniform, with: {batch_size: 4}}",
+              "{use: control.hive, with: {batch_size: 4, min_success: 0.5, max_success: 0.5}}"),
+         "control.hive", "stages.pick.with", "min_success (0.5) must be below max_success (0.5)",
+         "lower `min_success` or raise `max_success`; the defaults are 0 and 1"),
 ]
 
 

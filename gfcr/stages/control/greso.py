@@ -80,16 +80,14 @@ YAML:
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-import numpy as np
 from pydantic import Field, model_validator
 
 from gfcr.records import Allocation, AllocationEntry, Prompt, PromptPool, PromptStats, StepContext, StepReport
 from gfcr.registry import StageConfig
-from gfcr.stages.control.prompt_stats import observe_group, stats_from_state, stats_to_state
+from gfcr.stages.control.prompt_stats import observe_group, stats_from_state, stats_to_state, visit_draw
 from gfcr.stages.control.uniform import epoch_order, start_batch
 
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
@@ -105,11 +103,6 @@ def skip_probability(stats: PromptStats | None, p_easy: float, p_hard: float,
         if streak > 0:
             return 1.0 - max(p**streak, min_keep_probability), kind
     return 0.0, None
-
-
-def visit_draw(seed: int, epoch: int, step: int, prompt_id: str) -> float:
-    """The uniform [0, 1) draw of one visit of a prompt, a pure function of where it happens."""
-    return float(np.random.default_rng([seed, epoch, step, zlib.crc32(prompt_id.encode())]).random())
 
 
 @dataclass(frozen=True, slots=True)

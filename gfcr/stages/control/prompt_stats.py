@@ -6,12 +6,17 @@ The record itself is ``gfcr.records.PromptStats`` (history ring buffer, GRESO's 
 streaks, ``beta_alpha`` / ``beta_beta``); this module holds the functions around it:
 
 - ``observe_group``: the ``Observation`` a group makes of its prompt, counting only the
-  rollouts a verifier judged (``rollout.correct`` not None); None when none was judged.
+  rollouts a verifier judged (``rollout.correct`` not None); None when none was judged. Its
+  ``mean_entropy`` is the mean per-token entropy over those rollouts' response tokens whose
+  entropy the generator recorded (``generate.sample`` with ``entropy: true``), NaN when none.
 - ``beta_update``: the decayed Beta update of MoPPS (Qu et al., 2025, arXiv 2507.04632),
   ``alpha <- lam * alpha + (1 - lam) * alpha0 + s`` and
   ``beta <- lam * beta + (1 - lam) * beta0 + (n - s)`` for ``s`` successes out of ``n``;
   ``lam = 1`` is the plain conjugate update, ``lam < 1`` forgets toward the prior.
 - ``beta_mean``: the posterior mean ``alpha / (alpha + beta)``.
+- ``visit_draw``: the seeded uniform draw of one visit of a prompt (GRESO's skip, HIVE's
+  re-admission), a pure function of ``(seed, epoch, step, crc32(prompt_id))``, so a resumed
+  run redraws it exactly.
 - ``stats_to_state`` / ``stats_from_state``: ``PromptStats`` to JSON-safe data and back
   (enums as strings, NaN as None), what a stage's ``state_dict`` stores.
 
@@ -31,12 +36,17 @@ True
 from __future__ import annotations
 
 import math
+import zlib
 from collections import deque
 from dataclasses import fields
 from enum import Enum
-from typing import Any
+from typing import Any, Sequence
 
-from gfcr.records import Lifecycle, Observation, ObservationSource, PromptStats, RolloutGroup
+import numpy as np
+
+from gfcr.records import Lifecycle, Observation, ObservationSource, PromptStats, Rollout, RolloutGroup
+
+NAN_FIELDS = ("mean_reward", "reward_std", "mean_entropy")  # Observation floats stored as None when NaN
 
 
 def observe_group(group: RolloutGroup, policy_version: int) -> Observation | None:
@@ -48,7 +58,17 @@ def observe_group(group: RolloutGroup, policy_version: int) -> Observation | Non
     stats = group.stats
     return Observation(step=group.step, policy_version=policy_version, n=len(judged),
                        n_correct=sum(bool(r.correct) for r in judged), mean_reward=stats.reward_mean,
-                       reward_std=stats.reward_std, mean_length=stats.mean_length)
+                       reward_std=stats.reward_std, mean_length=stats.mean_length,
+                       mean_entropy=response_entropy(judged))
+
+
+def response_entropy(rollouts: Sequence[Rollout]) -> float:
+    """Mean token entropy over the rollouts' response tokens with a recorded (finite) entropy,
+    every token weighing the same; NaN when no token has one."""
+    parts = [r.token_entropy for r in rollouts if r.token_entropy is not None]
+    values = np.concatenate(parts) if parts else np.zeros(0)
+    values = values[np.isfinite(values)]
+    return float(values.mean()) if values.size else math.nan
 
 
 def stats_with_prior(stats: dict[str, PromptStats], prompt_id: str, history_size: int,
@@ -77,6 +97,11 @@ def beta_mean(stats: PromptStats) -> float:
     return stats.beta_alpha / (stats.beta_alpha + stats.beta_beta)
 
 
+def visit_draw(seed: int, epoch: int, step: int, prompt_id: str) -> float:
+    """The uniform [0, 1) draw of one visit of a prompt, a pure function of where it happens."""
+    return float(np.random.default_rng([seed, epoch, step, zlib.crc32(prompt_id.encode())]).random())
+
+
 def _plain(value: Any) -> Any:
     """A JSON-safe form of a PromptStats or Observation field (enums as strings, NaN as None)."""
     if isinstance(value, Enum):
@@ -97,8 +122,7 @@ def stats_from_state(state: dict[str, Any]) -> PromptStats:
     """The inverse of ``stats_to_state``."""
     history = deque(
         Observation(**{**o, "source": ObservationSource(o["source"]),
-                       "mean_reward": math.nan if o["mean_reward"] is None else o["mean_reward"],
-                       "reward_std": math.nan if o["reward_std"] is None else o["reward_std"]})
+                       **{k: math.nan for k in NAN_FIELDS if k in o and o[k] is None}})
         for o in state["history"]
     )
     return PromptStats(**{**state, "history": history, "lifecycle": Lifecycle(state["lifecycle"])})

@@ -1,4 +1,4 @@
-"""The prompt selectors (MoPPS, VADE, sGPO) in real runs of the tiny-arith policy: their
+"""The prompt selectors (MoPPS, VADE, sGPO, HIVE) in real runs of the tiny-arith policy: their
 per-step decisions in ``metrics.jsonl`` and MLflow, sGPO's profile charged to step 0's
 generated tokens, and resume (from a checkpoint, and after a SIGKILL mid-run) giving the
 metrics of an uninterrupted run."""
@@ -24,7 +24,7 @@ BASE = textwrap.dedent("""\
     data: {{source: arithmetic, with: {{n: 40, seed: 0, digits: 2, operators: ["+", "-"]}}}}
     stages:
       pick:    {pick}
-    {budget}  rollout: {{use: generate.sample, from: {rollout_from}, with: {{max_new_tokens: 8}}}}
+    {budget}  rollout: {{use: generate.sample, from: {rollout_from}, with: {{max_new_tokens: 8{entropy}}}}}
       reward:  {{use: filter.verify, from: rollout}}
     update: {{use: update.grpo, from: reward, with: {{lr: 3.0e-4, loss: {{use: ppo_clip, with: {{clip: [0.2, 0.28]}}}}}}}}
     run: {{steps: 6, seed: 0, checkpoint_every: 2}}
@@ -36,16 +36,21 @@ SELECTORS = {
     "vade": ("{use: control.vade, with: {batch_size: 4, slow_decay: 0.9}}", True),
     "sgpo": ("{use: control.sgpo, with: {batch_size: 4, profile_samples: 4, phase_steps: [2, 4], "
              "unsolved_rate: 0.5, max_new_tokens: 8}}", False),
+    "hive": ("{use: control.hive, with: {batch_size: 4, candidate_ratio: 2}}", True),
 }
+NEEDS_ENTROPY = {"hive"}  # stage 1 ranks by the response entropy generate.sample records
 # what each selector decided on, reported every step under control.pick
 DECISIONS = {"mopps": ("posterior_mean", "draw_mean"), "vade": ("posterior_mean", "gain_mean", "unseen"),
-             "sgpo": ("phase", "group_size", "predicted_success", "trivial", "learnable_g2")}
+             "sgpo": ("phase", "group_size", "predicted_success", "trivial", "learnable_g2"),
+             "hive": ("candidates", "off_edge", "kept_stage1", "kept_stage2", "prompt_entropy_mean", "tokens_scored")}
+REPORTED_AS = {"hive": "stages"}  # step_metrics (stages.<id>); the others: the Allocation's controller_state
 
 
 def spec_text(name: str) -> str:
     pick, fixed = SELECTORS[name]
     return BASE.format(name=f"{name}-small", pick=pick, budget=FIXED if fixed else "",
-                       rollout_from="budget" if fixed else "pick")
+                       rollout_from="budget" if fixed else "pick",
+                       entropy=", entropy: true" if name in NEEDS_ENTROPY else "")
 
 
 def write_spec(tmp_path: Path, name: str) -> Path:
@@ -78,7 +83,8 @@ def test_every_step_reports_what_the_selector_decided_on(full_runs, name):
     records = _metrics(full_runs[name])
     assert [r["step"] for r in records] == list(range(6))
     for r in records:
-        assert all(isinstance(r["control"]["pick"][key], (int, float)) for key in DECISIONS[name])
+        decided = r[REPORTED_AS.get(name, "control")]["pick"]
+        assert all(isinstance(decided[key], (int, float)) for key in DECISIONS[name])
 
 
 def test_sgpo_s_profile_is_charged_to_step_0_and_its_group_sizes_reach_the_generator(full_runs):
@@ -114,6 +120,14 @@ def test_a_sigkilled_run_resumes_to_the_metrics_of_an_uninterrupted_run(full_run
     assert [r["step"] for r in _metrics(run_dir)] == [0, 1, 2, 3, 4]
     Run.resume(run_dir).train()
     assert _without_time(_metrics(run_dir)) == _without_time(_metrics(full_runs[name]))
+
+
+def test_hive_s_prompt_entropy_pass_is_counted_in_the_step_s_scored_tokens(full_runs):
+    for r in _metrics(full_runs["hive"]):
+        pick = r["stages"]["pick"]
+        assert r["tokens_scored"] == pick["tokens_scored"] > 0  # the only stage that scores here
+        assert (pick["candidates"], pick["kept_stage2"]) == (8, 4)
+        assert pick["kept_stage2"] <= pick["kept_stage1"] <= pick["candidates"] - pick["off_edge"]
 
 
 def test_mlflow_records_the_decisions_per_step(tmp_path):
