@@ -131,7 +131,8 @@ class GdroRollout:
         min_rollouts: Annotated[int, Field(ge=1, description="n_min: the smallest arm (group size)")] = 2
         max_rollouts: Annotated[int, Field(ge=1, description="n_max: the largest arm (the scripts' 3 * n_bar)")] = 12
         eta: Annotated[float, Field(gt=0.0, description="EXP3P learning rate on the arm scores")] = 0.65
-        gamma: Annotated[float, Field(ge=0.0, le=1.0, description="EXP3P uniform exploration mixed into each bin's arms")] = 0.01
+        gamma: Annotated[float, Field(ge=0.0, le=1.0, description=(
+            "EXP3P uniform exploration mixed into each bin's arms"))] = 0.01
         dual_step: Annotated[float, Field(ge=0.0, description=(
             "alpha_mu: step of the dual price, mu <- mu + alpha_mu (n_hat - n_bar)"))] = 0.05
         initial_dual: float = Field(0.0, description="mu at the start of the run")

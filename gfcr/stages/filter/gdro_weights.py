@@ -100,7 +100,8 @@ class GdroWeights:
 
     class Config(StageConfig):
         eta_q: Annotated[float, Field(gt=0.0, description="learning rate of the exponential bin weights")] = 0.65
-        gamma: Annotated[float, Field(ge=0.0, le=1.0, description="uniform exploration mixed into the bin weights")] = 0.01
+        gamma: Annotated[float, Field(ge=0.0, le=1.0, description=(
+            "uniform exploration mixed into the bin weights"))] = 0.01
         max_weight: Annotated[float, Field(gt=0.0, description="omega_max: cap on a sample's weight after "
                                                                "renormalising to mean 1")] = 15.0
         ema: Annotated[float, Field(gt=0.0, le=1.0, description="beta: EMA step of the bin scores")] = 0.12
@@ -161,7 +162,8 @@ class GdroWeights:
         total = sum(len(v) for v in losses.values())
         for b, values in sorted(losses.items()):
             if values:
-                self._score(b, float(np.mean(values)) / (len(values) / total if self.config.normalize_by_share else 1.0))
+                share = len(values) / total if self.config.normalize_by_share else 1.0
+                self._score(b, float(np.mean(values)) / share)
         self.classifier.observe(report.groups, report.step)
         self._assigned = {}
 
