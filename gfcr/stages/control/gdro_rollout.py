@@ -11,8 +11,7 @@ Each call:
 
 1. bins every kept prompt with the online pass@k classifier (``passk_bins``: window ``H``,
    edges, hysteresis ``delta``). The windows hold the groups of *earlier* steps only (they
-   learn in ``observe``), so the allocation uses the bins as of the previous step, as the
-   reference does;
+   learn in ``observe``): the allocation uses each prompt's bin as of the previous step;
 2. gives each bin ``b`` the arm probabilities of its EXP3P over the arms
    ``A = {n_min, ..., n_max}``: ``p_b(a) = (1 - gamma) softmax(eta * s_b)(a) + gamma / |A|``;
 3. picks, by a dynamic program over the bins present, the arms ``n_b`` of maximum joint
@@ -49,10 +48,17 @@ Deviations:
   keeping the first combination found; the softmax subtracts its maximum (same value,
   no overflow). The reference falls back to the nearest total when none is exact; here
   ``n_bar`` must be an arm, so the total is always exact.
+- The reference keeps the per-prompt bin list of step ``t - 1``'s batch and applies it *by
+  position* to step ``t``'s batch (other prompts, under a shuffled loader), so its
+  allocation follows the previous batch's bin counts, not the current prompts' own bins;
+  its first step is uniform. Here every current prompt gets its own bin from the windows
+  through step ``t - 1`` (a prompt never seen has pass@k 0, bin 0, as in the reference), and
+  the first step is uniform too (every prompt in bin 0, uniform arms, ties to ``n_bar``).
 - ``n_hat`` counts the rollouts generated for this stage's prompts (loop rounds and
-  filters' removals included). With the exact DP it equals ``n_bar`` unless generation
-  returned fewer rollouts than allocated, so ``mu`` moves only then; the reference's
-  realized count was not read (its trainer was too long to read here).
+  filters' removals included). The reference computes it from the allocation itself
+  (``sum_b count_b n_b / |batch|``), which the exact DP makes ``n_bar`` every step, so its
+  ``mu`` never leaves its start; here ``mu`` moves only when generation returns fewer
+  rollouts than allocated.
 - The classifier's hysteresis over several boundaries at once: see ``passk_bins``.
 
 Example (two prompts never seen, so both in bin 0; uniform arm probabilities, ties go to
