@@ -23,7 +23,8 @@ After the step, ``observe`` scores each chosen arm with the Lagrangian
 per-sample loss, then moves the dual price ``mu <- mu + alpha_mu (n_hat - n_bar)`` with
 ``n_hat`` the rollouts generated per kept prompt, and finally adds the step's any-correct
 indicators to the classifier. ``step_metrics`` reports ``budget`` (``n_bar * |batch|``),
-``spent`` (the rollouts allocated), ``mu`` and, per bin, its prompts and group size.
+``spent`` (the rollouts allocated), ``mu`` and, per bin, its prompts and group size; in a
+loop block the budget, spend and prompts add up over the step's rounds, each round exact.
 
 Reference (the paper's continuous relaxation, not computed here): with ``v_b`` the
 per-prompt gradient variance of bin ``b`` and ``q_b`` its batch share, the optimum of
@@ -166,9 +167,8 @@ class GdroRollout:
         self.scores = np.zeros((self.classifier.num_bins, len(config.arms)))  # [bins, arms] EXP3P scores
         self.pulls = np.zeros((self.classifier.num_bins, len(config.arms)), dtype=np.int64)  # [bins, arms]
         self.mu = config.initial_dual
-        self._assigned: dict[str, int] = {}  # prompt -> bin, this step
-        self._chosen: dict[int, int] = {}  # bin -> group size, this step
-        self._metrics: dict[str, float] = {}
+        self._assigned: dict[str, tuple[int, int]] = {}  # prompt -> (bin, group size), this step
+        self._metrics: dict[str, float] = {}  # this step's, summed over the calls of a loop block
 
     def arm_probabilities(self, b: int) -> np.ndarray:
         return arm_probabilities(self.scores[b], self.config.eta, self.config.gamma)
@@ -181,25 +181,25 @@ class GdroRollout:
         budget = cfg.mean_rollouts * len(active)
         log_probs = {b: np.log(np.maximum(self.arm_probabilities(b), 1e-300)).tolist() for b in sorted(counts)}
         chosen = best_arms({b: counts[b] for b in sorted(counts)}, cfg.arms, log_probs, budget, cfg.mean_rollouts)
-        self._assigned.update(bins)
-        self._chosen.update(chosen)
+        self._assigned.update({pid: (b, chosen[b]) for pid, b in bins.items()})
         entries = [replace(e, n_rollouts=chosen[bins[e.prompt_id]], reason=self._reason(e.reason, bins[e.prompt_id],
                                                                                        chosen))
                    if e.n_rollouts > 0 else e for e in allocation]
         spent = sum(e.n_rollouts for e in entries)
-        self._metrics = self._step_metrics(budget, spent, counts, chosen)
+        self._add_metrics(budget, spent, counts, chosen)
         return allocation.with_entries(entries)
 
     def _reason(self, before: str, b: int, chosen: dict[int, int]) -> str:
         mine = f"gdro_rollout: bin {b}, n {chosen[b]}"
         return f"{before}; {mine}" if before else mine
 
-    def _step_metrics(self, budget: int, spent: int, counts: Counter, chosen: dict[int, int]) -> dict[str, float]:
-        metrics: dict[str, float] = {"budget": budget, "spent": spent, "mu": self.mu}
+    def _add_metrics(self, budget: int, spent: int, counts: Counter, chosen: dict[int, int]) -> None:
+        """Budget, spend and prompts per bin add up over a step's calls; group sizes are the last call's."""
+        m = self._metrics
+        m["budget"], m["spent"], m["mu"] = m.get("budget", 0) + budget, m.get("spent", 0) + spent, self.mu
         for b in range(self.classifier.num_bins):
-            metrics[f"prompts_bin{b}"] = counts.get(b, 0)
-            metrics[f"n_bin{b}"] = chosen.get(b, 0)
-        return metrics
+            m[f"prompts_bin{b}"] = m.get(f"prompts_bin{b}", 0) + counts.get(b, 0)
+            m[f"n_bin{b}"] = chosen.get(b, 0)
 
     def step_metrics(self) -> dict[str, float]:
         """This step's budget, spend, dual price, and prompts and group size per bin."""
@@ -207,19 +207,19 @@ class GdroRollout:
 
     def observe(self, report: StepReport) -> None:
         mine = [g for g in report.groups if g.step == report.step and g.prompt_id in self._assigned]
-        losses: dict[int, list[float]] = {}
+        losses: dict[tuple[int, int], list[float]] = {}  # (bin, group size) -> per-sample losses
         for g in mine:
             losses.setdefault(self._assigned[g.prompt_id], []).extend(
                 1.0 - r.reward for r in g.rollouts if r.reward is not None)
-        for b, values in sorted(losses.items()):
-            if values and b in self._chosen:
-                self._score_arm(b, self._chosen[b], -float(np.mean(values)))
+        for (b, n), values in sorted(losses.items()):
+            if values:
+                self._score_arm(b, n, -float(np.mean(values)))
         prompts = len({g.prompt_id for g in mine})
         if prompts:
             n_hat = sum(len(g.generated) for g in mine) / prompts
             self.mu += self.config.dual_step * (n_hat - self.config.mean_rollouts)
         self.classifier.observe(report.groups, report.step)
-        self._assigned, self._chosen = {}, {}
+        self._assigned, self._metrics = {}, {}
 
     def _score_arm(self, b: int, n: int, j: float) -> None:
         """The reference's update of the chosen arm: ``s_b(n) -= J_b + mu (n - n_bar)``."""

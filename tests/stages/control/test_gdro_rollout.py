@@ -149,6 +149,28 @@ def test_the_next_step_uses_the_bins_learnt_from_the_previous_one_and_spends_exa
     assert stage.step_metrics()["spent"] == stage.step_metrics()["budget"] == 12
 
 
+def test_loop_rounds_add_up_in_the_step_metrics_and_each_arm_is_scored_by_its_own_groups():
+    stage = GdroRollout(GdroRollout.Config())
+    stage.run(_allocation("a", "b"))
+    stage.scores[0, stage.config.arms.index(5)] = 20.0  # bin 0 now prefers 5
+    stage.classifier.record("e", 1)  # e: pass@k 1 -> bin 2
+    # a second round of the same step: c, d in bin 0 and e in bin 2 share 12 rollouts: 2 * 5 + 2
+    assert [e.n_rollouts for e in stage.run(_allocation("c", "d", "e"))] == [5, 5, 2]
+    metrics = stage.step_metrics()
+    assert metrics["budget"] == metrics["spent"] == 8 + 12
+    assert (metrics["prompts_bin0"], metrics["prompts_bin2"], metrics["n_bin0"], metrics["n_bin2"]) == (4, 1, 5, 2)
+    stage.scores[:] = 0.0
+    groups = (scored_group("a", [1, 1, 1, 1]), scored_group("b", [1, 1, 1, 1]), scored_group("c", [0, 0, 0, 0]),
+              scored_group("d", [0, 0, 0, 0]), scored_group("e", [0, 0, 0, 0]))
+    stage.observe(StepReport("run", 0, 1, groups, None, {}, {}))
+    # pulls: (bin 0, n 4) from round 1 with loss 0 -> score 0; (0, 5) and (2, 2) from round 2 with
+    # loss 1 -> s -= (J = -1) + mu 0 -> 1 each
+    arm = stage.config.arms.index
+    assert stage.pulls[0, arm(4)] == stage.pulls[0, arm(5)] == stage.pulls[2, arm(2)] == 1 and stage.pulls.sum() == 3
+    assert (stage.scores[0, arm(4)], stage.scores[0, arm(5)], stage.scores[2, arm(2)]) == (0.0, 1.0, 1.0)
+    assert stage.step_metrics() == {}
+
+
 def test_skipped_prompts_stay_skipped_and_do_not_count_in_the_budget():
     stage = GdroRollout(GdroRollout.Config(mean_rollouts=3))
     alloc = Allocation(0, (AllocationEntry(Prompt("a", text="a"), 1), AllocationEntry(Prompt("b", text="b"), 0)))
