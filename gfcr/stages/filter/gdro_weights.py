@@ -7,7 +7,8 @@ GDRO (Panaganti et al., 2026, arXiv 2601.19280; reference ``kishanpb/verl-gdro``
 included group's ``sample_weight``, which ``update.grpo`` multiplies into every rollout's
 advantage (``A_ij <- A_ij * w``).
 
-Each call bins the included groups' prompts with the online pass@k classifier
+Each call (after a stage that scores the rollouts; an unscored rollout of an included group
+is refused with a ValueError naming its group) bins the included groups' prompts with the online pass@k classifier
 (``passk_bins``; windows hold earlier steps only). For the ``B`` bins present in the batch,
 with ``S(b)`` the bin's score (0 for a bin never scored):
 
@@ -129,6 +130,8 @@ class GdroWeights:
         weighted = [g for g in groups.included() if g.rollouts]
         if not weighted:
             return groups
+        for g in weighted:
+            _check_scored(g)
         bins = [self.classifier.assign(g.prompt_id) for g in weighted]
         q = bin_weights(self.scores, sorted(set(bins)), cfg.eta_q, cfg.gamma, cfg.score_clip)
         sizes = np.array([len(g.rollouts) for g in weighted])
@@ -178,3 +181,12 @@ class GdroWeights:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.classifier.load_state_dict(state["classifier"])
         self.scores = {int(b): float(s) for b, s in state["scores"].items()}
+
+
+def _check_scored(group: RolloutGroup) -> None:
+    """The bin scores learn from rewards: a group without them would leave the weights uniform forever."""
+    unscored = [r.rollout_id for r in group.rollouts if r.reward is None]
+    if unscored:
+        raise ValueError(f"group {group.group_id}: rollouts {', '.join(unscored)} have no reward; "
+                         "filter.gdro_weights learns its bin scores from rewards: put it after the stage that "
+                         "scores them (`from: reward`, where reward is filter.verify)")

@@ -96,6 +96,13 @@ def test_state_round_trips_through_json():
     assert again.scores == stage.scores and again.classifier.state_dict() == stage.classifier.state_dict()
 
 
+def test_unscored_rollouts_are_refused_with_the_fix():
+    group = scored_group("a", [1, 0])
+    group.rollouts[1].reward = None
+    with pytest.raises(ValueError, match=r"rollouts a@s0/1 have no reward.*put it after the stage that scores them"):
+        GdroWeights(GdroWeights.Config()).run(RolloutGroups([group]))
+
+
 def test_misconfiguration_is_loud():
     with pytest.raises(ValidationError, match="strictly increasing"):
         GdroWeights.Config(edges=(0.5, 0.5))
