@@ -1,8 +1,8 @@
 """control.fixed_n: give every selected prompt the same number of rollouts (GRPO's group size G).
 
 Prompts an upstream control skipped (``n_rollouts == 0``) stay skipped. ``gfcr validate``
-refuses it after a stage that sets each prompt's group size itself (``control.sgpo``, ``control.dars``): it
-would overwrite them.
+refuses it after a stage that sets each prompt's group size itself (``control.sgpo``,
+``control.dars``, ``control.gdro_rollout``): it would overwrite them.
 
 Deviations: none; this is GRPO's fixed group size (Shao et al., 2024, arXiv 2402.03300).
 
@@ -33,7 +33,7 @@ from gfcr.registry import StageConfig
 from gfcr.stages.update.component import Pairing
 
 # control stages that set each prompt's group size themselves
-ALLOCATORS = frozenset({"control.sgpo", "control.dars"})
+ALLOCATORS = frozenset({"control.sgpo", "control.dars", "control.gdro_rollout"})
 
 
 class FixedN:
