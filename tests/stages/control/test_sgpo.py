@@ -169,7 +169,7 @@ def test_the_profile_samples_every_prompt_under_the_initial_policy_and_charges_t
     again.setup(resources)
     call(again, 0, data)
     assert again.profile == s.profile  # seeded sampling: the same profile
-    for e in alloc:
+    for e in alloc.active():
         k = s.profile[e.prompt_id]
         assert e.reason.endswith(f"p0 {k}/4, G {e.n_rollouts}, phase 0")
 
