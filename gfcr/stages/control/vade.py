@@ -51,7 +51,7 @@ For the control lineage each entry's ``ControlReason`` is ``largest_gain`` (pick
 ``rank``) or ``smaller_gain`` (skipped), the ``gain`` as the decisive number, ``cutoff_gain``
 (the smallest chosen gain), the ``draw``, the decayed ``posterior_mean``, ``alpha`` and ``beta``.
 With every prompt a candidate only the chosen ones are listed (below), so the lineage holds
-no row for the others; the step's ``gain_min`` is the gain each of them fell below.
+no row for the others; the step's ``gain_min`` bounds their gains (none is larger).
 
 Per-step metrics go to ``controller_state`` (``control.<id>`` in ``metrics.jsonl`` and
 MLflow): ``candidates``, ``chosen``, the chosen prompts' mean / min ``gain``, mean ``draw``,
