@@ -18,8 +18,8 @@ PORT_TYPES = (Allocation, RolloutGroups, UpdateReport, Provided)
 RUNTIME_INPUTS = (PromptPool, StepContext, StepOutputs)
 
 __all__ = [
-    "Allocation", "AllocationEntry", "Budget", "ControlDecision", "ControlReason", "GroupStats", "Lifecycle", "Observation",
-    "ObservationSource", "Origin", "PORT_TYPES", "Prompt", "PromptPool", "PromptStats", "Provided",
+    "Allocation", "AllocationEntry", "Budget", "ControlDecision", "ControlReason", "GroupStats", "Lifecycle",
+    "Observation", "ObservationSource", "Origin", "PORT_TYPES", "Prompt", "PromptPool", "PromptStats", "Provided",
     "ProvidedKind", "ProvidedRollout", "Removal", "StepOutputs",
     "RUNTIME_INPUTS", "Rollout", "RolloutGroup", "RolloutGroups", "RolloutStatus", "Segment",
     "SegmentOrigin", "StepContext", "StepReport", "TreeIndex", "UpdateReport", "Verdict",

@@ -17,8 +17,8 @@ the stages that changed its rewards, advantages, loss masks, sample weights or v
 stage), and the stage that appended a rollout to a group another stage created (``added_by``: a
 Replay stage's replayed rollouts), and, per prompt, what each Control stage decided
 (``control_decisions``: the entries of its Allocation that it set, its reason and ``why``, not
-those it passed on unchanged from an upstream Allocation). An exception raised inside a stage becomes a ``StageError`` naming the stage, step,
-round and run.
+those it passed on unchanged from an upstream Allocation). An exception raised inside a stage
+becomes a ``StageError`` naming the stage, step, round and run.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ import numpy as np
 from gfcr.errors import StageError
 from gfcr.graph import CompiledPipeline, LoopBlock, Node
 from gfcr.records import (
-    Allocation, ControlDecision, PromptPool, Provided, RolloutGroup, RolloutGroups, StepContext, StepOutputs, StepReport,
-    UpdateReport,
+    Allocation, ControlDecision, PromptPool, Provided, RolloutGroup, RolloutGroups, StepContext, StepOutputs,
+    StepReport, UpdateReport,
 )
 from gfcr.registry.lifecycle import BeforeStep, EndsLoop, HostsInFlight, Observes, ReportsMetrics, SetsUp, Stateful
 from gfcr.registry.contract import Port
