@@ -8,7 +8,14 @@ version, replica, tokens, finish reason; for a reused rollout the step and polic
 original was generated at), for a replayed or cached rollout the rollout it copies ("reused
 from": its step, stage, policy version, tokens, reward; back to the generated one, a note where
 the chain leaves this run's lineage), its reward and why, its group, whether a filter kept or
-dropped it (which stage, why), its advantage, and whether it reached the update.
+dropped it (which stage, why), its advantage, and whether it reached the update. The
+"selected" link gives each Control stage's decision on the prompt at that step and why
+(``picked: closest_to_target, draw=0.48 (...)``), from the control lineage.
+
+    $ gfcr lineage runs/greso-20261130-101500 'arithmetic:train-0:443'
+
+given a prompt id instead, prints every decision any Control stage made on that prompt, step by
+step, picked or skipped and why, with the rollouts each step gave it.
 ``--json`` prints the same as one JSON object.
 """
 
@@ -29,21 +36,24 @@ from gfcr.errors import GfcrError
 
 @app.command()
 def lineage(run_dir: Annotated[Path, typer.Argument(help="a run directory made by `gfcr run`")],
-            rollout_id: Annotated[str, typer.Argument(help="a rollout id, e.g. arithmetic:train-0:443@s1/0")],
+            rollout_id: Annotated[str, typer.Argument(help=(
+                "a rollout id, e.g. arithmetic:train-0:443@s1/0, or a prompt id for its Control decisions"))],
             as_json: Annotated[bool, typer.Option("--json", help="machine-readable")] = False) -> None:
-    """Show where one rollout came from and where it went: data row, selection, generation,
-    reward, filters, advantage, update."""
-    from gfcr.tracking.lineage_chain import rollout_chain
+    """Show where one rollout came from and where it went: data row, selection and why,
+    generation, reward, filters, advantage, update; or, for a prompt id, why each Control stage
+    picked or skipped the prompt at each step."""
+    from gfcr.tracking.lineage_chain import RolloutChain, is_prompt, prompt_history, rollout_chain
 
     try:
-        chain = rollout_chain(run_dir, rollout_id)
+        chain = prompt_history(run_dir, rollout_id) if is_prompt(run_dir, rollout_id) else \
+            rollout_chain(run_dir, rollout_id)
     except GfcrError as exc:
         _fail(exc)
         raise typer.Exit(2) from None
     if as_json:
         out.print_json(json.dumps(asdict(chain), default=str))
         return
-    out.print(chain_table(chain))
+    out.print(chain_table(chain) if isinstance(chain, RolloutChain) else history_table(chain))
     for note in chain.notes:
         out.print(f"[yellow]note:[/] {escape(note)}", markup=True)
 
@@ -60,12 +70,50 @@ def chain_table(chain: Any) -> Table:
     return table
 
 
+def history_table(history: Any) -> Table:
+    """A prompt's Control decisions, one line per step and stage."""
+    table = Table(title=f"prompt {escape(history.prompt_id)}  (run {escape(str(history.run_dir))})",
+                  title_justify="left")
+    for column in ("step", "stage", "decision and why", "rollouts (in update)"):
+        table.add_column(column)
+    shown: set[int] = set()
+    for d in history.decisions:
+        got = history.rollouts.get(d["step"]) if d["step"] not in shown else None
+        shown.add(d["step"])
+        step = str(d["step"]) + (f" round {d['round']}" if d["round"] is not None else "")
+        table.add_row(step, escape(_stage(d["stage_id"], history.aliases)), escape(decision_text(d)),
+                      "-" if got is None else f"{got[0]} ({got[1]})")
+    return table
+
+
+def decision_text(d: dict[str, Any]) -> str:
+    """One control lineage row: ``picked: no_streak, p_skip=0 (greso: keep (no streak))``."""
+    why = d["code"] or "(no reason code)"
+    if d["value_name"] is not None:
+        why += f", {d['value_name']}={d['value']:.4g}"
+    if d["quantities"]:
+        why += " (" + ", ".join(f"{k}={v:.4g}" for k, v in d["quantities"].items()) + ")"
+    return f"{d['decision']}: {why}" + (f"; {d['reason']}" if d["reason"] else "")
+
+
+def _stage(sid: str, aliases: dict[str, str]) -> str:
+    return f"{sid} ({aliases[sid]})" if sid in aliases else sid
+
+
+def _selected(chain: Any) -> str:
+    row = chain.row
+    text = f"step {row['step']}, by " + (" -> ".join(map(str, chain.selected_by)) or "(no control stage)")
+    for d in chain.decisions:
+        where = f" round {d['round']}" if d["round"] is not None else ""
+        text += f"\n{_stage(d['stage_id'], chain.aliases)}{where}: {decision_text(d)}"
+    return text
+
+
 def _links(chain: Any) -> list[tuple[str, str]]:
     row = chain.row
     return [
         ("data row", _data_row(chain)),
-        ("selected", f"step {row['step']}, by " + (" -> ".join(map(str, chain.selected_by)) or "(no control stage)")
-         + " (the allocation's per-prompt reason is not recorded in the lineage)"),
+        ("selected", _selected(chain)),
         ("generated", _generated(chain)),
         *[("reused from", _original(row)) for row in chain.reused_from],
         ("scored", _scored(row)),

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from gfcr.records.allocation import AllocationEntry
 from gfcr.records.group import RolloutGroup
 
 
@@ -37,6 +38,18 @@ class UpdateReport:
 
 
 @dataclass(frozen=True, slots=True)
+class ControlDecision:
+    """One prompt's entry as the Control stage ``stage_id`` set it (its pick or skip, reason and
+    ``why``), in loop round ``round``. Stamped by the runtime, never by the stage: a stage that
+    passes an entry through unchanged (``control.fixed_n`` sizing a group) decided nothing about
+    it."""
+
+    stage_id: str
+    entry: AllocationEntry
+    round: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class StepReport:
     """Everything a step did. Fed to every stage's ``observe`` and to tracking.
 
@@ -63,6 +76,7 @@ class StepReport:
     # no groups, but counted in ``rollouts_generated`` and ``tokens_generated``
     rollouts_charged: int = 0
     tokens_charged: int = 0
+    control_decisions: tuple[ControlDecision, ...] = ()  # per prompt, what each Control stage decided and why
 
     def created_by_rollout(self, group_id: str, rollout_id: str) -> str | None:
         """The stage that created a rollout: the one that added it to an existing group (a Replay

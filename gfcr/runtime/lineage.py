@@ -1,5 +1,7 @@
 """Per-step lineage: one row per rollout, saying where it came from and where it went
-(DESIGN.md section 7). Written as parquet, one file per step (``lineage/step-000007.parquet``).
+(DESIGN.md section 7). Written as parquet, one file per step (``lineage/step-000007.parquet``),
+with a second table per step for the Control stages' decisions
+(``lineage/control-000007.parquet``, below).
 
 A row follows a rollout from its prompt to the update:
 
@@ -25,6 +27,20 @@ The runtime, not the stages, records ``created_by``, ``dropped_by`` and ``change
 A filter drops a whole group (every rollout of it shares the verdict) or removes one rollout
 from its group (``RolloutGroup.remove``): a removed rollout keeps its row, after its group's
 rollouts, with the removing stage and reason, and ``in_update`` false.
+
+The control table has one row per prompt a Control stage decided on in the step, picked or
+skipped (a skipped prompt has no rollout, so no row above), in the order the stages ran:
+
+- ``run_id``, ``step``, ``round`` (the loop round, null outside loop blocks), ``stage_id``,
+  ``prompt_id``;
+- ``decision`` (``picked`` or ``skipped``), ``n_rollouts`` (as that stage set it);
+- ``code``, ``value_name``, ``value``, ``quantities`` (the entry's ``ControlReason``: the
+  snake_case reason, the decisive number and the other numbers decided on; null when the stage
+  gave none) and ``reason`` (the sentence for people).
+
+A stage that passes an upstream entry on unchanged (``control.fixed_n`` setting the group
+size) decided nothing about it and has no row (``gfcr.runtime.local.decided``). Join the two
+tables on ``(step, prompt_id)``.
 """
 
 from __future__ import annotations
@@ -36,7 +52,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from gfcr.records import Rollout, RolloutGroup, StepReport
+from gfcr.records import ControlDecision, Rollout, RolloutGroup, StepReport
 from gfcr.runtime.rundir import atomic_path
 
 SCHEMA = pa.schema([
@@ -114,3 +130,45 @@ def _read(path: Path) -> pa.Table:
         if name not in table.column_names:
             table = table.append_column(name, pa.nulls(len(table), SCHEMA.field(name).type))
     return table.select(SCHEMA.names).cast(SCHEMA)
+
+
+# --- the Control stages' decisions ------------------------------------------------------------
+
+CONTROL_SCHEMA = pa.schema([
+    ("run_id", pa.string()), ("step", pa.int64()), ("round", pa.int64()), ("stage_id", pa.string()),
+    ("prompt_id", pa.string()), ("decision", pa.string()), ("n_rollouts", pa.int64()), ("code", pa.string()),
+    ("value_name", pa.string()), ("value", pa.float64()), ("quantities", pa.map_(pa.string(), pa.float64())),
+    ("reason", pa.string()),
+])
+
+
+def control_rows(report: StepReport) -> list[dict[str, Any]]:
+    """One row per prompt each Control stage decided on in the step, in the order they ran."""
+    return [_control_row(report, d) for d in report.control_decisions]
+
+
+def _control_row(report: StepReport, decision: ControlDecision) -> dict[str, Any]:
+    entry, why = decision.entry, decision.entry.why
+    return {
+        "run_id": report.run_id, "step": report.step, "round": decision.round, "stage_id": decision.stage_id,
+        "prompt_id": entry.prompt_id, "decision": entry.decision, "n_rollouts": entry.n_rollouts,
+        "code": why.code if why else None, "value_name": why.name if why else None,
+        "value": why.value if why else None, "quantities": dict(why.quantities) if why else None,
+        "reason": entry.reason or None,
+    }
+
+
+def write_control_lineage(path: Path, report: StepReport) -> None:
+    table = pa.Table.from_pylist(control_rows(report), schema=CONTROL_SCHEMA)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
+
+
+def read_control_lineage(lineage_dir: Path) -> list[dict[str, Any]]:
+    """Every step's Control decisions, in step order, ``quantities`` as dicts (an empty list for
+    a run without them: one written before they were recorded)."""
+    files = sorted(Path(lineage_dir).glob("control-*.parquet"))
+    rows = [row for f in files for row in pq.read_table(f).cast(CONTROL_SCHEMA).to_pylist()]
+    for row in rows:
+        row["quantities"] = dict(row["quantities"]) if row["quantities"] is not None else None
+    return rows

@@ -15,8 +15,10 @@ it (``created_by``), the stage that dropped it (stamped on its verdict as ``drop
 the stages that changed its rewards, advantages, loss masks, sample weights or verdict
 (``changed_by``, found by comparing a cheap fingerprint of every group before and after each
 stage), and the stage that appended a rollout to a group another stage created (``added_by``: a
-Replay stage's replayed rollouts). An exception raised inside a stage becomes a ``StageError`` naming the stage, step,
-round and run.
+Replay stage's replayed rollouts), and, per prompt, what each Control stage decided
+(``control_decisions``: the entries of its Allocation that it set, its reason and ``why``, not
+those it passed on unchanged from an upstream Allocation). An exception raised inside a stage
+becomes a ``StageError`` naming the stage, step, round and run.
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ import numpy as np
 from gfcr.errors import StageError
 from gfcr.graph import CompiledPipeline, LoopBlock, Node
 from gfcr.records import (
-    Allocation, PromptPool, Provided, RolloutGroup, RolloutGroups, StepContext, StepOutputs, StepReport,
-    UpdateReport,
+    Allocation, ControlDecision, PromptPool, Provided, RolloutGroup, RolloutGroups, StepContext, StepOutputs,
+    StepReport, UpdateReport,
 )
 from gfcr.registry.lifecycle import BeforeStep, EndsLoop, HostsInFlight, Observes, ReportsMetrics, SetsUp, Stateful
 from gfcr.registry.contract import Port
@@ -71,6 +73,14 @@ def _value(x: float | np.ndarray | None) -> Hashable:
     return (x.shape, hash(x.tobytes())) if isinstance(x, np.ndarray) else x
 
 
+def decided(sid: str, round: int | None, inputs: Any, output: Allocation) -> list[ControlDecision]:
+    """The entries of ``output`` that stage ``sid`` decided: those whose pick or skip, reason or
+    ``why`` differ from the same prompt's entry in an Allocation it was given (or that it was
+    not given)."""
+    given = {e.prompt_id: (e.decision, e.reason, e.why) for a in inputs if isinstance(a, Allocation) for e in a}
+    return [ControlDecision(sid, e, round) for e in output if given.get(e.prompt_id) != (e.decision, e.reason, e.why)]
+
+
 @dataclass
 class _StepState:
     ctx: StepContext
@@ -83,6 +93,7 @@ class _StepState:
     changed_by: dict[str, list[str]] = field(default_factory=dict)  # group id -> stages that changed it
     added_by: dict[str, str] = field(default_factory=dict)  # rollout id -> stage that added it to an existing group
     rollout_ids: set[str] = field(default_factory=set)  # every rollout id the step's groups have held
+    decisions: list[ControlDecision] = field(default_factory=list)  # per prompt, what a Control stage decided
 
     def outputs_so_far(self) -> StepOutputs:
         return StepOutputs(self.ctx.step, tuple(self.groups.values()), dict(self.created_by), dict(self.dropped_by),
@@ -183,6 +194,8 @@ class LocalRunner:
         state.seconds[node.id] = state.seconds.get(node.id, 0.0) + seconds
         state.outputs[node.id] = output
         self._stamp(node.id, state, before, output)
+        if isinstance(output, Allocation):
+            state.decisions.extend(decided(node.id, state.ctx.round, kwargs.values(), output))
         self._hook("after_stage", node.id, state.ctx, output, seconds)
 
     def _stamp(self, sid: str, state: _StepState, before: dict[str, Hashable], output: Any) -> None:
@@ -257,6 +270,7 @@ class LocalRunner:
             update_group_ids=frozenset(in_update), controller_state=controls,
             tokens_scored=self.resources.take_tokens_scored(), added_by=dict(state.added_by),
             rollouts_charged=rollouts_charged, tokens_charged=tokens_charged,
+            control_decisions=tuple(state.decisions),
         )
 
     def state_dict(self) -> dict[str, Any]:

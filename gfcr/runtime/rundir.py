@@ -5,6 +5,7 @@
       run.json               run id, gfcr version, start time, command line
       metrics.jsonl          one JSON object per step
       lineage/step-000007.parquet   one row per rollout of step 7
+      lineage/control-000007.parquet  one row per prompt a Control stage picked or skipped in step 7
       checkpoints/step-000008/      the state after 8 steps (policy, optimizer, stages, RNG):
                                     a directory with a manifest, see gfcr/runtime/checkpoint.py
       summary.json           the closing summary (eval before/after, totals, where things are)
@@ -89,6 +90,9 @@ class RunDir:
 
     def lineage(self, step: int) -> Path:
         return self.lineage_dir / f"step-{step:06d}.parquet"
+
+    def control_lineage(self, step: int) -> Path:
+        return self.lineage_dir / f"control-{step:06d}.parquet"
 
     def checkpoint(self, step: int) -> Path:
         return self.checkpoint_dir / f"step-{step:06d}"

@@ -26,7 +26,7 @@ from gfcr.records import StepReport
 from gfcr.registry import STAGES, Registry
 from gfcr.runtime.checkpoint import checkpoint_problems, latest_checkpoint, load_checkpoint, save_checkpoint
 from gfcr.runtime.evaluation import EvalResult, evaluate
-from gfcr.runtime.lineage import write_lineage
+from gfcr.runtime.lineage import write_control_lineage, write_lineage
 from gfcr.runtime.local import LocalRunner
 from gfcr.runtime.rundir import RunDir, gfcr_version, new_run_dir, write_text
 from gfcr.spec import PipelineSpec
@@ -139,6 +139,7 @@ class Run:
             spent["rollouts"] += record["rollouts_generated"]
             spent["tokens"] += record["tokens_generated"]
             write_lineage(self.dir.lineage(step), report)
+            write_control_lineage(self.dir.control_lineage(step), report)
             self._hook("after_step", record)
             if every is not None and self.runner.step % every == 0:
                 self._checkpoint()

@@ -6,8 +6,13 @@ stage that generated the rollout, and every stage's alias), and the data source 
 text and source row, loaded again from the spec: sources are deterministic). The step's line
 of ``metrics.jsonl`` says what the update did with the batch.
 
-The Allocation's per-prompt reason is not part of the lineage rows today, so the chain names
-the Control stages that selected the prompt but not their reason.
+It also reads the step's Control decisions (``lineage/control-*.parquet``): for the rollout's
+prompt, what each Control stage decided and why (``decisions``). A run written before they
+were recorded has none, and the chain says so.
+
+``prompt_history`` is the same for a prompt id: every decision any Control stage made on the
+prompt, step by step, picked or skipped (a skipped prompt has no rollout, so no rollout
+chain), with the rollouts each step gave it.
 
 A reused rollout (a replayed group's, a cached correct response; ``replayed_from`` set) is
 followed back to the rollout it copies: that one's step, the stage that generated it, its
@@ -26,7 +31,7 @@ import networkx as nx
 from gfcr.errors import GfcrError
 from gfcr.graph import CompiledPipeline, load_pipeline
 from gfcr.records import Prompt
-from gfcr.runtime.lineage import read_lineage
+from gfcr.runtime.lineage import read_control_lineage, read_lineage
 from gfcr.runtime.rundir import RunDir
 
 
@@ -64,6 +69,22 @@ class RolloutChain:
     # a reused rollout's originals, nearest first: the lineage row of the rollout it copies, then
     # that one's if it was itself reused (``replayed_from``), as far as the run's lineage goes
     reused_from: tuple[dict[str, Any], ...] = ()
+    # the Control stages' rows of the control lineage for this prompt at this step, in the order
+    # they ran (gfcr.runtime.lineage.CONTROL_SCHEMA); aliases by stage id in ``aliases``
+    decisions: tuple[dict[str, Any], ...] = ()
+    aliases: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PromptHistory:
+    """Every Control decision on one prompt in a run, and the rollouts it got."""
+
+    run_dir: Path
+    prompt_id: str
+    decisions: tuple[dict[str, Any], ...]  # control lineage rows, in step order
+    rollouts: dict[int, tuple[int, int]]  # step -> (rollouts, of them in the update)
+    aliases: dict[str, str] = field(default_factory=dict)  # stage id -> alias
+    notes: tuple[str, ...] = ()
 
 
 def rollout_chain(run_dir: Path, rollout_id: str) -> RolloutChain:
@@ -84,8 +105,43 @@ def rollout_chain(run_dir: Path, rollout_id: str) -> RolloutChain:
     refs = _stage_refs(pipeline, row)
     prompt, source = _prompt(pipeline, row["prompt_id"], notes)
     originals = _originals(row, rows, notes)
+    decided = read_control_lineage(rd.lineage_dir)
+    if not decided:
+        notes.append("this run's lineage has no Control decisions (lineage/control-*.parquet): it was written "
+                     "by a gfcr that did not record them")
+    decisions = tuple(d for d in decided if d["step"] == row["step"] and d["prompt_id"] == row["prompt_id"])
     return RolloutChain(run_dir=rd.path, row=row, group=_group(siblings), step_metrics=_step_metrics(rd, row["step"]),
-                        prompt=prompt, data_source=source, notes=tuple(notes), reused_from=originals, **refs)
+                        prompt=prompt, data_source=source, notes=tuple(notes), reused_from=originals,
+                        decisions=decisions, aliases=_aliases(pipeline), **refs)
+
+
+def is_prompt(run_dir: Path, some_id: str) -> bool:
+    """Whether ``some_id`` names a prompt (not a rollout) of the run's lineage or Control decisions."""
+    rd = _run_dir(run_dir)
+    table = read_lineage(rd.lineage_dir)
+    if some_id in set(table.column("rollout_id").to_pylist()):
+        return False
+    return some_id in set(table.column("prompt_id").to_pylist()) or any(
+        d["prompt_id"] == some_id for d in read_control_lineage(rd.lineage_dir))
+
+
+def prompt_history(run_dir: Path, prompt_id: str) -> PromptHistory:
+    """Every Control decision on ``prompt_id`` and the rollouts it got, step by step."""
+    rd = _run_dir(run_dir)
+    decisions = tuple(d for d in read_control_lineage(rd.lineage_dir) if d["prompt_id"] == prompt_id)
+    rollouts: dict[int, tuple[int, int]] = {}
+    for r in (r for r in read_lineage(rd.lineage_dir).to_pylist() if r["prompt_id"] == prompt_id):
+        n, used = rollouts.get(r["step"], (0, 0))
+        rollouts[r["step"]] = (n + 1, used + bool(r["in_update"]))
+    notes: list[str] = []
+    if not decisions:
+        notes.append("no Control decision on this prompt is recorded (lineage/control-*.parquet): the run was "
+                     "written by a gfcr that did not record them, or its control stages list only what they pick")
+    return PromptHistory(rd.path, prompt_id, decisions, rollouts, _aliases(_pipeline(rd, notes)), tuple(notes))
+
+
+def _aliases(pipeline: CompiledPipeline | None) -> dict[str, str]:
+    return {} if pipeline is None else {sid: n.info.alias for sid, n in pipeline.nodes.items()}
 
 
 def _originals(row: dict[str, Any], rows: list[dict[str, Any]], notes: list[str]) -> tuple[dict[str, Any], ...]:

@@ -8,7 +8,8 @@ What the MLflow run holds:
   evaluation as ``eval_accuracy`` and ``eval_accuracy_after`` at ``step = run.steps``, and the
   run's totals as ``total.rollouts_generated``, ``total.tokens_in_update``, ...;
 - artifacts: ``spec.yaml`` (resolved), the pipeline drawing (``graph.svg``, or ``graph.dot``
-  without Graphviz's ``dot``), ``lineage/step-NNNNNN.parquet`` for every step, and at the end
+  without Graphviz's ``dot``), ``lineage/step-NNNNNN.parquet`` and ``lineage/control-NNNNNN.parquet``
+  (the Control stages' per-prompt decisions) for every step, and at the end
   ``summary.json`` and ``metrics.jsonl``;
 - inputs: the training and eval prompts as datasets, contexts ``training`` and ``eval``;
 - tags: ``gfcr.pipeline``, ``gfcr.stage.<id>`` = alias, ``gfcr.version``, ``gfcr.run_dir``,
@@ -226,9 +227,9 @@ class MlflowTracker:
 
         step, now = int(record["step"]), _now_ms()
         self._metrics += [Metric(k, v, now, step) for k, v in metric_values(record).items()]
-        lineage = self.run.dir.lineage(step)
-        if lineage.is_file():
-            self._lineage.append(lineage)
+        for lineage in (self.run.dir.lineage(step), self.run.dir.control_lineage(step)):
+            if lineage.is_file():
+                self._lineage.append(lineage)
 
     def flush(self) -> None:
         """Write the buffered metrics and lineage files to MLflow."""

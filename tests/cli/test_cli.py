@@ -86,7 +86,8 @@ def test_run_writes_a_metrics_line_per_step_and_a_summary(write_spec, tmp_path):
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines] == [0, 1, 2]
     assert "rollouts generated / in update" in result.output and str(run_dir / "metrics.jsonl") in result.output
-    assert sorted(p.name for p in (run_dir / "lineage").iterdir()) == [f"step-00000{i}.parquet" for i in range(3)]
+    assert sorted(p.name for p in (run_dir / "lineage").iterdir()) == \
+        [f"control-00000{i}.parquet" for i in range(3)] + [f"step-00000{i}.parquet" for i in range(3)]
 
 
 def test_resume_continues_a_run_to_the_requested_step(write_spec, tmp_path):

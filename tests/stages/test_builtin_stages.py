@@ -94,3 +94,13 @@ def test_arithmetic_source_is_seeded_with_stable_ids_and_correct_answers():
     for p in a:
         assert int(p.verifier.ground_truth) == eval(p.metadata["expr"])  # trusted: we generated it
     assert evaluate([2, 3, 4], ["-", "*"]) == -10
+
+
+def test_uniform_says_each_prompt_was_next_in_its_epoch():
+    stage = UniformControl(UniformControl.Config(batch_size=3, seed=7))
+    data = PromptPool([Prompt(f"p:{i}", text=str(i)) for i in range(7)])
+    stage.run(data)
+    second = stage.run(data)  # positions 3, 4, 5 of epoch 0's permutation
+    assert [(e.why.code, e.why.name, e.why.value, e.why.quantities) for e in second] == \
+        [("next_in_epoch", "position", float(k), {"epoch": 0.0}) for k in (3, 4, 5)]
+    assert [e.why.value for e in stage.run(data)] == [0.0, 1.0, 2.0]  # 1 left < 3: epoch 1 starts

@@ -81,7 +81,7 @@ def test_a_tracked_run_has_params_metrics_artifacts_inputs_and_tags(write_spec, 
     assert got.data.metrics["total.rollouts_generated"] == sum(r["rollouts_generated"] for r in records)
     names = {a.path for a in client.list_artifacts(got.info.run_id)}
     assert {"spec.yaml", "summary.json", "metrics.jsonl", "lineage"} <= names and names & {"graph.svg", "graph.dot"}
-    assert len(client.list_artifacts(got.info.run_id, "lineage")) == 6
+    assert len(client.list_artifacts(got.info.run_id, "lineage")) == 12  # rollouts and control decisions
     [data] = got.inputs.dataset_inputs
     assert data.dataset.name == "arithmetic/train" and data.dataset.digest
     assert [(t.key, t.value) for t in data.tags] == [("mlflow.data.context", "training")]
@@ -172,7 +172,7 @@ def test_gfcr_run_quickstart_is_found_by_mlflow_search_and_resume_continues_it(t
     for key in ("reward_mean", "update.grad_norm", "time.step_s", "tokens_generated"):
         assert [m.step for m in client.get_metric_history(found.info.run_id, key)] == [0, 1], key
     assert [a.path for a in client.list_artifacts(found.info.run_id, "lineage")] == \
-        ["lineage/step-000000.parquet", "lineage/step-000001.parquet"]
+        [f"lineage/{kind}-00000{i}.parquet" for kind in ("control", "step") for i in (0, 1)]
     assert {[t.value for t in d.tags][0] for d in found.inputs.dataset_inputs} == {"training", "eval"}
 
     result = cli.invoke(app, ["resume", str(run_dir), "--steps", "3"])

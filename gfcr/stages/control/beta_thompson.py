@@ -18,7 +18,11 @@ at the prior ``(alpha0, beta0)``. A call:
 3. keeps the ``batch_size`` candidates with the smallest ``(p~_i - target)^2`` (the
    reference's ``topk`` strategy), each with ``n_rollouts`` (default 1; put
    ``control.fixed_n`` downstream for the group size). The other candidates stay in the
-   Allocation with ``n_rollouts = 0``; every reason gives the draw and the posterior.
+   Allocation with ``n_rollouts = 0``; every reason gives the draw and the posterior. For the
+   control lineage each entry's ``ControlReason`` is ``closest_to_target`` (picked, with its
+   ``rank``) or ``farther_from_target`` (skipped), the ``draw`` as the decisive number, and its
+   ``distance`` ``|draw - target|`` against ``cutoff_distance`` (the farthest chosen draw's),
+   ``posterior_mean``, ``alpha`` and ``beta``.
 
 After the step, ``observe`` updates each rolled-out prompt from its group's ``s`` correct out
 of ``n`` judged rollouts, forgetting toward the prior with ``lambda = decay``:
@@ -91,7 +95,8 @@ from typing import Annotated, Any
 import numpy as np
 from pydantic import Field
 
-from gfcr.records import Allocation, AllocationEntry, PromptPool, PromptStats, StepContext, StepReport
+from gfcr.records import (Allocation, AllocationEntry, ControlReason, PromptPool, PromptStats, StepContext,
+                          StepReport)
 from gfcr.registry import StageConfig
 from gfcr.stages.control.prompt_stats import (beta_update, observe_group, stats_from_state, stats_to_state,
                                               stats_with_prior)
@@ -163,16 +168,23 @@ class BetaThompson:
         chosen = [int(i) for i in closest_to_target(draws, self.config.target, self.config.batch_size)]
         rank = {i: r for r, i in enumerate(chosen)}
         order_out = chosen + [i for i in range(len(candidates)) if i not in rank]
-        entries = tuple(self._entry(candidates[i], draws[i], posteriors[i], rank.get(i)) for i in order_out)
+        cutoff = float(abs(draws[chosen[-1]] - self.config.target))  # the farthest chosen draw's distance
+        entries = tuple(self._entry(candidates[i], draws[i], posteriors[i], rank.get(i), cutoff) for i in order_out)
         return Allocation(step=self._step, entries=entries, controller_state=self._metrics(draws[chosen], [
             posteriors[i] for i in chosen], len(candidates)))
 
-    def _entry(self, prompt, draw: float, posterior: tuple[float, float], rank: int | None) -> AllocationEntry:
+    def _entry(self, prompt, draw: float, posterior: tuple[float, float], rank: int | None,
+               cutoff: float) -> AllocationEntry:
         a, b = posterior
         detail = f"draw {draw:.4f}, Beta({a:g}, {b:g})"
+        numbers = {"distance": abs(draw - self.config.target), "cutoff_distance": cutoff,
+                   "target": self.config.target, "posterior_mean": a / (a + b), "alpha": a, "beta": b}
         if rank is None:
-            return AllocationEntry(prompt, 0, reason=f"beta_thompson: not chosen ({detail})")
-        return AllocationEntry(prompt, self.config.n_rollouts, reason=f"beta_thompson: rank {rank + 1} ({detail})")
+            why = ControlReason("farther_from_target", "draw", draw, numbers)
+            return AllocationEntry(prompt, 0, reason=f"beta_thompson: not chosen ({detail})", why=why)
+        why = ControlReason("closest_to_target", "draw", draw, {"rank": rank + 1, **numbers})
+        return AllocationEntry(prompt, self.config.n_rollouts, reason=f"beta_thompson: rank {rank + 1} ({detail})",
+                               why=why)
 
     def _metrics(self, draws: np.ndarray, posteriors: list[tuple[float, float]], candidates: int) -> dict[str, Any]:
         means = [a / (a + b) for a, b in posteriors]

@@ -18,7 +18,12 @@ and tests each candidate prompt:
 Candidates are drawn until ``batch_size`` prompts are kept (each gets ``n_rollouts``,
 default 1; put ``control.fixed_n`` downstream to set the group size). Skipped candidates
 stay in the Allocation with ``n_rollouts=0`` and a reason such as
-``greso: skip (easy streak 3, p_easy 0.45, P_skip 0.909)``.
+``greso: skip (easy streak 3, p_easy 0.45, P_skip 0.909)``. Every entry also carries its
+``ControlReason`` for the control lineage: code ``no_streak`` (picked, ``p_skip = 0``), or
+``easy_streak`` / ``hard_streak`` with ``p_skip`` as the decisive number and the ``streak``,
+``p_easy`` / ``p_hard`` and the visit's ``draw`` (skipped when ``draw < p_skip``). The step's
+``controller_state`` (``control.<id>`` in ``metrics.jsonl`` and MLflow) reports ``p_easy``,
+``p_hard``, ``candidates``, ``kept``, ``skipped_easy``, ``skipped_hard`` and ``stopped``.
 
 After each step, ``observe`` records one observation per group rolled out in the step
 (kept or dropped, each loop round its own sampling event) and, once past the first epoch,
@@ -85,7 +90,8 @@ from typing import Annotated, Any
 
 from pydantic import Field, model_validator
 
-from gfcr.records import Allocation, AllocationEntry, Prompt, PromptPool, PromptStats, StepContext, StepReport
+from gfcr.records import (Allocation, AllocationEntry, ControlReason, Prompt, PromptPool, PromptStats, StepContext,
+                          StepReport)
 from gfcr.registry import StageConfig
 from gfcr.stages.control.prompt_stats import observe_group, stats_from_state, stats_to_state, visit_draw
 from gfcr.stages.control.uniform import epoch_order, start_batch
@@ -175,13 +181,17 @@ class Greso:
         stats = self.stats.get(prompt.prompt_id)
         p_skip, kind = skip_probability(stats, self.p_easy, self.p_hard, self.config.min_keep_probability)
         if kind is None:
-            return _Decision(AllocationEntry(prompt, self.config.n_rollouts, reason="greso: keep (no streak)"), None)
+            return _Decision(AllocationEntry(prompt, self.config.n_rollouts, reason="greso: keep (no streak)",
+                                             why=ControlReason("no_streak", "p_skip", 0.0)), None)
         streak = stats.easy_streak if kind == "easy" else stats.hard_streak
         p = self.p_easy if kind == "easy" else self.p_hard
         detail = f"{kind} streak {streak}, p_{kind} {p:.2f}, P_skip {p_skip:.3f}"
-        if visit_draw(self.seed, self.epoch, self._step, prompt.prompt_id) < p_skip:
-            return _Decision(AllocationEntry(prompt, 0, reason=f"greso: skip ({detail})"), kind)
-        return _Decision(AllocationEntry(prompt, self.config.n_rollouts, reason=f"greso: keep ({detail})"), None)
+        draw = visit_draw(self.seed, self.epoch, self._step, prompt.prompt_id)
+        why = ControlReason(f"{kind}_streak", "p_skip", p_skip, {"streak": streak, f"p_{kind}": p, "draw": draw})
+        if draw < p_skip:
+            return _Decision(AllocationEntry(prompt, 0, reason=f"greso: skip ({detail})", why=why), kind)
+        kept = AllocationEntry(prompt, self.config.n_rollouts, reason=f"greso: keep ({detail})", why=why)
+        return _Decision(kept, None)
 
     def observe(self, report: StepReport) -> None:
         observations = []

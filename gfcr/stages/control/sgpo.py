@@ -33,6 +33,14 @@ prompts, a new one each epoch (``control.uniform``'s ``drop_last`` rule; a phase
 prompts than ``batch_size`` dispatches all of them). Each entry's ``n_rollouts`` is its
 ``G``: sGPO is the group-size allocator, so no ``control.fixed_n`` goes after it.
 
+**Reasons** (the control lineage): a dispatched entry's ``ControlReason`` is its label
+(``learnable`` or ``unsolved_kept``) with ``p0`` as the decisive number and ``successes``,
+``samples``, ``group_size``, ``phase``. The prompts the labels drop for the whole run
+(``trivial``: ``p0`` against ``trivial_above``; ``unsolved``: the seeded ``keep_draw`` was not
+below ``unsolved_rate``) are listed once, as skipped entries (``n_rollouts = 0``) after the
+dispatched ones in the call that profiled them; a learnable prompt waiting for its phase is
+not listed (it was not skipped, only not yet due).
+
 Per-step metrics go to ``controller_state`` (``control.<id>`` in ``metrics.jsonl`` and
 MLflow): ``phase``, ``group_size``, ``phase_prompts``, ``epoch``, ``chosen``,
 ``predicted_success`` (mean ``p0`` of the chosen prompts), ``chosen_unsolved``, the label
@@ -85,7 +93,7 @@ from typing import Annotated, Any
 import numpy as np
 from pydantic import Field, model_validator
 
-from gfcr.records import Allocation, AllocationEntry, Prompt, PromptPool, StepContext
+from gfcr.records import Allocation, AllocationEntry, ControlReason, Prompt, PromptPool, StepContext
 from gfcr.registry import StageConfig
 from gfcr.stages.filter.verify import score_text
 from gfcr.stages.generate.sample import step_seed
@@ -239,7 +247,8 @@ class Sgpo:
         return [p for p in pool if self._labels.get(p.prompt_id) in (("learnable", g), ("unsolved_kept", 0))]
 
     def run(self, pool: PromptPool) -> Allocation:
-        if self.profile is None:
+        profiled_now = self.profile is None
+        if profiled_now:
             self._spent = self._run_profile(pool)
         phase = self.phase_at(self._step)
         prompts = self._phase_prompts(pool, phase)
@@ -249,7 +258,9 @@ class Sgpo:
         g = self.config.group_sizes[phase]
         picked = self._next_batch(phase, len(prompts))
         entries = tuple(self._entry(prompts[i], g, phase) for i in picked)
-        return Allocation(step=self._step, entries=entries, controller_state=self._metrics(phase, g, prompts, entries))
+        skipped = self._skipped(pool) if profiled_now else ()
+        return Allocation(step=self._step, entries=entries + skipped,
+                          controller_state=self._metrics(phase, g, prompts, entries))
 
     def _next_batch(self, phase: int, size: int) -> list[int]:
         if size == 0:
@@ -265,7 +276,26 @@ class Sgpo:
         label, _ = self._labels[prompt.prompt_id]
         s, n = self.profile[prompt.prompt_id], self.config.profile_samples
         kind = "unsolved (kept)" if label == "unsolved_kept" else "learnable"
-        return AllocationEntry(prompt, g, reason=f"sgpo: {kind}, p0 {s}/{n}, G {g}, phase {phase}")
+        why = ControlReason(label, "p0", s / n, {"successes": s, "samples": n, "group_size": g, "phase": phase})
+        return AllocationEntry(prompt, g, reason=f"sgpo: {kind}, p0 {s}/{n}, G {g}, phase {phase}", why=why)
+
+    def _skipped(self, pool: PromptPool) -> tuple[AllocationEntry, ...]:
+        """The profiled prompts its labels drop for the whole run (trivial, unsolved not kept), as
+        skipped entries of the call that profiled them: the decision is made once, there."""
+        cfg, n, out = self.config, self.config.profile_samples, []
+        for prompt in (p for p in pool if p.prompt_id in self._labels):
+            label, s = self._labels[prompt.prompt_id][0], self.profile[prompt.prompt_id]
+            if label == TRIVIAL:
+                why = ControlReason(TRIVIAL, "p0", s / n,
+                                    {"successes": s, "samples": n, "trivial_above": cfg.trivial_above})
+            elif label == UNSOLVED:
+                draw = _unit_draw(self._profile_seed, "sgpo-unsolved", prompt.prompt_id)
+                why = ControlReason(UNSOLVED, "p0", 0.0,
+                                    {"samples": n, "keep_draw": draw, "unsolved_rate": cfg.unsolved_rate})
+            else:
+                continue
+            out.append(AllocationEntry(prompt, 0, reason=f"sgpo: {label}, p0 {s}/{n}, never dispatched", why=why))
+        return tuple(out)
 
     def _metrics(self, phase: int, g: int, prompts: list[Prompt], entries: tuple[AllocationEntry, ...]) -> dict[str, Any]:
         n = self.config.profile_samples

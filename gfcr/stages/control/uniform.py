@@ -5,7 +5,9 @@ fewer than ``batch_size`` prompts are left in an epoch, the next epoch starts (P
 ``DataLoader(drop_last=True)`` behaviour), so no prompt appears twice in one batch.
 
 Selection only: every chosen prompt gets ``n_rollouts`` (default 1); a budget stage such as
-``control.fixed_n`` downstream sets the real count.
+``control.fixed_n`` downstream sets the real count. Each entry's ``ControlReason`` (the
+control lineage) is ``next_in_epoch`` with its ``position`` in the epoch's permutation and
+the ``epoch``: nothing else decides, so there is no per-step metric to report.
 
 Deviations: none from the usual trainer data loader (verl, TRL: a shuffled sampler with
 ``drop_last=True``); the permutation comes from numpy seeded by ``(seed, epoch)``, so the
@@ -34,7 +36,7 @@ from typing import Annotated, Any
 import numpy as np
 from pydantic import Field
 
-from gfcr.records import Allocation, AllocationEntry, PromptPool, StepContext
+from gfcr.records import Allocation, AllocationEntry, ControlReason, PromptPool, StepContext
 from gfcr.registry import StageConfig
 
 
@@ -72,10 +74,11 @@ class UniformControl:
         self.epoch, self.cursor = start_batch(self.epoch, self.cursor, size, len(pool))
         seed = self._run_seed if self.config.seed is None else self.config.seed
         picked = epoch_order(seed, self.epoch, len(pool))[self.cursor : self.cursor + size]
-        self.cursor += size
+        start, self.cursor = self.cursor, self.cursor + size
         entries = tuple(
-            AllocationEntry(pool[int(i)], self.config.n_rollouts, reason=f"uniform(epoch={self.epoch})")
-            for i in picked
+            AllocationEntry(pool[int(i)], self.config.n_rollouts, reason=f"uniform(epoch={self.epoch})",
+                            why=ControlReason("next_in_epoch", "position", start + k, {"epoch": self.epoch}))
+            for k, i in enumerate(picked)
         )
         return Allocation(step=self._step, entries=entries)
 

@@ -47,6 +47,12 @@ the chosen prompts are those MoPPS's ``topk`` picks with target 0.5 (``p (1 - p)
 by default, so a prompt may be chosen again at the next step; nothing is consumed) and in the
 slow, idle-time decay, which lets a prompt's old evidence fade while it is not chosen.
 
+For the control lineage each entry's ``ControlReason`` is ``largest_gain`` (picked, with its
+``rank``) or ``smaller_gain`` (skipped), the ``gain`` as the decisive number, ``cutoff_gain``
+(the smallest chosen gain), the ``draw``, the decayed ``posterior_mean``, ``alpha`` and ``beta``.
+With every prompt a candidate only the chosen ones are listed (below), so the lineage holds
+no row for the others; the step's ``gain_min`` bounds their gains (none is larger).
+
 Per-step metrics go to ``controller_state`` (``control.<id>`` in ``metrics.jsonl`` and
 MLflow): ``candidates``, ``chosen``, the chosen prompts' mean / min ``gain``, mean ``draw``,
 mean decayed ``posterior_mean`` (their predicted success), ``unseen`` (chosen prompts never
@@ -97,7 +103,8 @@ from typing import Annotated, Any
 import numpy as np
 from pydantic import Field
 
-from gfcr.records import Allocation, AllocationEntry, Prompt, PromptPool, PromptStats, StepContext, StepReport
+from gfcr.records import (Allocation, AllocationEntry, ControlReason, Prompt, PromptPool, PromptStats, StepContext,
+                          StepReport)
 from gfcr.registry import StageConfig
 from gfcr.stages.control.beta_thompson import thompson_draw
 from gfcr.stages.control.prompt_stats import (beta_update, observe_group, stats_from_state, stats_to_state,
@@ -180,7 +187,9 @@ class Vade:
         rank = {i: r for r, i in enumerate(chosen)}
         listed = chosen if self.config.candidate_ratio is None else \
             chosen + [i for i in range(len(candidates)) if i not in rank]
-        entries = tuple(self._entry(candidates[i], draws[i], gains[i], posteriors[i], rank.get(i)) for i in listed)
+        cutoff = float(gains[chosen[-1]]) if chosen else 0.0  # the smallest chosen gain
+        entries = tuple(self._entry(candidates[i], draws[i], gains[i], posteriors[i], rank.get(i), cutoff)
+                        for i in listed)
         self._taken.update(candidates[i].prompt_id for i in chosen)
         return Allocation(step=self._step, entries=entries,
                           controller_state=self._metrics(candidates, chosen, draws, gains, posteriors))
@@ -195,12 +204,15 @@ class Vade:
         return [pool[int(i)] for i in order]
 
     def _entry(self, prompt: Prompt, draw: float, gain: float, posterior: tuple[float, float],
-               rank: int | None) -> AllocationEntry:
+               rank: int | None, cutoff: float) -> AllocationEntry:
         a, b = posterior
         detail = f"draw {draw:.4f}, gain {gain:.4f}, Beta({a:.4g}, {b:.4g})"
+        numbers = {"draw": draw, "cutoff_gain": cutoff, "posterior_mean": a / (a + b), "alpha": a, "beta": b}
         if rank is None:
-            return AllocationEntry(prompt, 0, reason=f"vade: not chosen ({detail})")
-        return AllocationEntry(prompt, self.config.n_rollouts, reason=f"vade: rank {rank + 1} ({detail})")
+            why = ControlReason("smaller_gain", "gain", gain, numbers)
+            return AllocationEntry(prompt, 0, reason=f"vade: not chosen ({detail})", why=why)
+        why = ControlReason("largest_gain", "gain", gain, {"rank": rank + 1, **numbers})
+        return AllocationEntry(prompt, self.config.n_rollouts, reason=f"vade: rank {rank + 1} ({detail})", why=why)
 
     def _metrics(self, candidates: list[Prompt], chosen: list[int], draws: np.ndarray, gains: np.ndarray,
                  posteriors: list[tuple[float, float]]) -> dict[str, Any]:

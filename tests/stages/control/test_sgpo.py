@@ -169,9 +169,20 @@ def test_the_profile_samples_every_prompt_under_the_initial_policy_and_charges_t
     again.setup(resources)
     call(again, 0, data)
     assert again.profile == s.profile  # seeded sampling: the same profile
-    for e in alloc:
+    for e in alloc.active():
         k = s.profile[e.prompt_id]
         assert e.reason.endswith(f"p0 {k}/4, G {e.n_rollouts}, phase 0")
+        assert (e.why.code, e.why.name, e.why.value) == (s._labels[e.prompt_id][0], "p0", k / 4)
+        assert e.why.quantities == {"successes": k, "samples": 4, "group_size": e.n_rollouts, "phase": 0}
+    # the call that profiled lists, skipped, every prompt its labels drop for the run, and why
+    dropped = {pid for pid, (label, _) in s._labels.items() if label in ("trivial", "unsolved")}
+    skipped = [e for e in alloc if e.n_rollouts == 0]
+    assert {e.prompt_id for e in skipped} == dropped and alloc.entries[-len(skipped) or len(alloc):] == tuple(skipped)
+    for e in skipped:
+        k = s.profile[e.prompt_id]
+        assert e.why.code == s._labels[e.prompt_id][0] and e.why.value == k / 4
+        assert (k / 4 > 0.75) if e.why.code == "trivial" else (k == 0 and e.why.quantities["keep_draw"] >= 0.1)
+    assert all(e.n_rollouts > 0 for e in call(s, 1, data))  # listed once: later calls list only the dispatched
 
 
 # --- state --------------------------------------------------------------------------------------

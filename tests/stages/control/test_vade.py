@@ -182,3 +182,18 @@ def test_steps_on_the_fake_engine_learn_posteriors_from_every_group():
 @pytest.mark.parametrize("name", ["vade_arith.yaml", "examples/vade_dapo_arith.yaml"])
 def test_the_shipped_vade_pipelines_validate(name):
     assert load_pipeline(REPO / "pipelines" / name).nodes["pick"].info.alias == "control.vade"
+
+
+def test_each_entry_says_why_by_its_gain_against_the_smallest_chosen_one():
+    s = stage(candidate_ratio=2)  # 4 candidates, 2 chosen: every candidate listed
+    s.before_step(StepContext("run", step=0, seed=0, policy_version=0))
+    alloc = s.run(pool(8))
+    chosen = [e for e in alloc if e.n_rollouts > 0]
+    cutoff = min(e.why.value for e in chosen)
+    for e in alloc:
+        q = e.why.quantities
+        assert e.why.name == "gain" and e.why.value == pytest.approx(q["draw"] * (1 - q["draw"]))
+        assert q["cutoff_gain"] == pytest.approx(cutoff) and (q["alpha"], q["beta"]) == (1.0, 1.0)  # the prior
+    assert [e.why.code for e in alloc] == ["largest_gain"] * 2 + ["smaller_gain"] * 2
+    assert [e.why.quantities["rank"] for e in chosen] == [1.0, 2.0]
+    assert all(e.why.value <= cutoff for e in alloc if e.n_rollouts == 0)
