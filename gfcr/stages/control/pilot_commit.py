@@ -1,6 +1,7 @@
 """control.pilot_commit: Pilot-Commit, cheap pilot rollouts pick the prompts worth a full group.
 
-Pilot-Commit (Kim et al., arXiv 2605.26606; reference ``databricks/pilot-commit``,
+Pilot-Commit (Kim et al., 2026, "Spend Your Rollouts Where It Counts: Rollout Allocation for
+Group-Based RL Post-Training", arXiv 2605.26606; reference ``databricks/pilot-commit``,
 ``recipe/pc/pc_ray_trainer.py``, ``recipe/pc/utils.py::select_prompts``,
 ``recipe/pc/replay_buffer.py``). Per step:
 
@@ -76,7 +77,8 @@ Example (two candidates piloted, nothing buffered yet; after the step, `a` is ke
 >>> first = stage.run(Allocation(0, tuple(AllocationEntry(p, 1) for p in pool)), pool, StepContext("r", 0, 0, 0))
 >>> [(e.prompt_id, e.n_rollouts, e.reason) for e in first]
 [('a', 4, 'pilot'), ('b', 4, 'pilot')]
->>> stage.observe(StepReport("r", 0, 1, (scored_group("a", [1, 0, 0, 1]), scored_group("b", [1, 1, 1, 1])), None, {}, {}))
+>>> pilots = (scored_group("a", [1, 0, 0, 1]), scored_group("b", [1, 1, 1, 1]))  # p = 0.5 and 1.0
+>>> stage.observe(StepReport("r", 0, 1, pilots, None, {}, {}))
 >>> stage.buffered_prompts(), sorted(stage.evicted)
 (['a'], ['b'])
 >>> second = stage.run(Allocation(1, tuple(AllocationEntry(p, 1) for p in pool)), pool, StepContext("r", 1, 0, 1))

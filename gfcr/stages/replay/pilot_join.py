@@ -34,11 +34,13 @@ Example:
 >>> from gfcr.records import Allocation, AllocationEntry, Prompt, RolloutGroups, StepContext
 >>> from gfcr.stages.testing import scored_group
 >>> pilot = scored_group("a", [1, 0], step=0).rollouts
->>> allocation = Allocation(1, (AllocationEntry(Prompt("b", text="b"), 2, reason="pilot"),
-...                             AllocationEntry(Prompt("a", text="a"), 2, reason="commit", stage_index=1, joins=tuple(pilot))))
->>> out = PilotJoin(PilotJoin.Config()).run(RolloutGroups([scored_group("b", [0, 1], step=1), scored_group("a", [1, 1], step=1)]),
-...                                         allocation, StepContext("r", 1, 0, 1))
->>> [(r.rollout_id, r.reward, r.origin.value, r.replayed_from) for g in out for r in g.rollouts]  # doctest: +NORMALIZE_WHITESPACE
+>>> allocation = Allocation(1, (
+...     AllocationEntry(Prompt("b", text="b"), 2, reason="pilot"),
+...     AllocationEntry(Prompt("a", text="a"), 2, reason="commit", stage_index=1, joins=tuple(pilot))))
+>>> groups = RolloutGroups([scored_group("b", [0, 1], step=1), scored_group("a", [1, 1], step=1)])
+>>> out = PilotJoin(PilotJoin.Config()).run(groups, allocation, StepContext("r", 1, 0, 1))
+>>> [(r.rollout_id, r.reward, r.origin.value, r.replayed_from)  # doctest: +NORMALIZE_WHITESPACE
+...  for g in out for r in g.rollouts]
 [('a@s1/0', 1.0, 'fresh', None), ('a@s1/1', 1.0, 'fresh', None),
  ('a@s1/2', 1.0, 'replayed', 'a@s0/0'), ('a@s1/3', 0.0, 'replayed', 'a@s0/1')]
 >>> [(g.group_id, g.verdict.included) for g in out], len(out)  # the pilot group `b` was dropped

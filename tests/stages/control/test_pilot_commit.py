@@ -267,10 +267,14 @@ def test_budget_accounting_per_step(small):
         plan, join = r["stages"]["plan"], r["stages"]["join"]
         # every generated rollout is a pilot or a commit, from one generation call
         assert r["rollouts_generated"] == plan["pilot_rollouts"] + plan["commit_rollouts"]
-        assert plan["pilot_rollouts"] == 4 * plan["pilot_prompts"] and plan["commit_rollouts"] == 4 * plan["commit_prompts"]
-        assert plan["commit_prompts"] <= 2 and plan["pilot_prompts"] + plan["skipped_buffered"] + plan["skipped_evicted"] == 6
+        assert plan["pilot_rollouts"] == 4 * plan["pilot_prompts"]
+        assert plan["commit_rollouts"] == 4 * plan["commit_prompts"] and plan["commit_prompts"] <= 2
+        assert plan["pilot_prompts"] + plan["skipped_buffered"] + plan["skipped_evicted"] == 6
         # the update trains on pilot ∪ commit of the committed prompts only
-        assert r["rollouts_in_update"] == join["update_rollouts"] == plan["commit_rollouts"] + plan["pilot_rollouts_joined"]
+        assert r["update"]["batch_rollouts"] == join["update_rollouts"]
+        # a kept prompt has a correct and a wrong pilot (0.125 <= p <= 0.75), so no update group is zero-variance
+        assert r["update"]["batch_zero_variance_groups"] == 0
+        assert join["update_rollouts"] == plan["commit_rollouts"] + plan["pilot_rollouts_joined"]
         assert plan["pilot_rollouts_joined"] == join["pilots_joined"] == 4 * join["commit_groups"]
         assert 1.0 <= plan["commit_staleness_mean"] <= 2.0 or plan["commit_prompts"] == 0  # max_off_steps + 1
         assert plan["judged"] == plan["keep"] + plan["too_correct"] + plan["too_incorrect"]
