@@ -18,6 +18,7 @@ from gfcr.graph import load_pipeline
 from gfcr.records import (
     Allocation, AllocationEntry, Prompt, PromptPool, RolloutGroups, StepContext, StepReport,
 )
+from gfcr.runtime.lineage import read_lineage
 from gfcr.runtime.session import Run
 from gfcr.stages.control.pilot_commit import PilotCommit, Verdict, maxvar_indices, verdict
 from gfcr.stages.replay.pilot_join import PilotJoin
@@ -283,6 +284,18 @@ def test_budget_accounting_per_step(small):
     # the verdicts on step t's line judge step t - 1's pilots
     assert [r["stages"]["plan"]["judged"] for r in records[1:]] == [r["stages"]["plan"]["pilot_prompts"]
                                                                    for r in records[:-1]]
+
+
+def test_lineage_follows_a_joined_pilot_back_to_its_pilot_group(small):
+    rows = read_lineage(small[1] / "lineage").to_pylist()
+    by_id = {r["rollout_id"]: r for r in rows}
+    joined = [r for r in rows if r["origin"] == "replayed"]
+    assert joined and all(r["created_by"] == "join" and r["in_update"] for r in joined)
+    for r in joined:
+        pilot = by_id[r["replayed_from"]]
+        assert pilot["step"] == r["created_step"] < r["step"]  # generated on an earlier step
+        assert pilot["dropped_by"] == "join" and not pilot["in_update"]  # not trained on its own step
+        assert (pilot["reward"], pilot["prompt_id"]) == (r["reward"], r["prompt_id"])
 
 
 def test_resume_from_a_checkpoint_gives_the_metrics_of_an_uninterrupted_run(small, tmp_path):
