@@ -33,8 +33,9 @@ Budget accounting per step (``metrics.jsonl`` under ``control.<id>``): ``pilot_p
 ``pilot_rollouts`` (generated this step), ``commit_prompts``, ``commit_rollouts`` (generated this
 step), ``pilot_rollouts_joined`` (reused pilots going into this step's update, generated at an
 earlier step and counted there), ``commit_staleness_mean`` (steps between a commit and its
-pilots), ``buffer_prompts`` (after the draw), ``skipped_buffered`` / ``skipped_evicted``
-(candidates not piloted), and the verdicts of the latest judging: ``judged``, ``keep``,
+pilots), ``buffer_prompts`` (after the draw), ``skipped_buffered`` / ``skipped_evicted`` /
+``skipped_piloted`` (candidates not piloted: buffered or being committed, evicted, piloted in an
+earlier loop round), and the verdicts of the latest judging: ``judged``, ``keep``,
 ``too_correct``, ``too_incorrect``, ``evicted``, ``flushed``, ``evicted_total``. The runtime calls
 ``step_metrics`` before ``observe``, so the verdict counts on the line of step ``t`` are those of
 step ``t - 1``'s pilots (judged at the end of step ``t - 1``).
@@ -53,7 +54,9 @@ Deviations:
 - one round per step: the reference keeps drawing candidate batches (up to
   ``max_num_gen_batches`` rounds) until ``B`` prompts are committed; here a step commits
   ``min(B, buffered)`` prompts, so the first step trains on nothing (its update is skipped) and
-  a step with a thin buffer trains on fewer than ``B`` prompts.
+  a step with a thin buffer trains on fewer than ``B`` prompts. Inside a loop block the rounds of
+  a step share the ``B`` commits and the counts, but a round's pilots are judged only after the
+  step (``observe``), so later rounds cannot commit them as the reference's rounds do.
 - verdicts read ``Rollout.correct`` (the reference's ``acc``); a group with no rollout left
   (a filter removed them all) gets no verdict.
 - eviction skips the prompt whenever it is a candidate again (it is not removed from the pool,
@@ -74,6 +77,7 @@ Example (two candidates piloted, nothing buffered yet; after the step, `a` is ke
 >>> from gfcr.stages.testing import scored_group
 >>> pool = PromptPool([Prompt("a", text="a"), Prompt("b", text="b")])
 >>> stage = PilotCommit(PilotCommit.Config(batch_size=1, n_pilot=4, n_commit=4))
+>>> stage.before_step(StepContext("r", 0, 0, 0))
 >>> first = stage.run(Allocation(0, tuple(AllocationEntry(p, 1) for p in pool)), pool, StepContext("r", 0, 0, 0))
 >>> [(e.prompt_id, e.n_rollouts, e.reason) for e in first]
 [('a', 4, 'pilot'), ('b', 4, 'pilot')]
@@ -81,6 +85,7 @@ Example (two candidates piloted, nothing buffered yet; after the step, `a` is ke
 >>> stage.observe(StepReport("r", 0, 1, pilots, None, {}, {}))
 >>> stage.buffered_prompts(), sorted(stage.evicted)
 (['a'], ['b'])
+>>> stage.before_step(StepContext("r", 1, 0, 1))
 >>> second = stage.run(Allocation(1, tuple(AllocationEntry(p, 1) for p in pool)), pool, StepContext("r", 1, 0, 1))
 >>> [(e.prompt_id, e.n_rollouts, e.reason, len(e.joins)) for e in second]
 [('a', 0, 'buffered', 0), ('b', 0, 'evicted', 0), ('a', 4, 'commit', 4)]
@@ -118,6 +123,8 @@ from gfcr.stages.update.component import Pairing
 ENTRIES = "entries.parquet"
 _SALT = 0x50494C54  # "PILT": this stage's draws differ from other seeded draws of the step
 JOIN_STAGE = "replay.pilot_join"
+ALLOCATION_COUNTS = ("pilot_prompts", "pilot_rollouts", "commit_prompts", "commit_rollouts", "pilot_rollouts_joined",
+                     "commit_staleness_mean", "buffer_prompts", "skipped_buffered", "skipped_evicted", "skipped_piloted")
 VERDICT_COUNTS = ("judged", "keep", "too_correct", "too_incorrect", "evicted", "flushed")
 
 
@@ -207,33 +214,40 @@ class PilotCommit:
         self.evicted: set[str] = set()
         self.next_entry_id = 0
         self._pilots: set[str] = set()  # prompts piloted this step, judged in observe
-        self._last: dict[str, float] = {}
+        self._ages: list[int] = []  # steps between this step's commits and their pilots
+        self._last: dict[str, float] = dict.fromkeys(ALLOCATION_COUNTS, 0)
         self._verdicts: dict[str, int] = dict.fromkeys(VERDICT_COUNTS, 0)
         self._loaded: dict[str, Any] | None = None
 
+    def before_step(self, ctx: StepContext) -> None:
+        self._pilots, self._ages, self._last = set(), [], dict.fromkeys(ALLOCATION_COUNTS, 0)
+
     def run(self, candidates: Allocation, pool: PromptPool, ctx: StepContext) -> Allocation:
         rng = np.random.default_rng([self._seed(ctx), ctx.step, ctx.round or 0, _SALT])
-        committed = self._draw(rng)
+        committed = self._draw(self.config.batch_size - self._last["commit_prompts"], rng)
+        held = set(self.buffer) | {b.prompt_id for b in committed}
         pilots, skipped = [], []
         for e in candidates.active():
-            why = "evicted" if e.prompt_id in self.evicted else "buffered" if e.prompt_id in self.buffer else None
-            if why or e.prompt_id in {b.prompt_id for b in committed}:
-                skipped.append(replace(e, n_rollouts=0, reason=why or "buffered"))
+            why = ("evicted" if e.prompt_id in self.evicted else "buffered" if e.prompt_id in held
+                   else "piloted" if e.prompt_id in self._pilots else None)  # piloted: in an earlier loop round
+            if why:
+                skipped.append(replace(e, n_rollouts=0, reason=why))
             else:
                 pilots.append(replace(e, n_rollouts=self.config.n_pilot, reason="pilot", stage_index=0))
         commits = [self._commit(b, pool.get(b.prompt_id), rng) for b in committed]
-        self._pilots = {e.prompt_id for e in pilots}
-        self._last = self._allocation_metrics(pilots, skipped, commits, committed, ctx.step)
+        self._pilots |= {e.prompt_id for e in pilots}
+        self._ages += [ctx.step - b.step for b in committed]
+        self._count(pilots, skipped, commits)
         return replace(candidates, step=ctx.step, entries=tuple(pilots + skipped + commits))
 
     def _seed(self, ctx: StepContext) -> int:
         return ctx.seed if self.config.seed is None else self.config.seed
 
-    def _draw(self, rng: np.random.Generator) -> list[Buffered]:
-        """Up to ``batch_size`` buffered prompts, uniformly without replacement, popped in buffer order."""
+    def _draw(self, want: int, rng: np.random.Generator) -> list[Buffered]:
+        """Up to ``want`` buffered prompts, uniformly without replacement, popped in buffer order."""
         keys = list(self.buffer)
-        if len(keys) > self.config.batch_size:
-            keys = [keys[i] for i in sorted(rng.choice(len(keys), self.config.batch_size, replace=False).tolist())]
+        if len(keys) > want:
+            keys = [keys[i] for i in sorted(rng.choice(len(keys), max(want, 0), replace=False).tolist())]
         return [self.buffer.pop(k) for k in keys]
 
     def _commit(self, buffered: Buffered, prompt: Prompt, rng: np.random.Generator) -> AllocationEntry:
@@ -244,16 +258,20 @@ class PilotCommit:
         joins = tuple(reuse(p, p.rollout_id, p.group_id, Origin.REPLAYED) for p in pilots)
         return AllocationEntry(prompt, self.config.n_commit, reason="commit", stage_index=1, joins=joins)
 
-    def _allocation_metrics(self, pilots: list[AllocationEntry], skipped: list[AllocationEntry],
-                            commits: list[AllocationEntry], committed: list[Buffered], step: int) -> dict[str, float]:
-        ages = [step - b.step for b in committed]
-        return {"pilot_prompts": len(pilots), "pilot_rollouts": sum(e.n_rollouts for e in pilots),
-                "commit_prompts": len(commits), "commit_rollouts": sum(e.n_rollouts for e in commits),
-                "pilot_rollouts_joined": sum(len(e.joins) for e in commits),
-                "commit_staleness_mean": float(np.mean(ages)) if ages else 0.0,
-                "buffer_prompts": len(self.buffer),
-                "skipped_buffered": sum(e.reason == "buffered" for e in skipped),
-                "skipped_evicted": sum(e.reason == "evicted" for e in skipped)}
+    def _count(self, pilots: list[AllocationEntry], skipped: list[AllocationEntry],
+               commits: list[AllocationEntry]) -> None:
+        """Add one call's allocation to the step's counts (summed over loop rounds)."""
+        last = self._last
+        last["pilot_prompts"] += len(pilots)
+        last["pilot_rollouts"] += sum(e.n_rollouts for e in pilots)
+        last["commit_prompts"] += len(commits)
+        last["commit_rollouts"] += sum(e.n_rollouts for e in commits)
+        last["pilot_rollouts_joined"] += sum(len(e.joins) for e in commits)
+        last["skipped_buffered"] += sum(e.reason == "buffered" for e in skipped)
+        last["skipped_evicted"] += sum(e.reason == "evicted" for e in skipped)
+        last["skipped_piloted"] += sum(e.reason == "piloted" for e in skipped)
+        last["buffer_prompts"] = len(self.buffer)
+        last["commit_staleness_mean"] = float(np.mean(self._ages)) if self._ages else 0.0
 
     def observe(self, report: StepReport) -> None:
         """Judge this step's pilot groups, buffer the kept ones with their pilots, then flush."""

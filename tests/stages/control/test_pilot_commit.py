@@ -45,9 +45,15 @@ def report(step: int, groups) -> StepReport:
     return StepReport("r", step, step + 1, tuple(groups), None, {}, {})
 
 
+def run(s: PilotCommit, step: int, ids: list[str]) -> Allocation:
+    """One step's allocation, as the runtime calls it."""
+    s.before_step(ctx(step))
+    return s.run(candidates(step, ids), POOL, ctx(step))
+
+
 def pilot_once(s: PilotCommit, step: int, outcomes: dict[str, list[int]]) -> Allocation:
     """Run a step that pilots ``outcomes``' prompts and observe their rewards."""
-    alloc = s.run(candidates(step, list(outcomes)), POOL, ctx(step))
+    alloc = run(s, step, list(outcomes))
     s.observe(report(step, [scored_group(p, r, step=step) for p, r in outcomes.items()]))
     return alloc
 
@@ -84,7 +90,7 @@ def test_a_kept_prompt_is_buffered_with_its_pilots_and_candidates_in_the_buffer_
     pilot_once(s, 0, {"p0": [1, 0, 0, 0, 0, 0, 0, 0], "p1": [1] * 8, "p2": [0] * 8})
     assert s.buffered_prompts() == ["p0"] and s.evicted == {"p1"}
     assert [e.reward for e in s.buffer["p0"].pilots] == [1.0] + [0.0] * 7
-    alloc = s.run(candidates(1, ["p0", "p1", "p2", "p3"]), POOL, ctx(1))
+    alloc = run(s, 1, ["p0", "p1", "p2", "p3"])
     got = [(e.prompt_id, e.n_rollouts, e.reason, e.stage_index) for e in alloc]
     # p2 (too_incorrect) is deferred, not evicted: piloted again when drawn
     assert got == [("p2", 8, "pilot", 0), ("p3", 8, "pilot", 0), ("p0", 0, "buffered", 0),
@@ -104,12 +110,25 @@ def test_at_most_batch_size_prompts_are_committed_drawn_seeded():
     def draw() -> list[str]:
         s = stage(batch_size=2)
         pilot_once(s, 0, kept)
-        alloc = s.run(candidates(1, []), POOL, ctx(1))
+        alloc = run(s, 1, [])
         assert len(s.buffered_prompts()) == 3
         return [e.prompt_id for e in alloc if e.stage_index == 1]
 
     first = draw()
     assert len(first) == 2 and set(first) <= set(kept) and draw() == first
+
+
+def test_in_a_loop_block_the_rounds_of_a_step_share_its_commit_budget_and_counts():
+    s = stage(batch_size=3)
+    pilot_once(s, 0, {f"p{i}": [1, 1, 0, 0, 0, 0, 0, 0] for i in range(5)})  # 5 kept
+    s.before_step(ctx(1))
+    first = s.run(candidates(1, ["p5", "p6"]), POOL, StepContext("r", 1, 0, 1, round=0))
+    second = s.run(candidates(1, ["p6", "p7"]), POOL, StepContext("r", 1, 0, 1, round=1))
+    commits = [e.prompt_id for a in (first, second) for e in a if e.stage_index == 1]
+    assert len(commits) == 3 and len(set(commits)) == 3  # B = 3 over both rounds
+    assert [(e.prompt_id, e.reason) for e in second if e.stage_index == 0] == [("p7", "pilot"), ("p6", "piloted")]
+    m = s.step_metrics()
+    assert (m["pilot_prompts"], m["pilot_rollouts"], m["commit_prompts"], m["skipped_piloted"]) == (3, 24, 3, 1)
 
 
 # --- flush ---------------------------------------------------------------------------------------
@@ -121,7 +140,7 @@ def test_the_buffer_flushes_a_prompt_once_it_is_more_than_max_off_steps_old():
         s.observe(report(step, []))
         assert s.buffered_prompts() == ["p0"] and s.step_metrics()["flushed"] == 0
     # the draw of step 5 still sees it (committed 5 steps after its pilots, the reference's order) ...
-    alloc = s.run(candidates(5, []), POOL, ctx(5))
+    alloc = run(s, 5, [])
     assert [(e.prompt_id, e.reason) for e in alloc] == [("p0", "commit")]
     assert s.step_metrics()["commit_staleness_mean"] == 5.0
     # ... but had it not been drawn, step 5's flush (5 - 0 > 4) removes it
@@ -159,7 +178,7 @@ def test_maxvar_down_sampling_by_hand(correct, m, ones):
 def test_a_commit_keeps_n_pilot_effective_pilots_of_maximal_variance():
     s = stage(n_pilot_effective=4)
     pilot_once(s, 0, {"p0": [1, 0, 0, 0, 0, 0, 1, 0]})  # p = 0.25, kept
-    commit = [e for e in s.run(candidates(1, []), POOL, ctx(1)) if e.stage_index == 1][0]
+    commit = [e for e in run(s, 1, []) if e.stage_index == 1][0]
     assert len(commit.joins) == 4 and sum(r.reward for r in commit.joins) == 2.0  # both correct, 2 wrong
 
 
@@ -168,7 +187,7 @@ def test_a_commit_keeps_n_pilot_effective_pilots_of_maximal_variance():
 def test_the_update_group_is_pilot_union_commit_and_pilot_groups_are_dropped():
     s = stage()
     pilot_once(s, 0, {"p0": [1, 1, 0, 0, 0, 0, 0, 0]})
-    alloc = s.run(candidates(1, ["p1"]), POOL, ctx(1))
+    alloc = run(s, 1, ["p1"])
     groups = RolloutGroups([scored_group("p1", [1] * 8, step=1), scored_group("p0", [1, 0, 1, 1], step=1)])
     join = PilotJoin(PilotJoin.Config())
     out = join.run(groups, alloc, StepContext("r", 1, 0, 1))
@@ -221,7 +240,7 @@ def test_state_and_files_round_trip(tmp_path):
     back.load_state_dict(json.loads(json.dumps(s.state_dict())))
     back.load_files(tmp_path)
     assert back.buffered_prompts() == s.buffered_prompts() == ["p0", "p2"] and back.evicted == {"p1"}
-    a, b = s.run(candidates(1, ["p3"]), POOL, ctx(1)), back.run(candidates(1, ["p3"]), POOL, ctx(1))
+    a, b = run(s, 1, ["p3"]), run(back, 1, ["p3"])
     assert [(e.prompt_id, e.n_rollouts, [r.response_token_ids for r in e.joins]) for e in a] == \
            [(e.prompt_id, e.n_rollouts, [r.response_token_ids for r in e.joins]) for e in b]
 
@@ -270,7 +289,7 @@ def test_budget_accounting_per_step(small):
         assert r["rollouts_generated"] == plan["pilot_rollouts"] + plan["commit_rollouts"]
         assert plan["pilot_rollouts"] == 4 * plan["pilot_prompts"]
         assert plan["commit_rollouts"] == 4 * plan["commit_prompts"] and plan["commit_prompts"] <= 2
-        assert plan["pilot_prompts"] + plan["skipped_buffered"] + plan["skipped_evicted"] == 6
+        assert plan["pilot_prompts"] + plan["skipped_buffered"] + plan["skipped_evicted"] == 6  # the candidates
         # the update trains on pilot ∪ commit of the committed prompts only
         assert r["update"]["batch_rollouts"] == join["update_rollouts"]
         # a kept prompt has a correct and a wrong pilot (0.125 <= p <= 0.75), so no update group is zero-variance
