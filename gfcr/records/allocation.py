@@ -1,7 +1,8 @@
 """Allocations: the output of every Control stage.
 
 An allocation says, per prompt, how many rollouts to generate (0 = skip, as GRESO, HIVE or
-Pilot-Commit decide), with what priority and why, plus the step's ``Budget``.
+Pilot-Commit decide), with what priority and why, plus the step's ``Budget``. An entry may carry
+rollouts of an earlier step that are to join its new ones in one group (``joins``).
 
 Why comes twice: ``reason``, a sentence for people, and ``why``, an optional
 ``ControlReason`` for machines: a snake_case ``code``, the decisive number (``name`` and
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterator, Mapping
 
 from gfcr.records.prompt import Prompt
+from gfcr.records.rollout import Rollout
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +93,9 @@ class AllocationEntry:
     draft_from: str | None = None  # rollout id of a SPEC-RL draft
     stage_index: int = 0  # multi-stage methods: pilot 0, commit 1; DARS second pass
     why: ControlReason | None = None  # the Control stage's reason, written to the control lineage
+    # rollouts of an earlier step that join this prompt's new ones in one group (Pilot-Commit: the
+    # pilots under a commit); a Replay stage downstream of generation appends them (``replay.pilot_join``)
+    joins: tuple[Rollout, ...] = ()
 
     def __post_init__(self) -> None:
         if self.n_rollouts < 0:
