@@ -39,6 +39,11 @@ def edit(base: str, old: str, new: str) -> str:
     return base.replace(old, new, 1)
 
 
+# "billion laughs": nine aliases of nine aliases of ... of nine strings, 4.4e9 values from 500 bytes
+BOMB = "".join(f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9 if i else ["lol"] * 9) + "]\n" for i in range(10))
+DEEP = "[" * 100_000 + "]" * 100_000  # PyYAML's composer recursed into a RecursionError
+DEEP_BLOCK = "".join("  " * i + f"k{i}:\n" for i in range(100)) + "  " * 100 + "v: 1\n"
+
 CASES = [
     Case("near-miss stage name", edit(BASE, "control.uniform", "control.unifrom"),
          "control.unifrom", "stages.pick.use", "unknown stage `control.unifrom`", "did you mean `control.uniform`?"),
@@ -164,6 +169,12 @@ CASES = [
               "  keep:    {use: filter.nonzero_variance, from: rlep}"),
          "store: budget", "stages.rlep.with.store", "`store`: `budget` is `control.fixed_n`, not a `replay.store`",
          "add a `replay.store` stage before this one, or remove `store`"),
+    Case("alias bomb (billion laughs)", BASE + BOMB, "a9: &a9 [*a8", "",
+         "aliases would expand this document to 4,412,961,", "write the values out instead of nesting aliases"),
+    Case("100,000 nested brackets", edit(BASE, "run: {steps: 2}", f"run: {{steps: 2, x: {DEEP}}}"),
+         "run: {steps: 2, x: [[[", "", "the document nests deeper than 64 levels", "flatten the structure"),
+    Case("100 nested block mappings", BASE + DEEP_BLOCK, "k63:", "", "the document nests deeper than 64 levels",
+         "flatten the structure"),
 ]
 
 
