@@ -15,7 +15,7 @@ from gfcr.errors import GraphError, SpecError
 from gfcr.graph import load_pipeline
 from gfcr.registry import STAGES
 from gfcr.stages.data.arithmetic import ArithmeticSource
-from tests.conftest import BASE, DAPO
+from tests.conftest import BASE, DAPO, REPO
 
 # a generate stage hosting a TEST in-flight controller (control.fake_stop)
 STOP = BASE.replace("  rollout: {use: generate.fake, from: budget}",
@@ -43,6 +43,10 @@ def edit(base: str, old: str, new: str) -> str:
 BOMB = "".join(f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9 if i else ["lol"] * 9) + "]\n" for i in range(10))
 DEEP = "[" * 100_000 + "]" * 100_000  # PyYAML's composer recursed into a RecursionError
 DEEP_BLOCK = "".join("  " * i + f"k{i}:\n" for i in range(100)) + "  " * 100 + "v: 1\n"
+
+QUICK = (REPO / "pipelines" / "quickstart.yaml").read_text()  # generate.sample and update.grpo, with a policy
+FINITE_FIX = "write a finite number here: `.inf`, `-.inf` and `.nan` cannot run"
+SEED_FIX = "write 0 or a positive integer"
 
 CASES = [
     Case("near-miss stage name", edit(BASE, "control.uniform", "control.unifrom"),
@@ -173,6 +177,37 @@ CASES = [
          "aliases would expand this document to 4,412,961,", "write the values out instead of nesting aliases"),
     Case("100,000 nested brackets", edit(BASE, "run: {steps: 2}", f"run: {{steps: 2, x: {DEEP}}}"),
          "run: {steps: 2, x: [[[", "", "the document nests deeper than 64 levels", "flatten the structure"),
+    Case("infinite learning rate", edit(QUICK, "lr: 3.0e-4", "lr: .inf"),
+         "lr: .inf", "update.with.lr", "`lr` must be a finite number, got `inf`", FINITE_FIX),
+    Case("infinite sampling temperature", edit(QUICK, "temperature: 1.0", "temperature: .inf"),
+         "temperature: .inf", "stages.rollout.with.temperature", "`temperature` must be a finite number, got `inf`",
+         FINITE_FIX),
+    Case("-inf in an optional float", edit(QUICK, "lr: 3.0e-4,", "lr: 3.0e-4, tis_cap: -.inf,"),
+         "tis_cap: -.inf", "update.with.tis_cap", "`tis_cap` must be a finite number, got `-inf`", FINITE_FIX),
+    Case("NaN in an update component's float pair", edit(QUICK, "clip: [0.2, 0.28]", "clip: [0.2, .nan]"),
+         "clip: [0.2, .nan]", "update.with.loss.with", "loss `ppo_clip`: `clip.1` must be a finite number, got `nan`",
+         "give `clip.1` a finite number"),
+    Case("NaN in a stage config", edit(BASE, "from: rollout}", "from: rollout, with: {tolerance: .nan}}"),
+         "tolerance: .nan", "stages.keep.with.tolerance", "`tolerance` must be a finite number, got `nan`",
+         FINITE_FIX),
+    Case("infinite float in a stage entry (timeout)", edit(BASE, "from: rollout}", "from: rollout, timeout_s: .inf}"),
+         "timeout_s: .inf", "stages.keep.timeout_s", "`timeout_s` must be a finite number, got `inf`", FINITE_FIX),
+    Case("negative run seed", edit(QUICK, "seed: 0, checkpoint_every", "seed: -1, checkpoint_every"),
+         "run: {steps: 100, seed: -1", "run.seed", "a seed is a non-negative integer, got `-1`", SEED_FIX),
+    Case("negative data seed", edit(QUICK, "n: 4000, seed: 0", "n: 4000, seed: -1"),
+         "n: 4000, seed: -1", "data.with.seed", "a seed is a non-negative integer, got `-1`", SEED_FIX),
+    Case("negative stage seed", edit(QUICK, "batch_size: 16}", "batch_size: 16, seed: -2}"),
+         "batch_size: 16, seed: -2", "stages.pick.with.seed", "a seed is a non-negative integer, got `-2`", SEED_FIX),
+    Case("Adam beta2 of 1", edit(QUICK, "lr: 3.0e-4,", "lr: 3.0e-4, betas: [0.9, 1.0],"),
+         "betas: [0.9, 1.0]", "update.with.betas", "Adam's betas must each be in [0, 1), got [0.9, 1.0]",
+         "write e.g. `betas: [0.9, 0.999]`"),
+    Case("negative Adam beta1", edit(QUICK, "lr: 3.0e-4,", "lr: 3.0e-4, betas: [-0.1, 0.999],"),
+         "betas: [-0.1, 0.999]", "update.with.betas", "Adam's betas must each be in [0, 1), got [-0.1, 0.999]",
+         "write e.g. `betas: [0.9, 0.999]`"),
+    Case("empty stop string", edit(QUICK, "max_new_tokens: 8}}", 'max_new_tokens: 8, stop: [""]}}'),
+         'stop: [""]', "stages.rollout.with.stop",
+         "`stop` holds an empty string (item 0), which would end every response after its first token",
+         "remove the empty string from `stop`"),
     Case("100 nested block mappings", BASE + DEEP_BLOCK, "k63:", "", "the document nests deeper than 64 levels",
          "flatten the structure"),
 ]
