@@ -19,14 +19,17 @@ from gfcr.spec.yaml_source import MAX_VALUES, parse_yaml
 from tests.conftest import BASE, REPO
 from tests.spec.test_golden_errors import BOMB, DEEP
 
-# the child reports its own peak RSS (KiB on Linux) after running the CLI in-process
+# the child reports its own peak RSS (KiB) after running the CLI in-process: VmHWM, as getrusage's
+# ru_maxrss survives exec and would report the forking test process's
 _CHILD = textwrap.dedent("""\
-    import resource, sys
+    import re, sys
+    from pathlib import Path
     from typer.testing import CliRunner
     from gfcr.cli.main import app
     result = CliRunner().invoke(app, ["validate", sys.argv[1]])
     print(result.output)
-    print("exit", result.exit_code, "maxrss_kib", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    peak = re.search(r"VmHWM:\\s+(\\d+) kB", Path("/proc/self/status").read_text()).group(1)
+    print("exit", result.exit_code, "maxrss_kib", peak)
     """)
 
 BIGGER_BOMB = "".join(f"b{i}: &b{i} [" + ",".join([f"*b{i - 1}"] * 30 if i else ["lol"] * 30) + "]\n"
