@@ -213,6 +213,25 @@ CASES = [
 ]
 
 
+# the cases of issue 16 (hostile YAML, values that validate but cannot run): also timed, measured
+# and checked to write nothing, in one fresh process
+HARDENING = [c for c in CASES if c.id.startswith(("alias bomb", "100", "infinite", "-inf", "NaN", "negative",
+                                                  "Adam", "negative Adam", "empty stop"))]
+
+_BUDGET_CHILD = textwrap.dedent("""\
+    import json, re, sys, time
+    from pathlib import Path
+    from typer.testing import CliRunner
+    from gfcr.cli.main import app
+    for file in sys.argv[1:]:
+        start = time.perf_counter()
+        result = CliRunner().invoke(app, ["validate", file])
+        print(json.dumps({"file": file, "exit": result.exit_code, "s": time.perf_counter() - start,
+                          "output": result.output}))
+    print(re.search(r"VmHWM:\\s+(\\d+) kB", Path("/proc/self/status").read_text()).group(1))
+    """)
+
+
 def problems_of(path, overrides):
     with pytest.raises((SpecError, GraphError)) as info:
         load_pipeline(path, overrides)
@@ -268,3 +287,33 @@ def test_reference_and_config_problems_are_reported_together(write_spec):
     text = edit(edit(BASE, "from: rollout}", "from: rollot}"), "batch_size: 4", "batch_size: 0")
     problems = problems_of(write_spec(text), [])
     assert {p.path for p in problems} >= {"stages.keep.from", "stages.pick.with.batch_size"}
+
+
+def test_hardening_cases_exit_2_within_5_s_and_200_mb_and_write_nothing(tmp_path):
+    """Each case of issue 16's table through `gfcr validate` in one fresh process (started in an
+    empty folder): exit 2 with the file's line and a fix, under 5 s each, under 200 MB peak RSS
+    for the whole process, and no file written anywhere under the folder or beside the spec."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    assert len(HARDENING) >= 15
+    specs, work = tmp_path / "specs", tmp_path / "cwd"
+    specs.mkdir(), work.mkdir()
+    files = []
+    for n, case in enumerate(HARDENING):
+        files.append(specs / f"case{n}.yaml")
+        files[-1].write_text(textwrap.dedent(case.text))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-c", _BUDGET_CHILD, *map(str, files)], capture_output=True,
+                          text=True, timeout=300, env=env, cwd=work)
+    *results, peak = done.stdout.strip().split("\n")
+    assert len(results) == len(HARDENING), done.stdout + done.stderr
+    for case, file, line in zip(HARDENING, files, results):
+        result = json.loads(line)
+        assert result["exit"] == 2 and "fix: " in result["output"], (case.id, result)
+        assert expected_where(case, str(file)) in result["output"], (case.id, result["output"])
+        assert result["s"] < 5.0, (case.id, result["s"])
+    assert int(peak) < 200 * 1024, f"peak RSS {int(peak) // 1024} MB"
+    assert list(work.iterdir()) == [] and sorted(specs.iterdir()) == sorted(files)
