@@ -16,9 +16,11 @@ import json
 import shutil
 import sys
 import traceback
+import types
+import typing
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
@@ -40,6 +42,20 @@ SetOption = Annotated[Optional[list[str]], typer.Option("--set", "-s", metavar="
 
 ExecutorOption = Annotated[Optional[str], typer.Option(
     "--executor", metavar="prefect|local|ray", help="override executor.kind (default: the spec's, else prefect)")]
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from gfcr.runtime.rundir import gfcr_version
+
+        out.print(f"gfcr {gfcr_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                                help="print gfcr's version and exit")] = False) -> None:
+    """gfcr: compose, check and run rollout pipelines for LLM RL."""
 
 
 def _compile(file: Path, overrides: list[str] | None) -> CompiledPipeline:
@@ -170,15 +186,38 @@ def _list_components(family: str | None, as_json: bool, fmt: ListFormat) -> None
 def _print_stage_table(infos: list) -> None:
     table = Table("alias", "inputs", "output", "config", "origin", title="gfcr stages")
     for info in infos:
-        fields = ", ".join(f"{name}: {_type_name(f.annotation)}" + ("" if f.is_required() else f" = {f.default!r}")
-                           for name, f in info.config.model_fields.items())
+        fields = ", ".join(_field_text(name, f) for name, f in info.config.model_fields.items())
         inputs = ", ".join(f"{p.name}: {p.type.__name__}" + ("" if p.required else "?") for p in info.inputs)
         tags = (" [dim](test stage)[/]" if info.testing else "") + (" [dim](can end loop)[/]" if info.can_end_loop else "")
         table.add_row(escape(info.alias) + tags, escape(inputs), info.output_name, escape(fields), info.origin)
     out.print(table)
 
 
+def _field_text(name: str, field: Any) -> str:
+    """``name: type = default``: a Literal as its allowed values, a default from a factory computed."""
+    text = f"{name}: {_type_name(field.annotation)}"
+    if field.is_required():
+        return text
+    try:
+        default = field.get_default(call_default_factory=True)
+    except TypeError:  # a factory that needs the other fields' values
+        return f"{text} = (computed)"
+    return f"{text} = {default!r}"
+
+
 def _type_name(annotation: object) -> str:
+    """A type as a user writes it: ``'flat' | 'ivf'`` for a Literal, ``int | None``, ``list[str]``."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Literal:
+        return " | ".join(repr(a) for a in args)
+    if origin is typing.Annotated:
+        return _type_name(args[0])
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join("None" if a is type(None) else _type_name(a) for a in args)
+    if origin is not None and args:
+        return f"{getattr(origin, '__name__', str(origin))}[{', '.join(_type_name(a) for a in args)}]"
+    if annotation is Ellipsis:
+        return "..."
     return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
 
 

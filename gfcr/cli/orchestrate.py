@@ -89,6 +89,9 @@ def _gfcr_deployments() -> list:
 @app.command()
 def serve(limit: Annotated[Optional[int], typer.Option(help="most flow runs at once")] = 1) -> None:
     """Execute gfcr deployments (scheduled or started from the UI) until interrupted."""
+    from gfcr.runtime.prefect_runner import configure_prefect
+
+    configure_prefect()  # before Prefect is imported
     from prefect import serve as prefect_serve
 
     found = _gfcr_deployments()

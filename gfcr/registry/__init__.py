@@ -4,7 +4,7 @@ from gfcr.registry.catalog import (
     BUILTIN_DATA_SOURCES, BUILTIN_STAGES, DATA_SOURCES, STAGES, make_data_registry, make_stage_registry,
     stage_info, stage_infos,
 )
-from gfcr.registry.contract import FAMILIES, Port, StageConfig, StageInfo, describe_stage
+from gfcr.registry.contract import FAMILIES, Port, Seed, StageConfig, StageInfo, describe_stage
 from gfcr.registry.core import Registry
 from gfcr.registry.lifecycle import (
     BeforeStep, EndsLoop, HostsInFlight, InFlightController, Observes, OwnsFiles, ReportsMetrics, SetsUp, Stage, Stateful,
@@ -15,6 +15,6 @@ __all__ = [
     "BeforeStep", "EndsLoop", "HostsInFlight", "InFlightController", "Observes", "OwnsFiles", "ReportsMetrics", "SetsUp",
     "Stage", "Stateful", "has_role",
     "BUILTIN_DATA_SOURCES", "BUILTIN_STAGES", "DATA_SOURCES", "FAMILIES", "Port", "Registry", "STAGES",
-    "StageConfig", "StageInfo", "describe_stage", "make_data_registry", "make_stage_registry",
+    "Seed", "StageConfig", "StageInfo", "describe_stage", "make_data_registry", "make_stage_registry",
     "stage_info", "stage_infos",
 ]

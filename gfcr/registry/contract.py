@@ -37,9 +37,9 @@ import functools
 import inspect
 import typing
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from gfcr.errors import RegistryError
 from gfcr.records import (
@@ -65,9 +65,14 @@ FAMILY_ONLY_INPUTS: dict[type, tuple[str, ...]] = {
 
 
 class StageConfig(BaseModel):
-    """Base for stage configs: frozen, strict, unknown keys rejected."""
+    """Base for stage configs: frozen, strict, unknown keys rejected, floats finite (``.inf`` and
+    ``.nan`` validate as numbers but no rate, temperature or weight can run with them)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
+# a seed: numpy's generators, which every seeded draw goes through, take non-negative integers
+Seed = Annotated[int, Field(ge=0)]
 
 
 @dataclass(frozen=True)

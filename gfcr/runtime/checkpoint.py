@@ -12,7 +12,8 @@
       stages/<stage id>/files/                the files a stage owns (``save_files``), e.g. an index
 
 Nothing is a pickle: loading a checkpoint from anyone reads JSON and safetensors and runs no
-code. The directory is built in a hidden temporary sibling, every file fsynced, then renamed,
+code. A listed file that is a pickle (a ``torch.save`` where safetensors belongs, say) makes the
+whole directory "not a gfcr checkpoint": refused unread, with the path and the fix. The directory is built in a hidden temporary sibling, every file fsynced, then renamed,
 so a kill leaves the previous checkpoints untouched and no half-written ``step-N``.
 ``latest_checkpoint`` takes the newest directory whose manifest reads and whose files all
 exist with their sizes; ``load_checkpoint`` also checks every file's sha256.
@@ -36,13 +37,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, load_model, save_file, save_model
+from safetensors.torch import load_model, save_file, save_model
 
 from gfcr.errors import CheckpointError
 from gfcr.registry import OwnsFiles, Stateful
 from gfcr.runtime.local import LocalRunner
 from gfcr.runtime.rundir import RunDir, gfcr_version
-from gfcr.runtime.state_tree import read_tree, write_tree
+from gfcr.runtime.state_tree import check_safetensors, load_tensors, read_tree, refuse_pickle, write_tree
 from gfcr.stages.resources import Resources
 
 KIND = "gfcr-checkpoint"
@@ -179,6 +180,7 @@ def _check_size(root: Path, entry: Any) -> None:
         raise CheckpointError(f"{root / MANIFEST}: a bad file entry {entry!r}", _DAMAGED.format(path=root)) from None
     if not file.is_file():
         raise CheckpointError(f"{file} is missing (listed in {root / MANIFEST})", _DAMAGED.format(path=root))
+    refuse_pickle(file, root)
     if file.stat().st_size != size:
         raise CheckpointError(f"{file} has {file.stat().st_size} bytes, the manifest says {size}",
                               _DAMAGED.format(path=root))
@@ -246,7 +248,7 @@ def _read_stages(path: Path, runner: LocalRunner, position: dict[str, Any]) -> d
         raise CheckpointError(
             f"{path}: holds the state of stage `{extra[0]}`, which this pipeline has no stateful stage for",
             "resume with the spec.yaml this checkpoint was saved with, or start a new run with `gfcr run`")
-    return {sid: read_tree(path / "stages" / sid) for sid in position["stages"]}
+    return {sid: read_tree(path / "stages" / sid, checkpoint=path) for sid in position["stages"]}
 
 
 def _load_policy(path: Path, manifest: dict[str, Any], resources: Resources) -> None:
@@ -257,6 +259,7 @@ def _load_policy(path: Path, manifest: dict[str, Any], resources: Resources) -> 
         raise CheckpointError(f"{path} {what}", "resume with the spec.yaml this checkpoint was saved with")
     if resources.policy is None:
         return
+    check_safetensors(path / POLICY, path)  # a pickle or a foreign file is refused before the model is touched
     try:
         model = resources.policy.model
         load_model(model, str(path / POLICY), strict=True, device=str(next(model.parameters()).device))
@@ -267,7 +270,7 @@ def _load_policy(path: Path, manifest: dict[str, Any], resources: Resources) -> 
 
 
 def _load_rng(path: Path) -> None:
-    torch.set_rng_state(load_file(str(path / RNG_TORCH))["state"])
+    torch.set_rng_state(load_tensors(path / RNG_TORCH, path)["state"])
     n = _read_json(path, RNG_NUMPY)
     np.random.set_state((n["bit_generator"], np.array(n["key"], dtype=np.uint32), n["pos"], n["has_gauss"],
                          n["cached_gaussian"]))

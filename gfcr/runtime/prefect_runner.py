@@ -44,6 +44,9 @@ DEFAULT_RETRIES = 2
 # environment defaults for a quiet, self-contained Prefect; a value the user set wins
 PREFECT_DEFAULTS = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",  # no telemetry from the embedded server
+    # nor from the SDK: its first-run telemetry notice on a terminal, and its usage events
+    # (Prefect reads this cross-tool variable on import; it has no PREFECT_ setting for them)
+    "DO_NOT_TRACK": "1",
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",  # 2 busy cores start it slowly
     "PREFECT_RESULTS_PERSIST_BY_DEFAULT": "false",  # results live in the run directory
     "PREFECT_TASKS_REFRESH_CACHE": "false",

@@ -274,8 +274,10 @@ def _no_checkpoint(rd: RunDir) -> CheckpointError:
         return CheckpointError(f"{rd.path} has no complete checkpoint to resume from: {first.message}", first.fix)
     if legacy := rd.legacy_checkpoints():
         return CheckpointError(
-            f"{legacy[0][1]} is a format-1 checkpoint (a pickle, written by an earlier gfcr); this gfcr reads only "
-            "checkpoint directories, because loading a pickle can run any code",
-            "resume it with the gfcr that wrote it, or start the run again with `gfcr run`")
+            f"{legacy[0][1]} is not a gfcr checkpoint this gfcr loads: it is a pickle (a format-1 checkpoint of "
+            "gfcr before v2, or a file from elsewhere), and loading a pickle can run any code; this gfcr reads "
+            "only checkpoint directories of JSON and safetensors",
+            "if you trust where it came from, resume it with the gfcr that wrote it; else start the run again "
+            "with `gfcr run`")
     return CheckpointError(f"{rd.path} has no checkpoint to resume from",
                            "start it again with `gfcr run`; set `run.checkpoint_every` to checkpoint during a run")

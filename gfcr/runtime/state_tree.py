@@ -13,13 +13,17 @@ state), a tuple (Adam's ``betas``), a float that is not finite, a numpy scalar. 
 (a dataclass, an enum, an arbitrary object) is refused with its key path: a stage converts it
 to plain data in ``state_dict`` (GRESO's ``stats_to_state`` is the model).
 
-Loading reads JSON and safetensors only: no code runs, whoever wrote the files.
+Loading reads JSON and safetensors only: no code runs, whoever wrote the files. A file that is
+a pickle (``torch.save``'s zip or a bare pickle) where safetensors belongs is refused, unread,
+as not a gfcr checkpoint (``refuse_pickle``), and a tensors file is read by ``load_tensors``,
+which turns safetensors' own errors into a ``CheckpointError``.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +36,46 @@ from gfcr.errors import CheckpointError
 TAG = "__gfcr__"
 STATE_JSON, TENSORS = "state.json", "tensors.safetensors"
 _SCALARS = (str, int, bool, type(None))
+_ZIP = b"PK\x03\x04"  # torch.save's container: a zip holding data.pkl
+NOT_GFCR_FIX = ("a gfcr checkpoint holds JSON and safetensors only; this one was written by something else or "
+                "altered, and gfcr never unpickles it (loading a pickle runs any code it carries). Resume only "
+                "run directories you trust: delete {checkpoint} to resume from an older checkpoint, or start the "
+                "run again with `gfcr run`")
+
+
+def is_pickle(head: bytes) -> bool:
+    """Whether a file starting with ``head`` is a pickle: protocol 2-5's PROTO opcode, or the zip
+    ``torch.save`` writes (a protocol 0/1 pickle is plain text, which no JSON or safetensors reader takes)."""
+    return head.startswith(_ZIP) or (len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5)
+
+
+def refuse_pickle(file: Path, checkpoint: Path) -> None:
+    """Raise the "not a gfcr checkpoint" ``CheckpointError`` if ``file`` is a pickle (read: 4 bytes)."""
+    with open(file, "rb") as f:
+        head = f.read(4)
+    if is_pickle(head):
+        raise CheckpointError(
+            f"{checkpoint} is not a gfcr checkpoint: {file} is a pickle (as torch.save or pickle writes), not JSON or safetensors",
+            NOT_GFCR_FIX.format(checkpoint=checkpoint))
+
+
+def check_safetensors(file: Path, checkpoint: Path) -> None:
+    """Refuse ``file`` unless it starts like safetensors: an 8-byte header length, then a JSON header."""
+    refuse_pickle(file, checkpoint)
+    with open(file, "rb") as f:
+        head = f.read(9)
+    if len(head) < 9 or head[8:9] != b"{" or struct.unpack("<Q", head[:8])[0] > file.stat().st_size:
+        raise CheckpointError(f"{checkpoint} is not a gfcr checkpoint: {file} is not a safetensors file",
+                              NOT_GFCR_FIX.format(checkpoint=checkpoint))
+
+
+def load_tensors(file: Path, checkpoint: Path) -> dict[str, torch.Tensor]:
+    """The tensors of safetensors ``file``: a pickle is refused unread, a damaged file named."""
+    check_safetensors(file, checkpoint)
+    try:
+        return load_file(str(file))
+    except Exception as exc:  # safetensors raises its own SafetensorError on a damaged header
+        raise CheckpointError(f"{file}: cannot read the tensors: {exc}", _CORRUPT_FIX) from None
 
 
 class _Writer:
@@ -118,18 +162,19 @@ def write_tree(tree: Any, directory: Path, where: str = "state") -> list[Path]:
     return written
 
 
-def read_tree(directory: Path) -> Any:
-    """The tree ``write_tree`` wrote into ``directory``."""
+def read_tree(directory: Path, checkpoint: Path | None = None) -> Any:
+    """The tree ``write_tree`` wrote into ``directory`` (inside ``checkpoint``, which errors name;
+    ``directory`` itself when not given)."""
+    checkpoint = directory if checkpoint is None else checkpoint
     state_file = directory / STATE_JSON
+    if state_file.is_file():
+        refuse_pickle(state_file, checkpoint)
     try:
         encoded = json.loads(state_file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{state_file}: cannot read the state: {exc}", _CORRUPT_FIX) from None
     tensors_file = directory / TENSORS
-    try:
-        tensors = load_file(str(tensors_file)) if tensors_file.is_file() else {}
-    except Exception as exc:  # safetensors raises its own SafetensorError on a damaged header
-        raise CheckpointError(f"{tensors_file}: cannot read the tensors: {exc}", _CORRUPT_FIX) from None
+    tensors = load_tensors(tensors_file, checkpoint) if tensors_file.is_file() else {}
     return _Reader(state_file, tensors).decode(encoded)
 
 

@@ -47,7 +47,7 @@ UPDATE_ID = "update"
 
 
 class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True, allow_inf_nan=False)
 
 
 class Resources(StrictModel):
@@ -137,7 +137,7 @@ class EvalSpec(DataSpec):
 
 class RunSpec(StrictModel):
     steps: Annotated[int, Field(ge=1)] = 1
-    seed: int = 0
+    seed: Annotated[int, Field(ge=0, description="the run's seed: every seeded draw derives from it")] = 0
     checkpoint_every: Annotated[int, Field(ge=1, description="checkpoint after every N steps (and at the end)")] | None = None
     keep_checkpoints: Annotated[int, Field(ge=1, description="newest checkpoints kept on disk")] = 2
     max_rollouts: Annotated[int, Field(ge=1, description="a compute budget: stop after the step at which the "

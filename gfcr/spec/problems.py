@@ -123,6 +123,11 @@ def _fix(err: dict, path: KeyPath, root: type[BaseModel]) -> tuple[str, str | No
             return (f"`{err['input']}` is not a valid name",
                     "names use letters, digits and `_`, and start with a letter or `_`")
         return f"`{err['input']}` does not have the required form", _pattern_fix(err["ctx"]["pattern"])
+    if kind == "finite_number":
+        return (f"`{key}` must be a finite number, got `{err['input']!r}`",
+                "write a finite number here: `.inf`, `-.inf` and `.nan` cannot run")
+    if kind in BOUNDS and key == "seed":
+        return f"a seed is a non-negative integer, got `{err['input']!r}`", "write 0 or a positive integer"
     if kind in BOUNDS:
         return f"{msg}, got `{err['input']!r}`", "change the value to satisfy the bound"
     return msg, None

@@ -7,6 +7,13 @@ the last silently) and every key path maps to a ``file:line:col``.
 Scalars follow YAML 1.2's core schema rather than PyYAML's YAML 1.1 defaults: only
 ``true``/``false`` are booleans (``on``, ``yes`` and ``no`` stay strings), ``1e-4`` is a
 float, and dates stay strings. Merge keys (``<<``) are refused; anchors and aliases work.
+
+Hostile input is refused before it costs anything: nesting deeper than ``MAX_DEPTH`` stops the
+scanner at the first bracket too deep and the composer at the first block node too deep
+(PyYAML's composer recurses, so 100,000 brackets raised ``RecursionError``); a document whose
+aliases would expand it past ``MAX_VALUES`` values (a "billion laughs" bomb: a few hundred bytes
+that expand to 10^9 values) is refused after composing, which shares aliased nodes, and before
+building, which would copy them. Both are problems with ``file:line:col``.
 """
 
 from __future__ import annotations
@@ -27,8 +34,49 @@ _INT = "tag:yaml.org,2002:int"
 _TIMESTAMP = "tag:yaml.org,2002:timestamp"
 
 
+MAX_DEPTH = 64  # a pipeline nests about 6 deep
+MAX_VALUES = 100_000  # values after alias expansion; a large pipeline has a few hundred
+
+
+class _TooDeep(yaml.MarkedYAMLError):
+    """Raised by the composer at the first node nested deeper than ``MAX_DEPTH``."""
+
+
 class _Loader(yaml.SafeLoader):
-    """SafeLoader with YAML 1.2 core-schema booleans, ints and floats."""
+    """SafeLoader with YAML 1.2 core-schema booleans, ints and floats; it records each alias use
+    and refuses nesting deeper than ``MAX_DEPTH`` as it composes."""
+
+    def __init__(self, stream: str):
+        super().__init__(stream)
+        self.depth = 0
+        self.aliases: list[tuple[str, yaml.Mark]] = []  # (anchor, where `*anchor` is written)
+        self.anchored: dict[str, yaml.Node] = {}  # anchor -> its node (PyYAML forgets them after composing)
+
+    def fetch_flow_collection_start(self, token_class: type) -> None:
+        # the scanner looks ahead up to 1024 characters per flow level, which makes deep brackets
+        # quadratic before the composer sees them: stop them as they are scanned
+        if self.flow_level >= MAX_DEPTH:
+            raise _TooDeep(problem=f"the document nests deeper than {MAX_DEPTH} levels",
+                           problem_mark=self.get_mark())
+        super().fetch_flow_collection_start(token_class)
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            self.aliases.append((event.anchor, event.start_mark))
+            return super().compose_node(parent, index)
+        if self.depth >= MAX_DEPTH:
+            raise _TooDeep(problem=f"the document nests deeper than {MAX_DEPTH} levels",
+                           problem_mark=self.peek_event().start_mark)
+        anchor = self.peek_event().anchor
+        self.depth += 1
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+        if anchor is not None:
+            self.anchored[anchor] = node
+        return node
 
 
 _Loader.yaml_implicit_resolvers = {
@@ -134,6 +182,9 @@ def parse_yaml(text: str, file: str | None = None) -> tuple[Any, SourceMap, list
     loader.name = file or "<string>"
     try:
         node = loader.get_single_node()
+    except _TooDeep as exc:
+        return None, SourceMap(file), [Problem(_mark(file, exc.problem_mark), "", str(exc.problem),
+                                               "flatten the structure: a gfcr spec nests a few levels deep")]
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = _mark(file, mark) if mark else Location(file)
@@ -144,10 +195,36 @@ def parse_yaml(text: str, file: str | None = None) -> tuple[Any, SourceMap, list
         loader.dispose()
     if node is None:
         return None, SourceMap(file), []
+    if bomb := _alias_bomb(node, loader, file):
+        return None, SourceMap(file), [bomb]
     builder = _Builder(loader, file)
     builder.source.spans[()] = _mark(file, node.start_mark)
     data = builder.build(node, ())
     return data, builder.source, builder.problems
+
+
+def _alias_bomb(root: yaml.Node, loader: _Loader, file: str | None) -> Problem | None:
+    """A problem if expanding the aliases would make more than ``MAX_VALUES`` values, at the alias
+    that stands for the most; counted on the composed graph, where an aliased node is shared."""
+    if not loader.aliases:
+        return None
+    sizes: dict[int, int] = {}
+
+    def size(node: yaml.Node) -> int:  # depth is capped by the composer, so this recursion is bounded
+        if id(node) not in sizes:
+            children = node.value if isinstance(node, yaml.SequenceNode) else \
+                [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else []
+            sizes[id(node)] = 1 + sum(size(child) for child in children)
+        return sizes[id(node)]
+
+    if size(root) <= MAX_VALUES:
+        return None
+    anchor, mark = max(loader.aliases, key=lambda a: sizes.get(id(loader.anchored.get(a[0])), 0))
+    stands_for = sizes.get(id(loader.anchored.get(anchor)), 0)
+    return Problem(_mark(file, mark), "",
+                   f"aliases would expand this document to {size(root):,} values, more than {MAX_VALUES:,} "
+                   f"(`*{anchor}` here alone stands for {stands_for:,}): refused before expanding it",
+                   "write the values out instead of nesting aliases of aliases; a gfcr spec has a few hundred values")
 
 
 def parse_scalar(text: str) -> Any:

@@ -20,10 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-import yaml
-
-from gfcr.errors import GfcrError, did_you_mean
+from gfcr.errors import GfcrError, SpecError, did_you_mean
 from gfcr.runtime.rundir import RunDir
+from gfcr.spec.yaml_source import parse_yaml
 from gfcr.tracking.mlflow_store import connect, quiet, resolve_uri
 from gfcr.tracking.mlflow_values import flatten, spec_params
 
@@ -113,7 +112,10 @@ def _spec_params(spec: Path) -> dict[str, str]:
     try:
         return spec_params(load_pipeline(spec))
     except GfcrError:
-        return {k: str(v) for k, v in flatten(yaml.safe_load(spec.read_text(encoding="utf-8")))}
+        data, _, problems = parse_yaml(spec.read_text(encoding="utf-8"), str(spec))  # aliases and depth capped
+        if problems:
+            raise SpecError(problems) from None
+        return {k: str(v) for k, v in flatten(data)}
 
 
 def _counts(record: Mapping[str, Any], where: Path | str) -> StepCounts:

@@ -73,6 +73,64 @@ def test_stages_table_and_family_filter():
     assert cli.invoke(app, ["stages", "--family", "controls"]).exit_code == 2
 
 
+def test_stages_table_shows_defaults_and_allowed_values_readably():
+    """Literal fields show their values, factory defaults their value: no `Literal`, no `PydanticUndefined`."""
+    result = cli.invoke(app, ["stages"])
+    assert result.exit_code == 0, result.output
+    assert "PydanticUndefined" not in result.output and "Literal" not in result.output
+
+
+def test_a_config_field_reads_as_a_user_writes_it():
+    from gfcr.cli.main import _field_text
+    from gfcr.stages.control.sgpo import Sgpo
+    from gfcr.stages.filter.finish_reason import FinishReasonFilter
+
+    fields = {**FinishReasonFilter.Config.model_fields, **Sgpo.Config.model_fields}
+    assert _field_text("action", fields["action"]) == "action: 'mask' | 'drop' = 'mask'"
+    assert _field_text("group_sizes", fields["group_sizes"]) == "group_sizes: list[int] = [2, 4, 8]"
+    assert _field_text("seed", fields["seed"]) == "seed: int | None = None"
+    assert _field_text("batch_size", fields["batch_size"]) == "batch_size: int"
+
+
+def test_version_prints_the_installed_version():
+    import tomllib
+
+    result = cli.invoke(app, ["--version"])
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert result.exit_code == 0 and result.output == f"gfcr {version}\n", result.output
+
+
+def test_prefect_prints_no_telemetry_notice_on_a_terminal(tmp_path):
+    """Prefect's SDK shows a first-run telemetry notice on a terminal: gfcr's Prefect settings turn it
+    off. The same import without them shows it, so the check is live."""
+    import os
+    import pty
+
+    def on_a_terminal(code: str, home: str) -> str:
+        env = {k: v for k, v in os.environ.items() if k not in ("DO_NOT_TRACK", "CI")}
+        env.update(PREFECT_HOME=str(tmp_path / home), PYTHONPATH=str(REPO), HOME=str(tmp_path / home))
+        leader, follower = pty.openpty()
+        done = subprocess.run([sys.executable, "-c", code], stdin=follower, stdout=follower, stderr=follower,
+                              env=env, timeout=120)
+        os.close(follower)
+        text = b""
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            text += chunk
+        os.close(leader)
+        assert done.returncode == 0, text
+        return text.decode(errors="replace").lower()
+
+    gfcr_way = "from gfcr.runtime.prefect_runner import configure_prefect; configure_prefect(); import prefect"
+    assert "telemetry" not in on_a_terminal(gfcr_way, "gfcr")
+    assert "telemetry" in on_a_terminal("import prefect", "plain")
+
+
 def test_graph_writes_a_drawing(write_spec, tmp_path):
     result = cli.invoke(app, ["graph", str(write_spec(DAPO)), "--out", str(tmp_path / "g.dot")])
     assert result.exit_code == 0, result.output

@@ -66,6 +66,24 @@ def _only_a_pickle(run: Path) -> None:
     (run / "checkpoints" / "step-000002.pt").write_bytes(b"\x80\x04K\x01.")
 
 
+def _torch_save_as_the_rng_state(run: Path) -> None:
+    """The RNG state written by torch.save (a pickle), the manifest rewritten to match it."""
+    import io
+
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save({"state": torch.get_rng_state()}, buffer)
+    (run / CKPT / "rng" / "torch.safetensors").write_bytes(buffer.getvalue())
+    _rehash(run / CKPT)
+
+
+def _run_dir_is_a_file(run: Path) -> None:
+    (run.parent / "run.spec.yaml").write_text(BASE)
+    shutil.rmtree(run)
+    run.write_text("not a folder")
+
+
 @dataclass
 class Case:
     id: str
@@ -89,8 +107,14 @@ RESUME_CASES = [
     Case("format mismatch", lambda run: _set_format(run / CKPT / MANIFEST, 3),
          ["checkpoint format 3 (written by gfcr 9.9.9); this gfcr reads format 2"], "resume it with the gfcr version"),
     Case("format-1 pickle checkpoint", _only_a_pickle,
-         ["{run}/checkpoints/step-000002.pt is a format-1 checkpoint", "loading a pickle can run any code"],
+         ["{run}/checkpoints/step-000002.pt is not a gfcr checkpoint this gfcr loads", "a format-1 checkpoint",
+          "loading a pickle can run any code"],
          "start the run again with `gfcr run`"),
+    Case("a pickle inside a checkpoint", _torch_save_as_the_rng_state,
+         [f"{{run}}/{CKPT} is not a gfcr checkpoint: {{run}}/{CKPT}/rng/torch.safetensors is a pickle"],
+         f"Resume only run directories you trust: delete {{run}}/{CKPT}"),
+    Case("--run-dir names a file", _run_dir_is_a_file, ["run directory {run} is a file"], "pick another --run-dir",
+         ["run", "{run}.spec.yaml", "--run-dir", "{run}", "--executor", "local"]),
     Case("no checkpoint", lambda run: shutil.rmtree(run / "checkpoints"),
          ["{run} has no checkpoint to resume from"], "set `run.checkpoint_every`"),
     Case("not a run directory", lambda run: (run / "spec.yaml").unlink(),

@@ -15,7 +15,7 @@ from gfcr.errors import GraphError, SpecError
 from gfcr.graph import load_pipeline
 from gfcr.registry import STAGES
 from gfcr.stages.data.arithmetic import ArithmeticSource
-from tests.conftest import BASE, DAPO
+from tests.conftest import BASE, DAPO, REPO
 
 # a generate stage hosting a TEST in-flight controller (control.fake_stop)
 STOP = BASE.replace("  rollout: {use: generate.fake, from: budget}",
@@ -55,6 +55,15 @@ def edit(base: str, old: str, new: str) -> str:
     assert old in base, old
     return base.replace(old, new, 1)
 
+
+# "billion laughs": nine aliases of nine aliases of ... of nine strings, 4.4e9 values from 500 bytes
+BOMB = "".join(f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9 if i else ["lol"] * 9) + "]\n" for i in range(10))
+DEEP = "[" * 100_000 + "]" * 100_000  # PyYAML's composer recursed into a RecursionError
+DEEP_BLOCK = "".join("  " * i + f"k{i}:\n" for i in range(100)) + "  " * 100 + "v: 1\n"
+
+QUICK = (REPO / "pipelines" / "quickstart.yaml").read_text()  # generate.sample and update.grpo, with a policy
+FINITE_FIX = "write a finite number here: `.inf`, `-.inf` and `.nan` cannot run"
+SEED_FIX = "write 0 or a positive integer"
 
 CASES = [
     Case("near-miss stage name", edit(BASE, "control.uniform", "control.unifrom"),
@@ -258,7 +267,63 @@ CASES = [
               "{use: control.hive, with: {batch_size: 4, min_success: 0.5, max_success: 0.5}}"),
          "control.hive", "stages.pick.with", "min_success (0.5) must be below max_success (0.5)",
          "lower `min_success` or raise `max_success`; the defaults are 0 and 1"),
+    Case("alias bomb (billion laughs)", BASE + BOMB, "a9: &a9 [*a8", "",
+         "aliases would expand this document to 4,412,961,", "write the values out instead of nesting aliases"),
+    Case("100,000 nested brackets", edit(BASE, "run: {steps: 2}", f"run: {{steps: 2, x: {DEEP}}}"),
+         "run: {steps: 2, x: [[[", "", "the document nests deeper than 64 levels", "flatten the structure"),
+    Case("infinite learning rate", edit(QUICK, "lr: 3.0e-4", "lr: .inf"),
+         "lr: .inf", "update.with.lr", "`lr` must be a finite number, got `inf`", FINITE_FIX),
+    Case("infinite sampling temperature", edit(QUICK, "temperature: 1.0", "temperature: .inf"),
+         "temperature: .inf", "stages.rollout.with.temperature", "`temperature` must be a finite number, got `inf`",
+         FINITE_FIX),
+    Case("-inf in an optional float", edit(QUICK, "lr: 3.0e-4,", "lr: 3.0e-4, tis_cap: -.inf,"),
+         "tis_cap: -.inf", "update.with.tis_cap", "`tis_cap` must be a finite number, got `-inf`", FINITE_FIX),
+    Case("NaN in an update component's float pair", edit(QUICK, "clip: [0.2, 0.28]", "clip: [0.2, .nan]"),
+         "clip: [0.2, .nan]", "update.with.loss.with", "loss `ppo_clip`: `clip.1` must be a finite number, got `nan`",
+         "give `clip.1` a finite number"),
+    Case("NaN in a stage config", edit(BASE, "from: rollout}", "from: rollout, with: {tolerance: .nan}}"),
+         "tolerance: .nan", "stages.keep.with.tolerance", "`tolerance` must be a finite number, got `nan`",
+         FINITE_FIX),
+    Case("infinite float in a stage entry (timeout)", edit(BASE, "from: rollout}", "from: rollout, timeout_s: .inf}"),
+         "timeout_s: .inf", "stages.keep.timeout_s", "`timeout_s` must be a finite number, got `inf`", FINITE_FIX),
+    Case("negative run seed", edit(QUICK, "seed: 0, checkpoint_every", "seed: -1, checkpoint_every"),
+         "run: {steps: 100, seed: -1", "run.seed", "a seed is a non-negative integer, got `-1`", SEED_FIX),
+    Case("negative data seed", edit(QUICK, "n: 4000, seed: 0", "n: 4000, seed: -1"),
+         "n: 4000, seed: -1", "data.with.seed", "a seed is a non-negative integer, got `-1`", SEED_FIX),
+    Case("negative stage seed", edit(QUICK, "batch_size: 16}", "batch_size: 16, seed: -2}"),
+         "batch_size: 16, seed: -2", "stages.pick.with.seed", "a seed is a non-negative integer, got `-2`", SEED_FIX),
+    Case("Adam beta2 of 1", edit(QUICK, "lr: 3.0e-4,", "lr: 3.0e-4, betas: [0.9, 1.0],"),
+         "betas: [0.9, 1.0]", "update.with.betas", "Adam's betas must each be in [0, 1), got [0.9, 1.0]",
+         "write e.g. `betas: [0.9, 0.999]`"),
+    Case("negative Adam beta1", edit(QUICK, "lr: 3.0e-4,", "lr: 3.0e-4, betas: [-0.1, 0.999],"),
+         "betas: [-0.1, 0.999]", "update.with.betas", "Adam's betas must each be in [0, 1), got [-0.1, 0.999]",
+         "write e.g. `betas: [0.9, 0.999]`"),
+    Case("empty stop string", edit(QUICK, "max_new_tokens: 8}}", 'max_new_tokens: 8, stop: [""]}}'),
+         'stop: [""]', "stages.rollout.with.stop",
+         "`stop` holds an empty string (item 0), which would end every response after its first token",
+         "remove the empty string from `stop`"),
+    Case("100 nested block mappings", BASE + DEEP_BLOCK, "k63:", "", "the document nests deeper than 64 levels",
+         "flatten the structure"),
 ]
+
+
+# the cases of issue 16 (hostile YAML, values that validate but cannot run): also timed, measured
+# and checked to write nothing, in one fresh process
+HARDENING = [c for c in CASES if c.id.startswith(("alias bomb", "100", "infinite", "-inf", "NaN", "negative",
+                                                  "Adam", "negative Adam", "empty stop"))]
+
+_BUDGET_CHILD = textwrap.dedent("""\
+    import json, re, sys, time
+    from pathlib import Path
+    from typer.testing import CliRunner
+    from gfcr.cli.main import app
+    for file in sys.argv[1:]:
+        start = time.perf_counter()
+        result = CliRunner().invoke(app, ["validate", file])
+        print(json.dumps({"file": file, "exit": result.exit_code, "s": time.perf_counter() - start,
+                          "output": result.output}))
+    print(re.search(r"VmHWM:\\s+(\\d+) kB", Path("/proc/self/status").read_text()).group(1))
+    """)
 
 
 def problems_of(path, overrides):
@@ -316,3 +381,33 @@ def test_reference_and_config_problems_are_reported_together(write_spec):
     text = edit(edit(BASE, "from: rollout}", "from: rollot}"), "batch_size: 4", "batch_size: 0")
     problems = problems_of(write_spec(text), [])
     assert {p.path for p in problems} >= {"stages.keep.from", "stages.pick.with.batch_size"}
+
+
+def test_hardening_cases_exit_2_within_5_s_and_200_mb_and_write_nothing(tmp_path):
+    """Each case of issue 16's table through `gfcr validate` in one fresh process (started in an
+    empty folder): exit 2 with the file's line and a fix, under 5 s each, under 200 MB peak RSS
+    for the whole process, and no file written anywhere under the folder or beside the spec."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    assert len(HARDENING) >= 15
+    specs, work = tmp_path / "specs", tmp_path / "cwd"
+    specs.mkdir(), work.mkdir()
+    files = []
+    for n, case in enumerate(HARDENING):
+        files.append(specs / f"case{n}.yaml")
+        files[-1].write_text(textwrap.dedent(case.text))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-c", _BUDGET_CHILD, *map(str, files)], capture_output=True,
+                          text=True, timeout=300, env=env, cwd=work)
+    *results, peak = done.stdout.strip().split("\n")
+    assert len(results) == len(HARDENING), done.stdout + done.stderr
+    for case, file, line in zip(HARDENING, files, results):
+        result = json.loads(line)
+        assert result["exit"] == 2 and "fix: " in result["output"], (case.id, result)
+        assert expected_where(case, str(file)) in result["output"], (case.id, result["output"])
+        assert result["s"] < 5.0, (case.id, result["s"])
+    assert int(peak) < 200 * 1024, f"peak RSS {int(peak) // 1024} MB"
+    assert list(work.iterdir()) == [] and sorted(specs.iterdir()) == sorted(files)

@@ -98,6 +98,8 @@ from pydantic import Field
 from gfcr.records import (Allocation, AllocationEntry, ControlReason, PromptPool, PromptStats, StepContext,
                           StepReport)
 from gfcr.registry import StageConfig
+from gfcr.records import Allocation, AllocationEntry, PromptPool, PromptStats, StepContext, StepReport
+from gfcr.registry import Seed, StageConfig
 from gfcr.stages.control.prompt_stats import (beta_update, observe_group, stats_from_state, stats_to_state,
                                               stats_with_prior)
 from gfcr.stages.control.uniform import epoch_order, start_batch
@@ -132,7 +134,7 @@ class BetaThompson:
             "lambda: weight kept by the old posterior at each update; 1 - lambda moves it toward the prior"))
         prior_alpha: PriorCount = Field(1.0, description="alpha0: prior pseudo-successes")
         prior_beta: PriorCount = Field(1.0, description="beta0: prior pseudo-failures")
-        seed: int | None = Field(None, description="permutation and draw seed; default: the run's seed")
+        seed: Seed | None = Field(None, description="permutation and draw seed; default: the run's seed")
         history_size: Annotated[int, Field(ge=0, description=(
             "observations kept per prompt for inspection; they are checkpointed"))] = 4
 

@@ -94,6 +94,9 @@ from gfcr.records import (Allocation, AllocationEntry, ControlReason, Prompt, Pr
                           StepReport)
 from gfcr.registry import StageConfig
 from gfcr.stages.control.prompt_stats import observe_group, stats_from_state, stats_to_state, visit_draw
+from gfcr.records import Allocation, AllocationEntry, Prompt, PromptPool, PromptStats, StepContext, StepReport
+from gfcr.registry import Seed, StageConfig
+from gfcr.stages.control.prompt_stats import observe_group, stats_from_state, stats_to_state
 from gfcr.stages.control.uniform import epoch_order, start_batch
 
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
@@ -123,7 +126,7 @@ class Greso:
     class Config(StageConfig):
         batch_size: Annotated[int, Field(ge=1, description="prompts kept per call")]
         n_rollouts: Annotated[int, Field(ge=1, description="rollouts marked per kept prompt")] = 1
-        seed: int | None = Field(None, description="permutation and draw seed; default: the run's seed")
+        seed: Seed | None = Field(None, description="permutation and draw seed; default: the run's seed")
         initial_p_easy: Probability = Field(0.5, description="starting keep base for easy streaks")
         initial_p_hard: Probability = Field(0.5, description="starting keep base for hard streaks")
         target_zero_variance: Annotated[float, Field(gt=0.0, lt=1.0, description=(

@@ -95,6 +95,8 @@ from pydantic import Field, model_validator
 
 from gfcr.records import Allocation, AllocationEntry, ControlReason, Prompt, PromptPool, StepContext
 from gfcr.registry import StageConfig
+from gfcr.records import Allocation, AllocationEntry, Prompt, PromptPool, StepContext
+from gfcr.registry import Seed, StageConfig
 from gfcr.stages.filter.verify import score_text
 from gfcr.stages.generate.sample import step_seed
 from gfcr.stages.resources import Engine, GenerationRequest, Policy, Resources, SamplingParams, prompt_tokens
@@ -151,7 +153,7 @@ class Sgpo:
         temperature: Annotated[float, Field(ge=0.0, description="profile sampling temperature")] = 1.0
         max_new_tokens: Annotated[int, Field(ge=1, description=(
             "profile response length cap (set it as the rollout stage's)"))] = 64
-        seed: int | None = Field(None, description="permutation, sub-sampling and profile seed; default: the run's")
+        seed: Seed | None = Field(None, description="permutation, sub-sampling and profile seed; default: the run's")
 
         @model_validator(mode="after")
         def _phases_match_buckets(self) -> "Sgpo.Config":

@@ -38,6 +38,8 @@ from pydantic import Field
 
 from gfcr.records import Allocation, AllocationEntry, ControlReason, PromptPool, StepContext
 from gfcr.registry import StageConfig
+from gfcr.records import Allocation, AllocationEntry, PromptPool, StepContext
+from gfcr.registry import Seed, StageConfig
 
 
 def start_batch(epoch: int, cursor: int, batch_size: int, pool_size: int) -> tuple[int, int]:
@@ -59,7 +61,7 @@ class UniformControl:
     class Config(StageConfig):
         batch_size: Annotated[int, Field(ge=1, description="prompts per step")]
         n_rollouts: Annotated[int, Field(ge=1, description="rollouts marked per chosen prompt")] = 1
-        seed: int | None = Field(None, description="permutation seed; default: the run's seed")
+        seed: Seed | None = Field(None, description="permutation seed; default: the run's seed")
 
     def __init__(self, config: Config):
         self.config = config

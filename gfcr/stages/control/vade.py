@@ -106,6 +106,8 @@ from pydantic import Field
 from gfcr.records import (Allocation, AllocationEntry, ControlReason, Prompt, PromptPool, PromptStats, StepContext,
                           StepReport)
 from gfcr.registry import StageConfig
+from gfcr.records import Allocation, AllocationEntry, Prompt, PromptPool, PromptStats, StepContext, StepReport
+from gfcr.registry import Seed, StageConfig
 from gfcr.stages.control.beta_thompson import thompson_draw
 from gfcr.stages.control.prompt_stats import (beta_update, observe_group, stats_from_state, stats_to_state,
                                               stats_with_prior)
@@ -149,7 +151,7 @@ class Vade:
             "fast scale: weight the old posterior keeps at each update (a guess; MoPPS's lambda)"))
         prior_alpha: PriorCount = Field(1.0, description="alpha0: prior pseudo-successes")
         prior_beta: PriorCount = Field(1.0, description="beta0: prior pseudo-failures")
-        seed: int | None = Field(None, description="permutation and draw seed; default: the run's seed")
+        seed: Seed | None = Field(None, description="permutation and draw seed; default: the run's seed")
         history_size: Annotated[int, Field(ge=0, description=(
             "observations kept per prompt for inspection; they are checkpointed"))] = 4
 

@@ -19,7 +19,7 @@ import numpy as np
 from pydantic import Field
 
 from gfcr.records import Prompt, PromptPool, VerifierSpec, prompt_id
-from gfcr.registry import StageConfig
+from gfcr.registry import Seed, StageConfig
 
 
 
@@ -43,7 +43,7 @@ class ArithmeticSource:
 
     class Config(StageConfig):
         n: Annotated[int, Field(ge=1, description="number of problems")] = 1000
-        seed: int = 0
+        seed: Seed = 0
         split: Annotated[str, Field(pattern=r"^[a-z0-9_]+$")] = "train"
         digits: Annotated[int, Field(ge=1, le=6, description="digits per operand")] = 2
         operators: Annotated[list[Literal["+", "-", "*"]], Field(min_length=1)] = ["+", "-"]

@@ -61,7 +61,7 @@ import numpy as np
 from pydantic import Field, field_validator
 
 from gfcr.records import Prompt, PromptPool, VerifierSpec, prompt_id
-from gfcr.registry import StageConfig
+from gfcr.registry import Seed, StageConfig
 
 CategoryName = Literal["1d+1d", "1d*1d", "2d+2d no carry", "2d+2d carry", "2d-2d no borrow",
                        "2d-2d borrow", "2d*1d no carry", "2d*1d carry"]
@@ -141,7 +141,7 @@ class ArithmeticMixSource:
 
     class Config(StageConfig):
         n: Annotated[int, Field(ge=1, description="number of prompts")] = 1000
-        seed: int = Field(0, description="orders each category's problems")
+        seed: Seed = Field(0, description="orders each category's problems")
         split: Split = Field("train", description="`eval`: the held-out fifth of the problems; `train`: the rest")
         categories: list[CategoryName] = Field(
             list(CATEGORIES), min_length=1,

@@ -57,12 +57,13 @@ import zlib
 from typing import Annotated, Sequence
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from gfcr.records import (
     Allocation, Rollout, RolloutGroup, RolloutGroups, RolloutStatus, StepContext, group_id, rollout_id,
 )
-from gfcr.registry import StageConfig
+from gfcr.registry import Seed, StageConfig
+from gfcr.spec.problems import fixable
 from gfcr.stages.engine import (
     Completion, InFlightController, InFlightView, SamplingParams, Steer, splice,
 )
@@ -84,11 +85,19 @@ class Sample:
         temperature: Annotated[float, Field(ge=0.0, description="0 samples greedily")] = 1.0
         top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
         max_new_tokens: Annotated[int, Field(ge=1)] = 64
-        stop: list[str] = Field(default_factory=list, description="stop strings (kept in the response)")
-        seed: int | None = Field(None, description="sampling seed; default: the run's seed")
+        stop: list[str] = Field(default_factory=list, description="stop strings (kept in the response); not empty")
+        seed: Seed | None = Field(None, description="sampling seed; default: the run's seed")
         entropy: bool = Field(False, description="record each token's entropy on Rollout.token_entropy")
         max_in_flight: Annotated[int | None, Field(ge=1, description="rows decoded at once; default: the "
                                                    "engine's batch")] = None
+
+        @field_validator("stop")
+        @classmethod
+        def _no_empty_stop(cls, stop: list[str]) -> list[str]:
+            if "" in stop:  # it matches at once: every response would be one token and every update skipped
+                raise fixable(f"`stop` holds an empty string (item {stop.index('')}), which would end every "
+                              "response after its first token", "remove the empty string from `stop`")
+            return stop
 
     def __init__(self, config: Config):
         self.config = config

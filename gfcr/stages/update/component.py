@@ -41,9 +41,9 @@ from gfcr.spec.problems import BOUNDS, FIXABLE, fixable
 
 class ComponentConfig(BaseModel):
     """Base for the Config of an estimator, loss or aggregation: frozen, strict, unknown keys
-    rejected."""
+    rejected, floats finite."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 @dataclass(frozen=True)
@@ -117,6 +117,9 @@ def _config_problems(exc: ValidationError, allowed: list[str], key: str, use: st
             parts.append(f"`{field}` is required")
             fixes.append(f"it has no default: write `{key}: {{use: {use}, with: {{{field}: ...}}}}` "
                          f"(--set update.with.{key}.with.{field}=...)")
+        elif err["type"] == "finite_number":
+            parts.append(f"`{field}` must be a finite number, got `{err['input']!r}`")
+            fixes.append(f"give `{field}` a finite number: `.inf`, `-.inf` and `.nan` cannot run")
         else:
             parts.append(f"`{field}`: {err['msg']}, got `{err['input']!r}`")
             fixes.append(f"change `{field}` to satisfy the bound" if err["type"] in BOUNDS else

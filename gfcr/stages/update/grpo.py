@@ -92,7 +92,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from gfcr.records import PromptPool, Rollout, RolloutGroup, RolloutGroups, UpdateReport
 from gfcr.registry import StageConfig
@@ -166,10 +166,19 @@ class GRPOUpdate:
         max_staleness: Annotated[int, Field(ge=0, description="mask tokens more than K policy versions old")] | None = None
         max_grad_norm: Annotated[float, Field(gt=0.0)] | None = 1.0
         weight_decay: Annotated[float, Field(ge=0.0)] = 0.0
-        betas: tuple[float, float] = (0.9, 0.999)
+        betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW's (beta1, beta2), each in [0, 1)")
         adam_eps: Annotated[float, Field(gt=0.0)] = 1e-8
         micro_batch_size: Annotated[int, Field(ge=1, description="rollouts per forward/backward pass")] = 16
         temperature: Annotated[float, Field(gt=0.0, description="the sampling temperature (log-probs are tempered)")] = 1.0
+
+        @field_validator("betas")
+        @classmethod
+        def _betas_in_unit_interval(cls, betas: tuple[float, float]) -> tuple[float, float]:
+            if not all(0.0 <= b < 1.0 for b in betas):  # torch's AdamW refuses them only when the run starts
+                raise fixable(f"Adam's betas must each be in [0, 1), got {list(betas)}",
+                              "write e.g. `betas: [0.9, 0.999]`; beta 1 or more never forgets, a negative one "
+                              "flips the moment estimates")
+            return betas
 
         @model_validator(mode="after")
         def _one_ratio_rule(self) -> "GRPOUpdate.Config":

@@ -37,9 +37,9 @@ Verifier = Callable[[str, str, dict[str, Any]], Score]
 
 
 class VerifierOptions(BaseModel):
-    """Base of a verifier's options: frozen, strict, unknown keys rejected."""
+    """Base of a verifier's options: frozen, strict, unknown keys rejected, floats finite."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 O = TypeVar("O", bound=VerifierOptions)
