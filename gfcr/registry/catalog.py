@@ -18,6 +18,7 @@ BUILTIN_STAGES = {
     "control.sgpo": "gfcr.stages.control.sgpo:Sgpo",
     "control.dars": "gfcr.stages.control.dars:Dars",
     "control.hive": "gfcr.stages.control.hive:Hive",
+    "control.dots": "gfcr.stages.control.dots:Dots",
     "control.gdro_rollout": "gfcr.stages.control.gdro_rollout:GdroRollout",
     "control.stop_at_target": "gfcr.stages.control.stop_at_target:StopAtTarget",
     "control.pilot_commit": "gfcr.stages.control.pilot_commit:PilotCommit",

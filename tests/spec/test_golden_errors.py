@@ -304,6 +304,19 @@ CASES = [
          "remove the empty string from `stop`"),
     Case("100 nested block mappings", BASE + DEEP_BLOCK, "k63:", "", "the document nests deeper than 64 levels",
          "flatten the structure"),
+    Case("control.dots whose fresh batch sigma * B is not whole",
+         edit(BASE, "{use: control.uniform, with: {batch_size: 4}}", "{use: control.dots, with: {batch_size: 5}}"),
+         "control.dots", "stages.pick.with", "fresh_fraction * batch_size = 0.5 * 5 = 2.5 is not a whole number",
+         "choose batch_size and fresh_fraction so that sigma * B is an integer"),
+    Case("control.dots and replay.rollout_replay at different sigmas",
+         edit(edit(BASE, "{use: control.uniform, with: {batch_size: 4}}",
+                   "{use: control.dots, with: {batch_size: 4, fresh_fraction: 0.25}}"),
+              "update: {use: update.fake, from: keep}",
+              "  replay:  {use: replay.rollout_replay, from: keep}\n"
+              "update: {use: update.grpo, from: replay, with: {decoupled_clip: true}}"),
+         "control.dots", "stages.pick.with.fresh_fraction",
+         "and `replay` (replay.rollout_replay) fills the batch for fresh_fraction 0.5",
+         "set the same `fresh_fraction` on both (`--set stages.replay.with.fresh_fraction=0.25`)"),
 ]
 
 

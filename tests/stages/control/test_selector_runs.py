@@ -1,4 +1,4 @@
-"""The prompt selectors (MoPPS, VADE, sGPO, HIVE) in real runs of the tiny-arith policy: their
+"""The prompt selectors (MoPPS, VADE, sGPO, HIVE, DOTS) in real runs of the tiny-arith policy: their
 per-step decisions in ``metrics.jsonl`` and MLflow, sGPO's profile charged to step 0's
 generated tokens, and resume (from a checkpoint, and after a SIGKILL mid-run) giving the
 metrics of an uninterrupted run."""
@@ -37,13 +37,16 @@ SELECTORS = {
     "sgpo": ("{use: control.sgpo, with: {batch_size: 4, profile_samples: 4, phase_steps: [2, 4], "
              "unsolved_rate: 0.5, max_new_tokens: 8}}", False),
     "hive": ("{use: control.hive, with: {batch_size: 4, candidate_ratio: 2}}", True),
+    "dots": ("{use: control.dots, with: {batch_size: 4, interval: 2, fresh_fraction: 0.5, reference_prompts: 8, "
+             "reference_samples: 4, max_new_tokens: 8}}", True),
 }
 NEEDS_ENTROPY = {"hive"}  # stage 1 ranks by the response entropy generate.sample records
 # what each selector decided on, reported every step under control.pick
 DECISIONS = {"mopps": ("posterior_mean", "draw_mean"), "vade": ("posterior_mean", "gain_mean", "unseen"),
              "sgpo": ("phase", "group_size", "predicted_success", "trivial", "learnable_g2"),
-             "hive": ("candidates", "off_edge", "kept_stage1", "kept_stage2", "prompt_entropy_mean", "tokens_scored")}
-REPORTED_AS = {"hive": "stages"}  # step_metrics (stages.<id>); the others: the Allocation's controller_state
+             "hive": ("candidates", "off_edge", "kept_stage1", "kept_stage2", "prompt_entropy_mean", "tokens_scored"),
+             "dots": ("round", "reference_rollouts", "predicted_mean", "distance_mean", "calibration_slope")}
+REPORTED_AS = {"hive": "stages", "dots": "stages"}  # step_metrics (stages.<id>); the others: the Allocation's controller_state
 
 
 def spec_text(name: str) -> str:
@@ -128,6 +131,21 @@ def test_hive_s_prompt_entropy_pass_is_counted_in_the_step_s_scored_tokens(full_
         assert r["tokens_scored"] == pick["tokens_scored"] > 0  # the only stage that scores here
         assert (pick["candidates"], pick["kept_stage2"]) == (8, 4)
         assert pick["kept_stage2"] <= pick["kept_stage1"] <= pick["candidates"] - pick["off_edge"]
+
+
+def test_dots_reference_rollouts_are_counted_in_the_step_s_budget(full_runs):
+    records = _metrics(full_runs["dots"])
+    for r in records:
+        pick = r["stages"]["pick"]
+        # the reference set (8 prompts, 4 samples) in the rounds' steps (0, 2, 4), nothing in the others
+        assert pick["reference_rollouts"] == (32 if r["step"] % 2 == 0 else 0) and pick["rounds_run"] == 1 - r["step"] % 2
+        # round 0 selects mu * B = 8 (4 a step), later rounds mu * sigma * B = 4 (2 a step); 4 rollouts each
+        assert pick["dispatched"] == (4 if r["step"] < 2 else 2)
+        assert r["rollouts_generated"] == pick["dispatched"] * 4 + pick["reference_rollouts"]
+        assert r["tokens_generated"] > pick["reference_tokens"]
+        # the embedding pass (every prompt, once, at step 0) is the only scoring
+        assert r["tokens_scored"] == pick["embedding_tokens"] and (pick["embedded_prompts"] > 0) == (r["step"] == 0)
+    assert records[0]["stages"]["pick"]["embedded_prompts"] == 40
 
 
 def test_mlflow_records_the_decisions_per_step(tmp_path):
