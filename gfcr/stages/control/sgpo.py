@@ -94,8 +94,6 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from gfcr.records import Allocation, AllocationEntry, ControlReason, Prompt, PromptPool, StepContext
-from gfcr.registry import StageConfig
-from gfcr.records import Allocation, AllocationEntry, Prompt, PromptPool, StepContext
 from gfcr.registry import Seed, StageConfig
 from gfcr.stages.filter.verify import score_text
 from gfcr.stages.generate.sample import step_seed

@@ -37,8 +37,6 @@ import numpy as np
 from pydantic import Field
 
 from gfcr.records import Allocation, AllocationEntry, ControlReason, PromptPool, StepContext
-from gfcr.registry import StageConfig
-from gfcr.records import Allocation, AllocationEntry, PromptPool, StepContext
 from gfcr.registry import Seed, StageConfig
 
 

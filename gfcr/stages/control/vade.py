@@ -105,8 +105,6 @@ from pydantic import Field
 
 from gfcr.records import (Allocation, AllocationEntry, ControlReason, Prompt, PromptPool, PromptStats, StepContext,
                           StepReport)
-from gfcr.registry import StageConfig
-from gfcr.records import Allocation, AllocationEntry, Prompt, PromptPool, PromptStats, StepContext, StepReport
 from gfcr.registry import Seed, StageConfig
 from gfcr.stages.control.beta_thompson import thompson_draw
 from gfcr.stages.control.prompt_stats import (beta_update, observe_group, stats_from_state, stats_to_state,
