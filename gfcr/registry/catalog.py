@@ -19,6 +19,8 @@ BUILTIN_STAGES = {
     "control.dars": "gfcr.stages.control.dars:Dars",
     "control.hive": "gfcr.stages.control.hive:Hive",
     "control.gdro_rollout": "gfcr.stages.control.gdro_rollout:GdroRollout",
+    "control.xrpo": "gfcr.stages.control.xrpo:Xrpo",
+    "control.coba": "gfcr.stages.control.coba:Coba",
     "control.stop_at_target": "gfcr.stages.control.stop_at_target:StopAtTarget",
     "filter.nonzero_variance": "gfcr.stages.filter.nonzero_variance:NonzeroVariance",
     "filter.dynamic_sampling": "gfcr.stages.filter.dynamic_sampling:DynamicSampling",
