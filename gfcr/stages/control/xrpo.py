@@ -25,9 +25,10 @@ later rounds reads the merged groups (``filter.merge_rounds``, the loop's feedba
 measures ``s_q`` and ``n_q`` on them, and hands out its share of the remaining budget one
 rollout at a time to the largest ``P_q`` (``n_q`` and ``T`` advance with each rollout handed
 out, ``s_q`` stays as measured), no prompt above ``n_max``. The step's budget is
-``mean_rollouts * |batch|``; phase ``j`` of ``P`` may spend up to
-``floor(R j / P)`` cumulatively of the remainder ``R = budget - n_base |batch|``, so what a
-capped phase could not place carries into the next.
+``mean_rollouts * |batch|``; phases ``1..j`` of ``P`` may spend ``ceil(R j / P)`` together of
+the remainder ``R = budget - n_base |batch|``, so what a capped phase could not place carries
+into the next, and a phase gets nothing only once ``R`` is used up (``filter.merge_rounds``
+ends the loop after a round that generated nothing).
 
 Budget (``step_metrics``, under ``stages.<id>`` in ``metrics.jsonl``): ``prompts``,
 ``budget``, ``base_rollouts``, ``phase_rollouts``, ``spent`` (their sum: the step's
@@ -58,7 +59,7 @@ Deviations:
   ``T = 8``) below the reduction of a balanced prompt (0.20 for ``s_q = 0.58``), so
   zero-variance prompts get rollouts only once the others' reductions have shrunk.
 - The number of phases, ``n_base``, ``n_max`` and the per-phase split (even, cumulative
-  floors, carrying what a phase could not place) are our choices; the paper's values were
+  ceilings, carrying what a phase could not place) are our choices; the paper's values were
   not readable. ``n_base >= 2`` so that ``s_q`` and ``t_{., n - 1}`` exist.
 - Rollouts are handed out greedily within a phase (``s_q`` frozen), which is the
   sequential argmax of ``P_q``; a tie goes to the prompt earlier in the allocation.
@@ -225,7 +226,7 @@ class Xrpo:
         ids = [e.prompt_id for e in allocation if e.prompt_id in self._given and e.prompt_id in by_prompt]
         measured = {pid: reward_std(by_prompt[pid]) for pid in ids}
         remainder = self.budget - self._base
-        units = remainder * phase // cfg.phases - self._phase  # cumulative target minus what earlier phases placed
+        units = -(-remainder * phase // cfg.phases) - self._phase  # ceil(R j / P) minus what earlier phases placed
         stds, counts = [measured[p][0] for p in ids], [measured[p][1] for p in ids]
         total = sum(self._given.values())
         given = dict(zip(ids, greedy_phase(stds, counts, units, total, cfg.bonus, cfg.n_max, cfg.alpha)))

@@ -102,13 +102,26 @@ def test_phases_split_the_remainder_and_carry_what_a_capped_phase_could_not_plac
     picked = _picked("p:0", "p:1")
     stage.run(picked, RolloutGroups(), _ctx(0))
     groups = RolloutGroups([scored_group("p:0", [1, 0, 0, 0]), scored_group("p:1", [1, 1, 0, 0])])
-    # remainder 2: phase 1 may place floor(2 * 1 / 2) = 1, phase 2 the rest; p:1 (s 0.577) first
+    # remainder 2: phase 1 may place ceil(2 * 1 / 2) = 1, phase 2 the rest; p:1 (s 0.577) first
     assert [e.n_rollouts for e in stage.run(picked, groups, _ctx(1))] == [0, 1]
     grown = RolloutGroups([scored_group("p:0", [1, 0, 0, 0]), scored_group("p:1", [1, 1, 0, 0, 1])])
     second = stage.run(picked, grown, _ctx(2))
     assert [e.n_rollouts for e in second] == [1, 0]
     assert second.entries[1].why.code == "at_cap"
     assert stage.step_metrics()["spent"] == stage.step_metrics()["budget"] == 10
+
+
+def test_a_small_remainder_goes_out_in_the_first_phase():
+    # one prompt, budget 5, base 4: remainder 1 over 2 phases. ceil(1 * 1 / 2) = 1 in phase 1 (a
+    # floor would give 0, and the loop, which ends after a round that generated nothing, would
+    # stop with the rollout unspent); phase 2 then has nothing left
+    stage = Xrpo(Xrpo.Config(mean_rollouts=5, n_base=4, n_max=8, phases=2))
+    stage.before_step(_ctx(None))
+    picked = _picked("p:0")
+    stage.run(picked, RolloutGroups(), _ctx(0))
+    assert stage.run(picked, RolloutGroups([scored_group("p:0", [1, 0, 0, 0])]), _ctx(1)).total_rollouts == 1
+    assert stage.run(picked, RolloutGroups([scored_group("p:0", [1, 0, 0, 0, 1])]), _ctx(2)).total_rollouts == 0
+    assert stage.step_metrics()["spent"] == stage.step_metrics()["budget"] == 5
 
 
 def test_a_missing_group_gets_nothing_and_the_shortfall_is_reported():
