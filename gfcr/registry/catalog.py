@@ -20,6 +20,8 @@ BUILTIN_STAGES = {
     "control.hive": "gfcr.stages.control.hive:Hive",
     "control.dots": "gfcr.stages.control.dots:Dots",
     "control.gdro_rollout": "gfcr.stages.control.gdro_rollout:GdroRollout",
+    "control.xrpo": "gfcr.stages.control.xrpo:Xrpo",
+    "control.coba": "gfcr.stages.control.coba:Coba",
     "control.stop_at_target": "gfcr.stages.control.stop_at_target:StopAtTarget",
     "control.pilot_commit": "gfcr.stages.control.pilot_commit:PilotCommit",
     "filter.nonzero_variance": "gfcr.stages.filter.nonzero_variance:NonzeroVariance",

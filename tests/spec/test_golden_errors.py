@@ -242,6 +242,26 @@ CASES = [
          "n_max: 16", "stages.topup.with.std", "std: false sizes the top-up for an advantage not divided by the "
          "group's std, but the update's advantage is `mean_std`",
          "set `std: true` here, or the update's advantage to `mean`"),
+    Case("control.xrpo outside a loop block, reading a generate stage's groups",
+         edit(BASE, "  keep:    {use: filter.nonzero_variance, from: rollout}",
+              "  plan:    {use: control.xrpo, from: {allocation: pick, groups: rollout}}\n"
+              "  again:   {use: generate.fake, from: plan}\n"
+              "  keep:    {use: filter.nonzero_variance, from: again}"),
+         "plan:", "stages.plan.with", "`rollout` (generate.fake) is upstream of control.xrpo",
+         "put the stage in a loop block"),
+    Case("control.xrpo with a base larger than its budget",
+         edit(BASE, "  keep:    {use: filter.nonzero_variance, from: rollout}",
+              "  plan:    {use: control.xrpo, from: {allocation: pick, groups: merged}, with: {n_base: 10}}\n"
+              "  again:   {use: generate.fake, from: plan}\n"
+              "  merged:  {use: filter.merge_rounds, from: again}\n"
+              "  keep:    {use: filter.nonzero_variance, from: xrpo}\n"
+              "loops:\n"
+              "  xrpo: {stages: [plan, again, merged], until: merged, max_rounds: 3}"),
+         "n_base: 10", "stages.plan.with", "need n_base <= mean_rollouts <= n_max, got 10, 8, 16", ""),
+    Case("control.coba whose mean is above its cap",
+         edit(BASE, "{use: control.fixed_n, from: pick, with: {n: 4}}",
+              "{use: control.coba, from: pick, with: {mean_rollouts: 20}}"),
+         "control.coba", "stages.budget.with", "need n_min <= mean_rollouts <= n_max, got 2, 20, 16", ""),
     Case("TIC-GRPO's trajectory ratio without its mean over trajectories",
          edit(BASE, "{use: update.fake, from: keep}",
               "{use: update.grpo, from: keep, with: {loss: {use: tic_grpo, with: {eps_high: 0.28}}}}"),
