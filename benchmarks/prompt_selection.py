@@ -13,7 +13,13 @@ steps); only the selection differs:
   reference config's ``decay: 1.0``);
 - ``mopps_decay05``: the same with ``decay: 0.5``, what the reference's launch scripts use;
 - ``beta_band``: uniform selection, then ``filter.beta_difficulty`` after the verifier (groups
-  whose Beta posterior mean lies outside [0.3, 0.7] are dropped before the update).
+  whose Beta posterior mean lies outside [0.3, 0.7] are dropped before the update);
+- any other name ``X`` is the shipped ``pipelines/X_arith.yaml`` (selectors ``vade``, ``sgpo``,
+  ``hive``, ``dots``; allocators ``dars``, ``gdro``, ``xrpo``, ``coba``, ``pilot_commit``) with
+  the quickstart's policy, eval and 400 training prompts put in, and the overrides in
+  ``EQUAL_BUDGET`` that give it the same 128 rollouts a step as uniform where its Config sets
+  the budget (DARS tops up beyond it by design; DOTS and sGPO also pay for their reference and
+  profiling rollouts, which count in the tokens).
 
 Per run: the fraction of generated groups whose rewards are all equal (``zero_variance_groups /
 groups`` over the steps), the eval accuracy every ``--every`` steps, and the tokens generated
@@ -41,8 +47,22 @@ REPO = Path(__file__).resolve().parents[1]
 BAND = {"use": "filter.beta_difficulty", "from": "reward"}
 
 
+# per shipped pipeline: the (stage, key, value) edits that spend uniform's 16 x 8 rollouts a step
+EQUAL_BUDGET = {
+    "gdro": [("budget", "mean_rollouts", 8), ("budget", "max_rollouts", 24)],  # n_max = 3 n_bar, as the script
+}
+
+
 def variant_spec(variant: str) -> dict:
     """The pipeline of ``variant`` as YAML data."""
+    if variant not in ("uniform", "beta_band") and not variant.startswith("mopps"):
+        quickstart = yaml.safe_load((REPO / "pipelines" / "quickstart.yaml").read_text())
+        spec = yaml.safe_load((REPO / "pipelines" / f"{variant}_arith.yaml").read_text())
+        spec["policy"], spec["eval"], spec["data"] = quickstart["policy"], quickstart["eval"], quickstart["data"]
+        spec["data"]["with"]["n"] = 400
+        for stage, key, value in EQUAL_BUDGET.get(variant, []):
+            spec["stages"][stage]["with"][key] = value
+        return spec
     if variant.startswith("mopps"):
         spec = yaml.safe_load((REPO / "pipelines" / "mopps_arith.yaml").read_text())
         if variant == "mopps_decay05":
@@ -125,7 +145,30 @@ def main() -> None:
                      "tokens_to_target": hits})
     Path(args.out).write_text(json.dumps({"steps": args.steps, "every": args.every, "target": target,
                                           "seeds": args.seeds, "rows": rows, "runs": runs}, indent=1))
+    plot(by, args.variants, args.seeds, target, Path(args.out).with_suffix(".png"))
     print("\n".join(lines))
+
+
+def plot(by: dict, variants: list[str], seeds: list[int], target: float, path: Path) -> None:
+    """Mean eval accuracy against mean generated tokens, one line per variant, the target dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for v in variants:
+        steps = sorted(by[v, seeds[0]]["curve"], key=int)
+        tokens = [statistics.mean(by[v, s]["tokens"][k] for s in seeds) for k in steps]
+        accuracy = [statistics.mean(by[v, s]["curve"][k] for s in seeds) for k in steps]
+        ax.plot(tokens, accuracy, marker="o", markersize=3, label=v, linewidth=2 if v == "uniform" else 1)
+    ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:.3f}")
+    ax.set(xlabel="generated tokens (mean over seeds)", ylabel="eval accuracy (mean over seeds)",
+           title=f"Selectors and allocators on tiny-arith, {len(seeds)} seeds")
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
