@@ -157,11 +157,13 @@ def plot(by: dict, variants: list[str], seeds: list[int], target: float, path: P
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 5))
-    for v in variants:
+    colours = plt.get_cmap("tab20").colors
+    for i, v in enumerate(variants):
         steps = sorted(by[v, seeds[0]]["curve"], key=int)
         tokens = [statistics.mean(by[v, s]["tokens"][k] for s in seeds) for k in steps]
         accuracy = [statistics.mean(by[v, s]["curve"][k] for s in seeds) for k in steps]
-        ax.plot(tokens, accuracy, marker="o", markersize=3, label=v, linewidth=2 if v == "uniform" else 1)
+        ax.plot(tokens, accuracy, marker="o", markersize=3, label=v, color="black" if v == "uniform" else colours[i],
+                linewidth=2.5 if v == "uniform" else 1)
     ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:.3f}")
     ax.set(xlabel="generated tokens (mean over seeds)", ylabel="eval accuracy (mean over seeds)",
            title=f"Selectors and allocators on tiny-arith, {len(seeds)} seeds")
