@@ -74,8 +74,11 @@ Example (embeddings given by hand; a run computes them):
 >>> stage.use_embeddings([p.prompt_id for p in pool], np.eye(4))
 >>> stage.estimator.set_evidence("p:0", successes=40.0, trials=40.0)  # p_hat = (4 * 0.5 + 40) / 44
 >>> stage.before_step(StepContext("run", step=0, seed=0, policy_version=0))
->>> [(e.prompt_id, e.why.code) for e in stage.run(pool)]  # epoch order p:2, p:0, p:1, p:3; z(p:0) = 0.689
-[('p:2', 'predicted_informative'), ('p:0', 'predicted_all_correct'), ('p:1', 'predicted_informative'), ('p:3', 'batch_full')]
+>>> alloc = stage.run(pool)  # the epoch's order: p:2, p:0, p:1, p:3; z(p:0) = 0.689
+>>> [e.prompt_id for e in alloc], [e.n_rollouts for e in alloc]
+(['p:2', 'p:0', 'p:1', 'p:3'], [1, 0, 1, 0])
+>>> [e.why.code for e in alloc]
+['predicted_informative', 'predicted_all_correct', 'predicted_informative', 'batch_full']
 
 YAML:
 
@@ -250,7 +253,8 @@ class Depo:
     def observe(self, report: StepReport) -> None:
         seen = self.estimator.observe(report.groups, report.step, self._policy_version)
         self.checked = {}
-        for code, key in (("predicted_informative", "informative_zero_variance"), ("explore", "explored_zero_variance")):
+        for code, key in (("predicted_informative", "informative_zero_variance"),
+                          ("explore", "explored_zero_variance")):
             flags = [s in (0, n) for pid, s, n in seen if self.kept_codes.get(pid) == code]
             if flags:
                 self.checked[key] = float(np.mean(flags))

@@ -102,7 +102,7 @@ from typing import Annotated, Any, Sequence
 import numpy as np
 from pydantic import Field
 
-from gfcr.records import Allocation, AllocationEntry, ControlReason, Prompt, PromptPool, StepContext, StepReport
+from gfcr.records import Allocation, AllocationEntry, ControlReason, PromptPool, StepContext, StepReport
 from gfcr.registry import Seed
 from gfcr.stages.control.success_predictor import PredictorConfig, SuccessEstimator
 from gfcr.stages.resources import Policy, Resources
@@ -152,7 +152,8 @@ class Gps:
         batch_size: Annotated[int, Field(ge=1, description="prompts chosen per call")]
         n_rollouts: Annotated[int, Field(ge=1, description="rollouts marked per chosen prompt")] = 1
         diversity: Annotated[float, Field(ge=0.0, description=(
-            "weight of the similarity penalty against recent and in-batch choices (0: intermediate difficulty only)"))] = 0.5
+            "weight of the similarity penalty against recent and in-batch choices "
+            "(0: intermediate difficulty only)"))] = 0.5
         anchor_steps: Annotated[int, Field(ge=0, description=(
             "steps whose chosen prompts anchor the diversity penalty (0: in-batch diversity only)"))] = 2
         seed: Seed | None = Field(None, description="tie-breaking order seed; default: the run's seed")

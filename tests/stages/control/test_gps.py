@@ -90,7 +90,8 @@ def test_a_second_round_in_a_step_never_picks_a_prompt_again_and_they_anchor_it(
     first, second = s.run(pool(4)), s.run(pool(4))
     assert sorted(e.prompt_id for e in second) == ["p:1", "p:2"]
     assert s.step_metrics()["candidates"] == 4 + 2 and s.step_metrics()["chosen"] == 4
-    assert [e.why.quantities["similarity"] for e in second] == pytest.approx([1.0, 1.0])  # both like an earlier round's pick
+    # both are like an earlier round's pick
+    assert [e.why.quantities["similarity"] for e in second] == pytest.approx([1.0, 1.0])
     assert not {e.prompt_id for e in first} & {e.prompt_id for e in second}
 
 
@@ -136,8 +137,8 @@ def test_state_is_plain_json_and_resumes_to_the_same_allocations():
         s.before_step(StepContext("run", number, 0, number))
         alloc = s.run(data)
         s.observe(StepReport("run", number, number + 1, tuple(
-            scored_group(e.prompt_id, [1, 1] if int(e.prompt_id[2:]) % 3 == 0 else [1, 0], number) for e in alloc), None,
-            {}, {}))
+            scored_group(e.prompt_id, [1, 1] if int(e.prompt_id[2:]) % 3 == 0 else [1, 0], number)
+            for e in alloc), None, {}, {}))
         return alloc, s.step_metrics()
 
     a = make()
