@@ -19,6 +19,8 @@ BUILTIN_STAGES = {
     "control.dars": "gfcr.stages.control.dars:Dars",
     "control.hive": "gfcr.stages.control.hive:Hive",
     "control.dots": "gfcr.stages.control.dots:Dots",
+    "control.gps": "gfcr.stages.control.gps:Gps",
+    "control.depo": "gfcr.stages.control.depo:Depo",
     "control.gdro_rollout": "gfcr.stages.control.gdro_rollout:GdroRollout",
     "control.xrpo": "gfcr.stages.control.xrpo:Xrpo",
     "control.coba": "gfcr.stages.control.coba:Coba",
