@@ -115,16 +115,12 @@ class _Worker:
         self.loaded: set[int] = set()  # ids of the verifiers this worker holds
         self.deadline: float | None = None
 
-    def load(self, key: int, verifier: Callable[..., Score]) -> None:
-        if key in self.loaded:
-            return
+    def start_load(self, key: int, verifier: Callable[..., Score]) -> None:
         import cloudpickle
 
-        _send(self.to_fd, ("load", key, cloudpickle.dumps(verifier)))
-        status, detail = _receive(self.from_fd, time.monotonic() + STARTUP_TIMEOUT_S)
-        if status != "loaded":
-            raise RuntimeError(f"the verifier worker could not load {getattr(verifier, '__name__', verifier)}: {detail}")
-        self.loaded.add(key)
+        blob = cloudpickle.dumps(verifier)  # raises here, in the parent, if it cannot pickle
+        _send(self.to_fd, ("load", key, blob))
+        self.deadline = time.monotonic() + STARTUP_TIMEOUT_S
 
     def start_call(self, key: int, call: Call, timeout_s: float) -> None:
         _send(self.to_fd, ("call", key, call.text, call.ground_truth, dict(call.options)))
@@ -184,44 +180,85 @@ class VerifierPool:
 
     def map(self, calls: Sequence[Call], timeout_s: float) -> list[Score | BaseException]:
         """Each call's Score, or the exception it ended with (Overran, WorkerDied, or the
-        verifier's own), in order; up to ``workers`` at once, each under ``timeout_s``."""
+        verifier's own), in order; up to ``workers`` at once, each under ``timeout_s``.
+
+        One event loop over the workers' pipes: a worker first loads the call's verifier (if
+        it does not hold it yet; untimed by the call's limit, bounded by STARTUP_TIMEOUT_S),
+        then runs the call; no step waits on one worker while another's deadline passes."""
         with self._lock:
             results: list[Score | BaseException | None] = [None] * len(calls)
             pending = list(enumerate(calls))[::-1]
-            busy: dict[int, tuple[_Worker, int]] = {}  # from_fd -> (worker, call index)
+            busy: dict[int, tuple[_Worker, int, bool]] = {}  # from_fd -> (worker, call index, loading)
             while pending or busy:
                 while pending and len(busy) < self.workers:
                     index, call = pending.pop()
                     worker = self._take()
-                    try:
-                        key = self._key(call.verifier)
-                        worker.load(key, call.verifier)
-                        worker.start_call(key, call, timeout_s)
-                    except Overran:  # prepare() ran past STARTUP_TIMEOUT_S
-                        worker.kill()
-                        results[index] = Overran(f"verifier prepare() ran past {STARTUP_TIMEOUT_S:g}s (worker killed)")
-                        continue
-                    except (EOFError, OSError):  # died at start or while preparing
-                        results[index] = WorkerDied(f"verifier worker failed to start ({worker.died()})")
-                        worker.kill()
-                        continue
-                    except Exception as exc:  # the verifier does not pickle, or could not load
-                        results[index] = exc
-                        self._idle.append(worker)
-                        continue
-                    busy[worker.from_fd] = (worker, index)
-                soonest = min(w.deadline for w, _ in busy.values()) if busy else time.monotonic()
-                ready = select.select(list(busy), [], [], max(0.0, soonest - time.monotonic()))[0] if busy else []
+                    started = self._begin(worker, index, call, timeout_s, results)
+                    if started is not None:
+                        busy[worker.from_fd] = (worker, index, started)
+                soonest = min(w.deadline for w, _, _ in busy.values())
+                ready = select.select(list(busy), [], [], max(0.0, soonest - time.monotonic()))[0]
                 now = time.monotonic()
                 for fd in list(busy):
-                    worker, index = busy[fd]
+                    worker, index, loading = busy[fd]
                     if fd not in ready and worker.deadline > now:
                         continue
                     del busy[fd]
-                    results[index] = self._finish(worker, timeout_s)
+                    if loading:
+                        if self._loaded(worker, index, calls[index], timeout_s, results):
+                            busy[worker.from_fd] = (worker, index, False)
+                    else:
+                        results[index] = self._finish(worker, timeout_s)
             return results  # type: ignore[return-value]
 
+    def _begin(self, worker: _Worker, index: int, call: Call, timeout_s: float,
+               results: list) -> bool | None:
+        """Send the load (True: loading) or the call (False: calling); None if it failed at once."""
+        try:
+            key = self._key(call.verifier)
+            if key in worker.loaded:
+                worker.start_call(key, call, timeout_s)
+                return False
+            worker.start_load(key, call.verifier)
+            return True
+        except (EOFError, OSError):  # the worker is gone
+            results[index] = WorkerDied(f"verifier worker failed to start ({worker.died()})")
+            worker.kill()
+        except Exception as exc:  # the verifier does not pickle
+            results[index] = exc
+            self._idle.append(worker)
+        return None
+
+    def _loaded(self, worker: _Worker, index: int, call: Call, timeout_s: float, results: list) -> bool:
+        """Read the answer to a load; on success start the call (True)."""
+        try:
+            status, detail = worker.finish_call()
+        except Overran:
+            worker.kill()
+            results[index] = Overran(f"verifier start and prepare() ran past {STARTUP_TIMEOUT_S:g}s (worker killed)")
+            return False
+        except (EOFError, OSError):
+            results[index] = WorkerDied(f"verifier worker failed to start ({worker.died()}); "
+                                        f"memory limit {self.memory_mb} MB")
+            worker.kill()
+            return False
+        if status != "loaded":
+            results[index] = RuntimeError(f"the verifier worker could not load "
+                                          f"{getattr(call.verifier, '__name__', call.verifier)}: {detail}")
+            self._idle.append(worker)
+            return False
+        key = self._key(call.verifier)
+        worker.loaded.add(key)
+        try:
+            worker.start_call(key, call, timeout_s)
+        except (EOFError, OSError):
+            results[index] = WorkerDied(f"verifier worker died ({worker.died()})")
+            worker.kill()
+            return False
+        return True
+
     def _finish(self, worker: _Worker, timeout_s: float) -> Score | BaseException:
+        """Read the answer to a call; past its deadline, kill the worker (a fresh one starts at once)."""
         try:
             status, value = worker.finish_call()
         except Overran:
@@ -236,7 +273,7 @@ class VerifierPool:
         self._idle.append(worker)
         if status == "ok":
             *fields, seconds = value
-            if seconds > timeout_s:  # answered, but later than allowed (seen late: the parent was busy)
+            if seconds > timeout_s:  # answered, but later than allowed
                 return Overran(f"verifier timeout after {timeout_s:g}s (answered after {seconds:.3g}s)")
             return Score(*fields)
         kind, message = value
@@ -268,17 +305,16 @@ class _RemoteError(Exception):
     """An exception the verifier raised in the worker, by type name and message."""
 
     def __init__(self, kind: str, message: str):
-        super().__init__(message)
-        self.kind = kind
+        super().__init__(f"{kind}: {message}")
+        self.kind, self.message = kind, message
 
     def __reduce__(self):
-        return (_RemoteError, (self.kind, str(self)))
+        return (_RemoteError, (self.kind, self.message))
 
 
 def describe(exc: BaseException) -> str:
     """``TypeName: message`` of an exception a verifier call ended with."""
-    kind = exc.kind if isinstance(exc, _RemoteError) else type(exc).__name__
-    return f"{kind}: {exc}"
+    return str(exc) if isinstance(exc, _RemoteError) else f"{type(exc).__name__}: {exc}"
 
 
 _POOLS: dict[tuple[int, int | None], VerifierPool] = {}
