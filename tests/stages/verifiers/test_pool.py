@@ -65,7 +65,7 @@ def test_a_sympy_power_tower_costs_the_timeout_and_its_worker_is_killed(pool):
     with pytest.raises(Overran, match="verifier timeout after 1s"):
         pool.call(verify_math, TOWER, "2", {}, timeout_s=1.0)
     spent = time.monotonic() - start
-    assert 1.0 <= spent < 1.0 + 0.3, spent
+    assert 1.0 <= spent < 1.0 + 0.5, spent  # the timeout, then SIGKILL and reaping
     assert gone(pid) and threading.active_count() == threads  # killed and reaped; no thread left behind
     assert pool.call(verify_math, "\\boxed{2}", "2", {}, timeout_s=5.0).correct  # a new worker took its place
 
@@ -82,7 +82,7 @@ def test_the_default_timeout_of_filter_verify_bounds_the_tower_at_5_s():
     spent = time.monotonic() - start
     (rollout,) = g.rollouts()
     assert (rollout.reward, rollout.reward_reason) == (0.0, "verifier timeout after 5s (worker killed)")
-    assert 5.0 <= spent < 5.0 + 0.5, spent
+    assert 5.0 <= spent < 5.0 + 1.0, spent
 
 
 def _groups(prompt: str, texts: list[str]):
