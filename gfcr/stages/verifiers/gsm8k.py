@@ -38,6 +38,7 @@ from gfcr.stages.verifiers.base import Score, VerifierOptions, parse_options
 NUMBER = re.compile(
     r"(?<![\w.])(?P<sign>[-\u2212])?\$?(?P<digits>\d{1,3}(?:,\d{3})+(?:\.\d+)?(?!\d)|\d+(?:\.\d+)?)"
 )
+BRACE = re.compile(r"[{}]")
 MARKER = re.compile(r"####|\\boxed\s*\{|\\fbox\s*\{|\banswer\s*(?::|is\b)", re.IGNORECASE)
 FRACTION = re.compile(r"\s*(-)?\s*\\[dt]?frac\s*\{\s*(-?\d+)\s*\}\s*\{\s*(-?\d+)\s*\}")  # used with match()
 # decimal arithmetic at any size: 28 significant digits (the default), no overflow to inf
@@ -53,10 +54,11 @@ def _closing_braces(text: str) -> dict[int, int]:
     """For each ``{`` at index i, the index of the ``}`` that closes it (len(text) if none),
     in one pass over the text."""
     closes, stack = {}, []
-    for i, char in enumerate(text):
-        if char == "{":
+    for brace in BRACE.finditer(text):
+        i = brace.start()
+        if brace.group() == "{":
             stack.append(i)
-        elif char == "}" and stack:
+        elif stack:
             closes[stack.pop()] = i
     for i in stack:
         closes[i] = len(text)

@@ -95,7 +95,7 @@ def _groups(prompt: str, texts: list[str]):
 def test_degenerate_repeated_markers_are_scored_in_linear_time():
     start = time.monotonic()
     score = verify_gsm8k(DEGENERATE, "18", {})
-    assert time.monotonic() - start < 0.5  # it was 6 minutes for 140k characters (quadratic)
+    assert time.monotonic() - start < 2.0  # it was 6 minutes for 140k characters (quadratic); ~0.05 s now
     assert score == Score(False, False, None, "no answer found")
     start = time.monotonic()
     assert score_text(DEGENERATE + "so 18", VerifierSpec("gsm8k", "18"), timeout_s=5.0)[0] == 1.0
@@ -103,7 +103,7 @@ def test_degenerate_repeated_markers_are_scored_in_linear_time():
     boxes = "\\boxed{" * 50_000  # unclosed braces, each read to the end of the text before
     start = time.monotonic()
     assert verify_gsm8k(boxes, "1", {}).reason == "no answer found"
-    assert time.monotonic() - start < 0.5
+    assert time.monotonic() - start < 2.0  # quadratic, it would be 50,000 scans of up to 350,000 characters
 
 
 def test_a_verifier_past_its_memory_limit_scores_zero_with_the_reason():
