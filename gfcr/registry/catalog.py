@@ -92,6 +92,7 @@ BUILTIN_DATA_SOURCES = {
     "arithmetic_mix": "gfcr.stages.data.arithmetic_mix:ArithmeticMixSource",
     "jsonl": "gfcr.stages.data.jsonl:JsonlSource",
     "gsm8k": "gfcr.stages.data.gsm8k:Gsm8kSource",
+    "humaneval": "gfcr.stages.data.humaneval:HumanEvalSource",
 }
 
 
