@@ -36,6 +36,7 @@ BUILTIN_STAGES = {
     "filter.meds": "gfcr.stages.filter.meds:MEDS",
     "filter.gdro_weights": "gfcr.stages.filter.gdro_weights:GdroWeights",
     "generate.sample": "gfcr.stages.generate.sample:Sample",
+    "generate.tree": "gfcr.stages.generate.tree:Tree",
     "generate.fake": "gfcr.stages.testing:FakeGenerate",
     "update.grpo": "gfcr.stages.update.grpo:GRPOUpdate",
     "update.fake": "gfcr.stages.testing:FakeUpdate",
@@ -66,6 +67,7 @@ BUILTIN_ADVANTAGE_ESTIMATORS = {
     "grpo_lead": "gfcr.stages.update.advantage.grpo_lead:GRPOLead",
     "xrpo": "gfcr.stages.update.advantage.xrpo:XRPO",
     "tic_grpo": "gfcr.stages.update.advantage.tic_grpo:TICLengthCorrected",
+    "tree": "gfcr.stages.update.advantage.tree:TreeAdvantage",
 }
 
 BUILTIN_LOSSES = {
