@@ -1,5 +1,7 @@
-"""advantage ``tree``: TreeRL's process advantages over a tree group (Hou et al., arXiv 2506.11902;
-seed_methods 3.2 and 6.6; ``THUDM/TreeRL``, ``compute_weighted_update(..., "sqrt")``).
+"""advantage ``tree``: TreeRL's per-token process advantages over a tree group.
+
+TreeRL (Hou et al., arXiv 2506.11902; seed_methods 3.2 and 6.6; ``THUDM/TreeRL``,
+``compute_weighted_update(..., "sqrt")``).
 
 The group is a tree (``RolloutGroup.tree``, as ``generate.tree`` writes it): each node ``s``
 is a span of response positions shared by the leaves below it, ``L(s)``; the leaves are the
