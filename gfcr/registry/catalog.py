@@ -35,6 +35,7 @@ BUILTIN_STAGES = {
     "filter.uniqueness": "gfcr.stages.filter.uniqueness:Uniqueness",
     "filter.meds": "gfcr.stages.filter.meds:MEDS",
     "filter.gdro_weights": "gfcr.stages.filter.gdro_weights:GdroWeights",
+    "filter.entropy": "gfcr.stages.filter.entropy:EntropyGate",
     "generate.sample": "gfcr.stages.generate.sample:Sample",
     "generate.tree": "gfcr.stages.generate.tree:Tree",
     "generate.fake": "gfcr.stages.testing:FakeGenerate",
