@@ -139,10 +139,12 @@ def test_config_refuses_bad_values():
         Tree.Config(uncertainty="variance")
 
 
-def test_a_short_tiny_arith_run_with_tree_advantages(tmp_path):
+@pytest.mark.parametrize("pipeline", ["tree_arith", "tree_dapo_arith"])
+def test_a_short_tiny_arith_run_with_tree_advantages(tmp_path, pipeline):
     spec = tmp_path / "tree.yaml"
-    text = (REPO / "pipelines" / "tree_arith.yaml").read_text()
+    text = (REPO / "pipelines" / f"{pipeline}.yaml").read_text()
     text = text.replace("n: 4000", "n: 40").replace("batch_size: 16", "batch_size: 4")
+    text = text.replace("target_groups: 16", "target_groups: 4")
     text = text.replace("steps: 100, seed: 0, checkpoint_every: 50", "steps: 2, seed: 0, checkpoint_every: 2")
     text = text.replace("eval: {source", "# eval: {source")
     spec.write_text(text + "tracking: {mlflow: null}\n")
@@ -150,8 +152,11 @@ def test_a_short_tiny_arith_run_with_tree_advantages(tmp_path):
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [0, 1]
     for r in records:
-        tree = r["stages"]["rollout"]
-        assert r["rollouts_generated"] == tree["tree_leaves"] <= 4 * 2 * 5
-        assert r["tokens_generated"] == tree["tree_tokens_generated"] > 0
+        tree = r["stages"]["rollout"]  # the last loop round's trees (DAPO: every round's rollouts count)
+        rounds = r["loop_rounds"].get("collect", 1)
+        assert tree["tree_leaves"] <= r["rollouts_generated"] <= rounds * 4 * 2 * 5
+        assert tree["tree_tokens_generated"] <= r["tokens_generated"]
+        if rounds == 1:
+            assert r["rollouts_generated"] == tree["tree_leaves"] and r["tokens_generated"] == tree["tree_tokens_generated"]
         assert tree["tree_tokens_copied"] > 0
     assert any(not r["update_skipped"] for r in records)
