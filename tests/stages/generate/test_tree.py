@@ -160,3 +160,15 @@ def test_a_short_tiny_arith_run_with_tree_advantages(tmp_path, pipeline):
             assert r["rollouts_generated"] == tree["tree_leaves"] and r["tokens_generated"] == tree["tree_tokens_generated"]
         assert tree["tree_tokens_copied"] > 0
     assert any(not r["update_skipped"] for r in records)
+
+
+def test_lineage_rows_carry_the_tree_and_each_branch_s_fork_point():
+    from gfcr.runtime.lineage import lineage_rows
+
+    groups, _ = run_tree(m=2, prompts=1, top_n=1, iterations=1, branches=2)
+    rows = lineage_rows(StepReport("run", 0, 0, tuple(groups), None, {}, {}))
+    (g,) = groups
+    assert [row["branch_token_idx"] for row in rows] == [r.branch_token_idx for r in g.rollouts]
+    assert [row["branch_token_idx"] is None for row in rows] == [True, False, False, True, False, False]
+    assert all(row["tree_id"] == r.tree_id and row["node_id"] == r.node_id and
+               row["parent_node_id"] == r.parent_node_id for row, r in zip(rows, g.rollouts))
