@@ -37,7 +37,9 @@ BUILTIN_STAGES = {
     "filter.uniqueness": "gfcr.stages.filter.uniqueness:Uniqueness",
     "filter.meds": "gfcr.stages.filter.meds:MEDS",
     "filter.gdro_weights": "gfcr.stages.filter.gdro_weights:GdroWeights",
+    "filter.entropy": "gfcr.stages.filter.entropy:EntropyGate",
     "generate.sample": "gfcr.stages.generate.sample:Sample",
+    "generate.tree": "gfcr.stages.generate.tree:Tree",
     "generate.fake": "gfcr.stages.testing:FakeGenerate",
     "update.grpo": "gfcr.stages.update.grpo:GRPOUpdate",
     "update.fake": "gfcr.stages.testing:FakeUpdate",
@@ -68,6 +70,7 @@ BUILTIN_ADVANTAGE_ESTIMATORS = {
     "grpo_lead": "gfcr.stages.update.advantage.grpo_lead:GRPOLead",
     "xrpo": "gfcr.stages.update.advantage.xrpo:XRPO",
     "tic_grpo": "gfcr.stages.update.advantage.tic_grpo:TICLengthCorrected",
+    "tree": "gfcr.stages.update.advantage.tree:TreeAdvantage",
 }
 
 BUILTIN_LOSSES = {
