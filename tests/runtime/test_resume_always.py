@@ -6,6 +6,11 @@ run directory. The fake pipeline of conftest.py, in-process: this is runtime log
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -14,7 +19,7 @@ from typer.testing import CliRunner
 from gfcr.cli.main import app
 from gfcr.graph import load_pipeline
 from gfcr.runtime.session import Run
-from tests.conftest import BASE
+from tests.conftest import BASE, REPO
 from tests.killing import sigkill_after_step
 
 cli = CliRunner()
@@ -113,3 +118,39 @@ def test_damaged_checkpoints_alone_are_refused_not_restarted(write_spec, tmp_pat
     result = cli.invoke(app, ["resume", str(run_dir)])
     assert result.exit_code == 2 and "has no complete checkpoint to resume from" in result.output, result.output
     assert _files(run_dir) == before
+
+
+# killed at the one moment a run has an MLflow run that its directory does not name yet
+KILLED_BEFORE_TRACKING_FILE = textwrap.dedent("""\
+    import os, signal, sys
+    import gfcr.tracking.mlflow_tracker as tracker
+    from gfcr.graph import load_pipeline
+    from gfcr.runtime.session import Run
+
+    def killed(path, text):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    tracker.write_text = killed
+    tracker.start_tracking(Run.start(load_pipeline(sys.argv[1]), sys.argv[2]))
+    """)
+
+
+def test_a_run_killed_before_naming_its_mlflow_run_keeps_one_mlflow_run(write_spec, tmp_path, uninterrupted):
+    from mlflow import MlflowClient
+
+    spec = write_spec(SPEC.replace("tracking: {mlflow: null}", "tracking: {mlflow: {experiment: orphans}}"))
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-c", KILLED_BEFORE_TRACKING_FILE, str(spec), str(run_dir)],
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
+    assert proc.returncode == -signal.SIGKILL and not (run_dir / "tracking.json").exists()
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    experiment = client.get_experiment_by_name("orphans").experiment_id
+    query = f"tags.`gfcr.run_dir` = '{run_dir.resolve()}'"
+    assert [r.info.status for r in client.search_runs([experiment], query)] == ["RUNNING"]  # the orphan
+    result = cli.invoke(app, ["resume", str(run_dir)])
+    assert result.exit_code == 0, result.output
+    runs = client.search_runs([experiment], query)
+    assert [r.info.status for r in runs] == ["FINISHED"]  # the same MLflow run, continued
+    assert json.loads((run_dir / "tracking.json").read_text())["mlflow_run_id"] == runs[0].info.run_id
+    assert runs[0].data.params and runs[0].inputs.dataset_inputs
+    assert _metrics(run_dir) == uninterrupted
