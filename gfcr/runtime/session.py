@@ -290,4 +290,4 @@ def _no_checkpoint(rd: RunDir) -> CheckpointError:
         "gfcr before v2, or a file from elsewhere), and loading a pickle can run any code; this gfcr reads "
         "only checkpoint directories of JSON and safetensors",
         "if you trust where it came from, resume it with the gfcr that wrote it; else start the run again "
-        "in a new run directory with `gfcr run`")
+        "with `gfcr run` in a new run directory")

@@ -21,8 +21,9 @@ Resume: the MLflow run id and store are kept in ``tracking.json`` in the run dir
 however often it is killed and resumed (one killed after creating its MLflow run but before
 writing ``tracking.json`` is found again by its ``gfcr.run_dir`` tag and start time). A run
 killed by SIGKILL cannot mark its MLflow run: it stays RUNNING until ``gfcr resume`` continues
-it, and is FINISHED when the run is; a run stopped by an error or Ctrl-C is marked FAILED. MLflow keeps a metric's whole history, so the
-steps a resumed run re-runs (those after its checkpoint) appear twice at the same step:
+it, and is FINISHED when the run is; a run stopped by an error or Ctrl-C is marked FAILED.
+MLflow keeps a metric's whole history, so the steps a resumed run re-runs (those after its
+checkpoint) appear twice at the same step:
 **readers take the last value logged at each step** (``gfcr.tracking.report_series`` does).
 Params cannot change in MLflow; a param a resume changes (``run.steps``) is recorded as the tag
 ``gfcr.resumed.<key>`` = ``old -> new``.
