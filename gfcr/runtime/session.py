@@ -1,7 +1,8 @@
 """A training run: the policy, the engine, the runner, evaluation, and the run directory.
 
 ``Run.start`` makes a run directory and writes the resolved spec; ``Run.resume`` rebuilds a
-run from its directory and its newest checkpoint. ``train`` then runs the remaining steps:
+run from its directory and its newest checkpoint (from step 0 when it was stopped before its
+first checkpoint). ``train`` then runs the remaining steps:
 
     for each step:  evaluate (every ``eval.every`` steps, step 0 included)
                     run the step (the local runner)
