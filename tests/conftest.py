@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import os
+import signal
+import sys
 import tempfile
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from tests.killing import MARK_VAR, describe, marked_processes
+
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is ever downloaded, in tests least of all
 # Prefect's embedded server keeps its SQLite database here, not in ~/.prefect
 os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="gfcr-test-prefect-")
 os.environ.pop("PREFECT_API_URL", None)
+# every process the suite starts (and everything those start) carries this mark: the session's
+# last fixture finds by it what a killed or timed-out test process left running
+SESSION_MARK = os.environ.setdefault(MARK_VAR, f"gfcr-tests-{os.getpid()}")
 
 BASE = textwrap.dedent("""\
     name: golden
@@ -56,6 +63,35 @@ def mlflow_store(tmp_path_factory):
         os.environ.pop("MLFLOW_TRACKING_URI", None)
     else:
         os.environ["MLFLOW_TRACKING_URI"] = before
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_orphaned_processes():
+    """At the end of the session, stop the marked processes that are no longer descendants of
+    pytest: what a SIGKILLed or timed-out test subprocess left behind (an embedded Prefect server,
+    a Ray node). pytest's own children (its embedded server and that server's guard) stop at its
+    exit. Says what it stopped, so a leak is seen, not hidden."""
+    yield
+    orphans = [pid for pid in marked_processes(SESSION_MARK) if not _descends_from(pid, os.getpid())]
+    if orphans:
+        print("\nstopping processes the tests left running:\n    " + "\n    ".join(describe(orphans)),
+              file=sys.stderr)
+    for pid in orphans:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _descends_from(pid: int, ancestor: int) -> bool:
+    while pid > 1:
+        if pid == ancestor:
+            return True
+        try:
+            pid = int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+    return False
 
 
 @pytest.fixture

@@ -283,6 +283,8 @@ def _train(make_run) -> None:
         hook = ProgressHook(out, total, session.runner.step, session.spec.name)
         session.hooks = (hook, *trackers)
         out.print(f"run directory: {session.dir.path}")
+        if getattr(session, "restarted", False):
+            out.print("no checkpoint yet (stopped before its first one): running it again from step 0")
         for pool in (session.pool, session.eval_pool):
             _print_skipped(pool)
         for skipped in getattr(session, "skipped_checkpoints", ()):

@@ -51,7 +51,7 @@ FORMAT = 2
 MANIFEST, RUNNER, POLICY = "manifest.json", "runner.json", "policy.safetensors"
 RNG_TORCH, RNG_NUMPY, RNG_PYTHON = "rng/torch.safetensors", "rng/numpy.json", "rng/python.json"
 _DAMAGED = ("the checkpoint is damaged or incomplete: delete {path} to resume from an older checkpoint, "
-            "or start the run again with `gfcr run`")
+            "or start the run again with `gfcr run` in a new run directory")
 
 
 # --- writing ---------------------------------------------------------------------------------
@@ -167,7 +167,8 @@ def read_manifest(path: Path) -> dict[str, Any]:
         raise CheckpointError(
             f"{manifest_file}: checkpoint format {manifest.get('format')!r} (written by gfcr {manifest.get('gfcr')}); "
             f"this gfcr reads format {FORMAT}",
-            f"resume it with the gfcr version that wrote it, or start the run again with `gfcr run`")
+            "resume it with the gfcr version that wrote it, or start the run again with `gfcr run` in a new run "
+            "directory")
     for entry in manifest["files"]:
         _check_size(path, entry)
     return manifest

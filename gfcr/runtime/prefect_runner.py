@@ -17,7 +17,9 @@ Prefect talks to ``PREFECT_API_URL`` when it is set, and otherwise starts its em
 ephemeral server (a SQLite database under ``PREFECT_HOME``) for the life of the process.
 ``configure_prefect`` sets what gfcr needs before Prefect is imported: no console logging (a
 run's logs still reach the Prefect API and UI), no telemetry, a longer server start-up
-timeout for small machines. Settings the user has already made are left alone.
+timeout for small machines, and a guard that stops the embedded server when the process that
+started it dies, even by SIGKILL (``gfcr.runtime.server_guard``). Settings the user has already
+made are left alone.
 
 Stage code never imports Prefect: only this module and the CLI do.
 """
@@ -34,6 +36,7 @@ from gfcr.errors import StageError
 from gfcr.graph import CompiledPipeline
 from gfcr.records import PromptPool, StepContext
 from gfcr.runtime.local import LocalRunner
+from gfcr.runtime.server_guard import guard_embedded_server
 from gfcr.stages.resources import Resources
 
 T = TypeVar("T")
@@ -66,8 +69,11 @@ def configure_prefect() -> None:
     for key, value in PREFECT_DEFAULTS.items():
         os.environ.setdefault(key, value)
     from prefect.logging.configuration import setup_logging
+    from prefect.settings import PREFECT_API_URL
 
     setup_logging()
+    if not PREFECT_API_URL.value():  # the embedded server: it must not outlive a killed run
+        guard_embedded_server()
     for name in ("prefect", "prefect.server", "docket", "uvicorn", "uvicorn.error", "uvicorn.access"):
         logger = logging.getLogger(name)
         for handler in list(logger.handlers):

@@ -1,7 +1,8 @@
 """A training run: the policy, the engine, the runner, evaluation, and the run directory.
 
 ``Run.start`` makes a run directory and writes the resolved spec; ``Run.resume`` rebuilds a
-run from its directory and its newest checkpoint. ``train`` then runs the remaining steps:
+run from its directory and its newest checkpoint (from step 0 when it was stopped before its
+first checkpoint). ``train`` then runs the remaining steps:
 
     for each step:  evaluate (every ``eval.every`` steps, step 0 included)
                     run the step (the local runner)
@@ -69,6 +70,7 @@ class Run:
         self.runner = runner_cls(pipeline, pool=self.pool, run_id=run_dir.path.name, resources=self.resources)
         self.last_checkpoint: Path | None = None
         self.skipped_checkpoints: list[CheckpointError] = []
+        self.restarted = False  # resumed from step 0: killed before its first checkpoint
 
     @classmethod
     def start(cls, pipeline: CompiledPipeline, run_dir: Path | None = None, hooks: tuple[Any, ...] = ()) -> "Run":
@@ -91,7 +93,11 @@ class Run:
     def resume(cls, path: Path, steps: int | None = None, hooks: tuple[Any, ...] = (),
                stages: Registry[type] = STAGES, executor: str | None = None) -> "Run":
         """Rebuild the run in ``path`` from its spec (compiled against ``stages``) and newest checkpoint,
-        to run until ``steps`` (default: its ``run.steps``), on ``executor`` (default: its own)."""
+        to run until ``steps`` (default: its ``run.steps``), on ``executor`` (default: its own).
+
+        A run killed before its first checkpoint starts again from step 0 (``restarted``); a run
+        whose checkpoints are all damaged, or only format-1 pickles, is refused. Nothing in ``path``
+        changes (``spec.yaml``, ``metrics.jsonl``) until the run is built and its checkpoint loaded."""
         rd = RunDir(path)
         if not rd.spec.is_file():
             state = "does not exist" if not Path(path).exists() else "is not a gfcr run directory (no spec.yaml)"
@@ -100,16 +106,21 @@ class Run:
         overrides = [f"run.steps={steps}"] if steps is not None else []
         overrides += [f"executor.kind={executor}"] if executor is not None else []
         pipeline = load_pipeline(rd.spec, overrides, stages)
+        checkpoint = latest_checkpoint(rd)
+        if checkpoint is None and (checkpoint_problems(rd) or rd.legacy_checkpoints()):
+            raise _no_checkpoint(rd)  # before the policy loads: it fails in a second
+        run = cls(pipeline, rd, hooks)
+        if checkpoint is not None:
+            run.skipped_checkpoints = checkpoint_problems(rd)  # newer ones that are damaged: the CLI warns
+            load_checkpoint(checkpoint, run.runner, run.resources)
+            run.last_checkpoint = checkpoint
+        # else: killed before its first checkpoint; a new Run is the state of step 0, and its seeded
+        # run replays exactly the steps the killed one had recorded
+        run.restarted = checkpoint is None
+        # the resumed run is known to start: only now does anything in its directory change
         if overrides:
             write_text(rd.spec, pipeline.spec.to_yaml())
-        run = cls(pipeline, rd, hooks)
-        checkpoint = latest_checkpoint(rd)
-        if checkpoint is None:
-            raise _no_checkpoint(rd)
-        run.skipped_checkpoints = checkpoint_problems(rd)  # newer ones that are damaged: the CLI warns
-        load_checkpoint(checkpoint, run.runner, run.resources)
         rd.truncate_metrics(run.runner.step)
-        run.last_checkpoint = checkpoint
         return run
 
     # --- the loop --------------------------------------------------------------------------
@@ -261,23 +272,23 @@ def _check_new_run_dir(path: Path) -> None:
     if path.exists() and not path.is_dir():
         raise RunDirError(f"run directory {path} is a file", "pick another --run-dir")
     if path.is_dir() and any(path.iterdir()):
-        raise RunDirError(f"run directory {path} is not empty",
-                          f"pick another --run-dir, or continue that run with `gfcr resume {path}`")
+        if RunDir(path).spec.is_file():  # a gfcr run: `gfcr resume` continues it, checkpointed or not
+            raise RunDirError(f"run directory {path} is not empty",
+                              f"pick another --run-dir, or continue that run with `gfcr resume {path}`")
+        raise RunDirError(f"run directory {path} is not empty (and not a gfcr run directory)",
+                          "pick another --run-dir, or an empty folder")
 
 
 def _no_checkpoint(rd: RunDir) -> CheckpointError:
-    """Why ``rd`` cannot resume: its newest checkpoint is damaged, it holds only format-1 pickles,
-    or it never checkpointed."""
+    """Why ``rd`` cannot resume: every checkpoint it has is damaged, or it holds only format-1 pickles."""
     problems = checkpoint_problems(rd)
     if problems:
         first = problems[0]
         return CheckpointError(f"{rd.path} has no complete checkpoint to resume from: {first.message}", first.fix)
-    if legacy := rd.legacy_checkpoints():
-        return CheckpointError(
-            f"{legacy[0][1]} is not a gfcr checkpoint this gfcr loads: it is a pickle (a format-1 checkpoint of "
-            "gfcr before v2, or a file from elsewhere), and loading a pickle can run any code; this gfcr reads "
-            "only checkpoint directories of JSON and safetensors",
-            "if you trust where it came from, resume it with the gfcr that wrote it; else start the run again "
-            "with `gfcr run`")
-    return CheckpointError(f"{rd.path} has no checkpoint to resume from",
-                           "start it again with `gfcr run`; set `run.checkpoint_every` to checkpoint during a run")
+    legacy = rd.legacy_checkpoints()
+    return CheckpointError(
+        f"{legacy[0][1]} is not a gfcr checkpoint this gfcr loads: it is a pickle (a format-1 checkpoint of "
+        "gfcr before v2, or a file from elsewhere), and loading a pickle can run any code; this gfcr reads "
+        "only checkpoint directories of JSON and safetensors",
+        "if you trust where it came from, resume it with the gfcr that wrote it; else start the run again "
+        "with `gfcr run` in a new run directory")

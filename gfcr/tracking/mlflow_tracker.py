@@ -17,8 +17,13 @@ What the MLflow run holds:
   ``mlflow.parentRunId`` for an ablation cell, plus any tags the caller passes.
 
 Resume: the MLflow run id and store are kept in ``tracking.json`` in the run directory, and
-``gfcr resume`` continues that same MLflow run. MLflow keeps a metric's whole history, so the
-steps a resumed run re-runs (those after its checkpoint) appear twice at the same step:
+``gfcr resume`` continues that same MLflow run, so a run directory has exactly one MLflow run
+however often it is killed and resumed (one killed after creating its MLflow run but before
+writing ``tracking.json`` is found again by its ``gfcr.run_dir`` tag and start time). A run
+killed by SIGKILL cannot mark its MLflow run: it stays RUNNING until ``gfcr resume`` continues
+it, and is FINISHED when the run is; a run stopped by an error or Ctrl-C is marked FAILED.
+MLflow keeps a metric's whole history, so the steps a resumed run re-runs (those after its
+checkpoint) appear twice at the same step:
 **readers take the last value logged at each step** (``gfcr.tracking.report_series`` does).
 Params cannot change in MLflow; a param a resume changes (``run.steps``) is recorded as the tag
 ``gfcr.resumed.<key>`` = ``old -> new``.
@@ -149,17 +154,48 @@ class MlflowTracker:
                 tags["mlflow.parentRunId"] = self.parent_run_id
             else:
                 self.experiment_id = experiment_id(self.client, self.uri, self.settings.experiment or run.spec.name)
-            self.run_id = self.client.create_run(self.experiment_id, run_name=run.dir.path.name, tags=tags).info.run_id
-        write_text(run.dir.path / TRACKING_FILE, json.dumps(
-            {"mlflow_run_id": self.run_id, "tracking_uri": self.uri, "experiment_id": self.experiment_id},
-            indent=2) + "\n")
+            orphan = self._orphan(run)
+            if orphan is None:
+                self.run_id = self.client.create_run(self.experiment_id, run_name=run.dir.path.name,
+                                                     tags=tags).info.run_id
+        if orphan is not None:  # created by an attempt killed before it wrote tracking.json: continue it
+            self._write_tracking_file(run, orphan)
+            self._reopen(run, {"tracking_uri": self.uri, "mlflow_run_id": orphan})
+            with quiet():
+                has_inputs = bool(self.client.get_run(orphan).inputs.dataset_inputs)
+            if not has_inputs:
+                self._log_inputs(run)
+            return
+        self._write_tracking_file(run, self.run_id)
         self._log_params(spec_params(run.pipeline))
+        self._log_inputs(run)
+
+    def _log_inputs(self, run: Any) -> None:
         with quiet():
             inputs = [dataset_input(run.pool, run.pipeline.data, "training")]
             if run.eval_pool is not None and run.pipeline.eval is not None:
                 inputs.append(dataset_input(run.eval_pool, run.pipeline.eval, "eval"))
             with _DATASETS:  # MLflow inserts a new dataset without a lock: parallel cells would collide
                 self.client.log_inputs(self.run_id, datasets=inputs)
+
+    def _write_tracking_file(self, run: Any, run_id: str) -> None:
+        write_text(run.dir.path / TRACKING_FILE, json.dumps(
+            {"mlflow_run_id": run_id, "tracking_uri": self.uri, "experiment_id": self.experiment_id},
+            indent=2) + "\n")
+
+    def _orphan(self, run: Any) -> str | None:
+        """The MLflow run of this run directory that a process killed between creating it and
+        writing ``tracking.json`` left behind: RUNNING, tagged with this directory and started after
+        its ``run.json`` (so not a run of an older directory of the same path). None if there is none."""
+        started = _started_ms(run.dir.info)
+        path = str(run.dir.path.resolve())
+        if started is None or "'" in path:
+            return None
+        found = self.client.search_runs(
+            [self.experiment_id], f"tags.`gfcr.run_dir` = '{path}' and attributes.start_time >= {started} "
+            "and attributes.status = 'RUNNING'",
+            order_by=["attributes.start_time DESC"], max_results=1)
+        return found[0].info.run_id if found else None
 
     def _parent_experiment(self) -> str:
         try:
@@ -276,6 +312,18 @@ def _read_tracking_file(run_dir: Path) -> dict[str, str] | None:
     except (json.JSONDecodeError, KeyError, TypeError) as exc:
         raise GfcrError(f"{path} is not a tracking record gfcr wrote ({exc})\n"
                         f"    fix: delete {path} to track the rest of this run as a new MLflow run") from None
+
+
+def _started_ms(info: Path) -> int | None:
+    """When the run of ``run.json`` started, in ms since the epoch (its whole second: MLflow's start
+    time is later); None if it cannot be read."""
+    from datetime import datetime
+
+    try:
+        started = json.loads(info.read_text(encoding="utf-8"))["started"]
+        return int(datetime.strptime(started, "%Y-%m-%dT%H:%M:%S%z").timestamp() * 1000)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _now_ms() -> int:

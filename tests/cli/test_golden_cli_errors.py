@@ -115,8 +115,8 @@ RESUME_CASES = [
          f"Resume only run directories you trust: delete {{run}}/{CKPT}"),
     Case("--run-dir names a file", _run_dir_is_a_file, ["run directory {run} is a file"], "pick another --run-dir",
          ["run", "{run}.spec.yaml", "--run-dir", "{run}", "--executor", "local"]),
-    Case("no checkpoint", lambda run: shutil.rmtree(run / "checkpoints"),
-         ["{run} has no checkpoint to resume from"], "set `run.checkpoint_every`"),
+    # a run directory with no checkpoint at all is not an error: it resumes from step 0
+    # (tests/runtime/test_resume_always.py)
     Case("not a run directory", lambda run: (run / "spec.yaml").unlink(),
          ["{run} is not a gfcr run directory (no spec.yaml)"], "pass the folder `gfcr run` printed"),
     Case("run directory does not exist", lambda run: shutil.rmtree(run),
