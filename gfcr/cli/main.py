@@ -260,10 +260,11 @@ def resume(run_dir: Annotated[Path, typer.Argument(help="a run directory made by
 
 
 def _start_run(pipeline: CompiledPipeline, run_dir: Path | None, hooks: tuple) -> object:
-    from gfcr.runtime.session import Run
     from gfcr.tracking.mlflow_tracker import check_store
 
-    check_store(pipeline.spec)  # a wrong MLflow URI fails before the run directory is written
+    check_store(pipeline.spec)  # a wrong MLflow URI fails before the run directory is written (and torch loads)
+    from gfcr.runtime.session import Run
+
     return Run.start(pipeline, run_dir, hooks)
 
 
