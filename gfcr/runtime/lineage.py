@@ -136,8 +136,9 @@ def _read(path: Path) -> pa.Table:
 def _read_table(path: Path) -> pa.Table:
     """A lineage file's table; a RunDirError naming the file if it is not a readable parquet file
     of lineage rows (truncated, corrupt, or another kind of file)."""
-    try:
-        return pq.read_table(path)
+    try:  # ParquetFile, not read_table: the latter loads pyarrow.dataset (+60 MB) for one small file
+        with pq.ParquetFile(path) as file:
+            return file.read()
     except (pa.ArrowException, OSError) as exc:
         raise RunDirError(f"{path} is not a readable lineage file (truncated or corrupt): {exc}",
                           "restore it from a copy (with MLflow tracking on, the run's artifacts hold one under "
