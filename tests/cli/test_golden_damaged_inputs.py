@@ -192,3 +192,25 @@ def test_each_case_exits_2_with_what_where_and_a_fix_quickly_within_200_mb_and_w
     assert all(result["s"] < 5.0 for result in results), report
     assert all(result["peak_kb"] < 200 * 1024 for case, result in zip(ordered, results) if case.light), report
     assert list(work.iterdir()) == [], "wrote into the working directory"
+
+
+def test_a_resume_repairs_metrics_cut_mid_line_after_its_checkpoint(tmp_path):
+    """Steps 0-2 recorded, the checkpoint at step 2, the line of step 2 torn (a kill while writing
+    it, so before the final checkpoint): the resume drops it and runs step 2 again, so
+    metrics.jsonl equals an uninterrupted run's (apart from time)."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(BASE.replace("run: {steps: 2}", "run: {steps: 3, checkpoint_every: 2}"))
+    cli = CliRunner()
+    result = cli.invoke(app, ["run", str(spec), "--run-dir", str(tmp_path / "run"), "--executor", "local"])
+    assert result.exit_code == 0, result.output
+    whole = (tmp_path / "run" / "metrics.jsonl").read_text()
+    _cut_line(tmp_path / "run" / "metrics.jsonl", 3)
+    shutil.rmtree(tmp_path / "run" / "checkpoints" / "step-000003")
+    (tmp_path / "run" / "summary.json").unlink()
+    result = cli.invoke(app, ["resume", str(tmp_path / "run"), "--executor", "local"])
+    assert result.exit_code == 0, result.output
+
+    def untimed(text: str) -> list[dict]:
+        return [{k: v for k, v in json.loads(line).items() if k != "time"} for line in text.splitlines()]
+
+    assert untimed((tmp_path / "run" / "metrics.jsonl").read_text()) == untimed(whole)
