@@ -280,7 +280,7 @@ def _print_skipped(pool: object, limit: int = 10) -> None:
 
 
 def _train(make_run) -> None:
-    from gfcr.cli.progress import ProgressHook, summary_table
+    from gfcr.cli.progress import LoopProgress, ProgressHook, summary_table
     from gfcr.tracking.mlflow_tracker import start_tracking
 
     hook, trackers = None, ()
@@ -291,6 +291,7 @@ def _train(make_run) -> None:
         total = session.spec.run.steps
         hook = ProgressHook(out, total, session.runner.step, session.spec.name)
         session.hooks = (hook, *trackers)
+        session.runner.hooks = (*session.runner.hooks, LoopProgress(hook))  # loop rounds, loop limits
         out.print(f"run directory: {session.dir.path}")
         for pool in (session.pool, session.eval_pool):
             _print_skipped(pool)
