@@ -61,15 +61,15 @@ class ProgressHook:
                            "the rounds collected" + (" (said once for this loop)" if limit.startswith("max_rounds")
                                                      else ""), markup=True, highlight=False)
 
+    def stop(self) -> None:
+        self.progress.stop()
+
 
 class LoopProgress:
     """The runner's loop hooks, passed on to a ProgressHook (whose step hooks the run calls)."""
 
     def __init__(self, progress: ProgressHook):
         self.loop_round, self.loop_stopped = progress.loop_round, progress.loop_stopped
-
-    def stop(self) -> None:
-        self.progress.stop()
 
 
 def summary_table(summary: dict[str, Any]) -> Table:
