@@ -58,8 +58,15 @@ def _main(version: Annotated[bool, typer.Option("--version", callback=_print_ver
     """gfcr: compose, check and run rollout pipelines for LLM RL."""
 
 
-def _compile(file: Path, overrides: list[str] | None) -> CompiledPipeline:
-    return load_pipeline(file, overrides or [])
+def _compile(file: Path, overrides: list[str] | None, inputs: bool = False) -> CompiledPipeline:
+    """Load and compile ``file``; with ``inputs``, also check its data files and policy model
+    cheaply (``gfcr.runtime.inputs``: first rows, the model's folder; nothing loaded)."""
+    pipeline = load_pipeline(file, overrides or [])
+    if inputs:
+        from gfcr.runtime.inputs import check_inputs
+
+        check_inputs(pipeline)
+    return pipeline
 
 
 def _fail(exc: GfcrError) -> None:
@@ -85,11 +92,12 @@ def _fail(exc: GfcrError) -> None:
 @app.command()
 def validate(files: Annotated[list[Path], typer.Argument(help="pipeline YAML files")],
              set_: SetOption = None) -> None:
-    """Parse, validate, resolve, compile and type-check pipelines. Exit 2 on any problem."""
+    """Parse, validate, resolve, compile and type-check pipelines, and check their data files
+    (the first rows) and policy model (found, not loaded). Exit 2 on any problem."""
     failed = 0
     for file in files:
         try:
-            pipeline = _compile(file, set_)
+            pipeline = _compile(file, set_, inputs=True)
         except GfcrError as exc:
             failed += 1
             _fail(exc)
@@ -234,7 +242,7 @@ def run(file: Path, set_: SetOption = None,
     overrides = list(set_ or []) + ([f"run.steps={steps}"] if steps is not None else [])
     overrides += [f"executor.kind={executor}"] if executor is not None else []
     try:
-        pipeline = _compile(file, overrides)
+        pipeline = _compile(file, overrides, inputs=True)
     except GfcrError as exc:
         _fail(exc)
         raise typer.Exit(2) from None
@@ -252,10 +260,11 @@ def resume(run_dir: Annotated[Path, typer.Argument(help="a run directory made by
 
 
 def _start_run(pipeline: CompiledPipeline, run_dir: Path | None, hooks: tuple) -> object:
-    from gfcr.runtime.session import Run
     from gfcr.tracking.mlflow_tracker import check_store
 
-    check_store(pipeline.spec)  # a wrong MLflow URI fails before the run directory is written
+    check_store(pipeline.spec)  # a wrong MLflow URI fails before the run directory is written (and torch loads)
+    from gfcr.runtime.session import Run
+
     return Run.start(pipeline, run_dir, hooks)
 
 
@@ -271,7 +280,7 @@ def _print_skipped(pool: object, limit: int = 10) -> None:
 
 
 def _train(make_run) -> None:
-    from gfcr.cli.progress import ProgressHook, summary_table
+    from gfcr.cli.progress import LoopProgress, ProgressHook, summary_table
     from gfcr.tracking.mlflow_tracker import start_tracking
 
     hook, trackers = None, ()
@@ -282,6 +291,7 @@ def _train(make_run) -> None:
         total = session.spec.run.steps
         hook = ProgressHook(out, total, session.runner.step, session.spec.name)
         session.hooks = (hook, *trackers)
+        session.runner.hooks = (*session.runner.hooks, LoopProgress(hook))  # loop rounds, loop limits
         out.print(f"run directory: {session.dir.path}")
         if getattr(session, "restarted", False):
             out.print("no checkpoint yet (stopped before its first one): running it again from step 0")

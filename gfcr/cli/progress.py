@@ -19,7 +19,9 @@ class ProgressHook:
             TextColumn("reward {task.fields[reward]}  acc {task.fields[acc]}  {task.fields[rate]} rollouts/s"),
             TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False,
         )
+        self.title = title
         self.task = self.progress.add_task(title, total=total, completed=start, reward="-", acc="-", rate="-")
+        self._said: set[str] = set()  # loops whose max_rounds stop was reported
 
     def before_run(self, run: Any) -> None:
         self.progress.start()
@@ -33,15 +35,41 @@ class ProgressHook:
     def after_step(self, record: dict[str, Any]) -> None:
         reward = record.get("reward_mean")
         rate = record["time"].get("rollouts_per_s")
-        self.progress.update(self.task, completed=record["step"] + 1,
+        self.progress.update(self.task, completed=record["step"] + 1, description=self.title,
                              reward="-" if reward is None else f"{reward:.3f}",
                              rate="-" if rate is None else f"{rate:.0f}")
 
     def after_run(self, summary: dict[str, Any]) -> None:
         self.progress.stop()
 
+    # --- loop blocks (hooks of the runner, through LoopProgress) -----------------------------
+
+    def loop_round(self, loop: Any, step: int, rounds: int) -> None:
+        """The bar says which round a loop is in, so a long loop is never silent."""
+        self.progress.update(self.task, description=f"{self.title} · step {step} loop {loop.name} "
+                                                    f"round {rounds}/{loop.max_rounds}")
+
+    def loop_stopped(self, loop: Any, step: int, rounds: int, limit: str) -> None:
+        """A loop stopped at a limit before its until stage was done: said every time for the
+        wall clock, once per loop for max_rounds (some pipelines meet it by design)."""
+        if limit.startswith("max_rounds"):
+            if loop.name in self._said:
+                return
+            self._said.add(loop.name)
+        self.console.print(f"[yellow]warning:[/] step {step}: loop `{loop.name}` stopped at its limit {limit} "
+                           f"after {rounds} round(s), before `{loop.until}` was done; the step goes on with what "
+                           "the rounds collected" + (" (said once for this loop)" if limit.startswith("max_rounds")
+                                                     else ""), markup=True, highlight=False)
+
     def stop(self) -> None:
         self.progress.stop()
+
+
+class LoopProgress:
+    """The runner's loop hooks, passed on to a ProgressHook (whose step hooks the run calls)."""
+
+    def __init__(self, progress: ProgressHook):
+        self.loop_round, self.loop_stopped = progress.loop_round, progress.loop_stopped
 
 
 def summary_table(summary: dict[str, Any]) -> Table:

@@ -1,13 +1,26 @@
 """Engines behind one protocol (``gfcr.stages.resources.Engine``): the transformers engine on
 CPU, sharing the trained model object, and the vLLM engine on GPU, which loads the trained
-weights after every update. Importing this package imports torch; vLLM is imported only when
-a ``VLLMEngine`` starts."""
+weights after every update. The names below import torch when first used (not on importing
+this package, so ``gfcr validate`` can check a model with ``gfcr.engines.models`` alone); vLLM
+is imported only when a ``VLLMEngine`` starts."""
 
-from gfcr.engines.fake import FakeEngine
-from gfcr.engines.hf import TransformersEngine
-from gfcr.engines.models import ALIASES, ModelError, resolve_model
-from gfcr.engines.policy import HFPolicy, load_policy
-from gfcr.engines.vllm_engine import EngineError, VLLMEngine, require_vllm
+from __future__ import annotations
 
-__all__ = ["ALIASES", "EngineError", "FakeEngine", "HFPolicy", "ModelError", "TransformersEngine", "VLLMEngine", "load_policy",
-           "require_vllm", "resolve_model"]
+import importlib
+from typing import Any
+
+_WHERE = {
+    "FakeEngine": "fake", "TransformersEngine": "hf", "ALIASES": "models", "ModelError": "models",
+    "check_model": "models", "resolve_model": "models", "HFPolicy": "policy", "load_policy": "policy",
+    "EngineError": "vllm_engine", "VLLMEngine": "vllm_engine", "require_vllm": "vllm_engine",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value

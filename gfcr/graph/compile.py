@@ -342,7 +342,7 @@ class _Compiler:
                 forward = nx.DiGraph([(a, b) for a, b, fb in body.edges(data="feedback") if not fb])
                 forward.add_nodes_from(loop.stages)
                 order = tuple(nx.lexicographical_topological_sort(forward, key=key))
-                items.append(LoopBlock(u, order, loop.until, loop.max_rounds))
+                items.append(LoopBlock(u, order, loop.until, loop.max_rounds, loop.max_seconds))
             else:
                 items.append(u)
         return tuple(items)

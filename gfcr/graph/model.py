@@ -64,12 +64,14 @@ class Node:
 
 @dataclass(frozen=True)
 class LoopBlock:
-    """Stages repeated, in ``body`` order, until ``until`` is done or ``max_rounds`` have run."""
+    """Stages repeated, in ``body`` order, until ``until`` is done, ``max_rounds`` have run, or
+    (when set) ``max_seconds`` of wall-clock time have passed in the step's rounds."""
 
     name: str
     body: tuple[str, ...]
     until: str
     max_rounds: int
+    max_seconds: float | None = None
 
 
 PlanItem = str | LoopBlock

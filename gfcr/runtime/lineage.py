@@ -52,6 +52,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from gfcr.errors import RunDirError
 from gfcr.records import ControlDecision, Rollout, RolloutGroup, StepReport
 from gfcr.runtime.rundir import atomic_path
 
@@ -125,11 +126,23 @@ def read_lineage(lineage_dir: Path) -> pa.Table:
 
 def _read(path: Path) -> pa.Table:
     """One step's rows; a file written before a column existed gets that column as nulls."""
-    table = pq.read_table(path)
+    table = _read_table(path)
     for name in SCHEMA.names:
         if name not in table.column_names:
             table = table.append_column(name, pa.nulls(len(table), SCHEMA.field(name).type))
     return table.select(SCHEMA.names).cast(SCHEMA)
+
+
+def _read_table(path: Path) -> pa.Table:
+    """A lineage file's table; a RunDirError naming the file if it is not a readable parquet file
+    of lineage rows (truncated, corrupt, or another kind of file)."""
+    try:  # ParquetFile, not read_table: the latter loads pyarrow.dataset (+60 MB) for one small file
+        with pq.ParquetFile(path) as file:
+            return file.read()
+    except (pa.ArrowException, OSError) as exc:
+        raise RunDirError(f"{path} is not a readable lineage file (truncated or corrupt): {exc}",
+                          "restore it from a copy (with MLflow tracking on, the run's artifacts hold one under "
+                          "lineage/); else move it out of the folder to read the other steps' lineage") from None
 
 
 # --- the Control stages' decisions ------------------------------------------------------------
@@ -168,7 +181,7 @@ def read_control_lineage(lineage_dir: Path) -> list[dict[str, Any]]:
     """Every step's Control decisions, in step order, ``quantities`` as dicts (an empty list for
     a run without them: one written before they were recorded)."""
     files = sorted(Path(lineage_dir).glob("control-*.parquet"))
-    rows = [row for f in files for row in pq.read_table(f).cast(CONTROL_SCHEMA).to_pylist()]
+    rows = [row for f in files for row in _read_table(f).cast(CONTROL_SCHEMA).to_pylist()]
     for row in rows:
         row["quantities"] = dict(row["quantities"]) if row["quantities"] is not None else None
     return rows

@@ -5,8 +5,10 @@ building the stages it attaches every generate stage's in-flight controllers
 (``attach_in_flight``), then calls ``setup(resources)`` on every ``SetsUp`` stage (the policy
 and engine the runtime lends). Per step: ``before_step(ctx)`` on every ``BeforeStep`` stage;
 the plan's items in order (a loop block repeats its body, each round with a fresh
-``StepContext`` carrying the round, until its until stage is ``done()`` or ``max_rounds``
-have run); then ``step_metrics()`` on every ``ReportsMetrics`` stage (the report's
+``StepContext`` carrying the round, until its until stage is ``done()``, ``max_rounds``
+have run, or the loop's optional ``max_seconds`` of wall-clock time have passed; hooks hear of
+each round that did not end the loop, ``loop_round``, and of a loop stopped at a limit before
+its until stage was done, ``loop_stopped``); then ``step_metrics()`` on every ``ReportsMetrics`` stage (the report's
 ``metrics``, by stage id) and ``observe(report)`` on every ``Observes`` stage. Runtime inputs of ``run``
 (``PromptPool``, ``StepContext``, ``StepOutputs``) are filled by type.
 
@@ -54,6 +56,8 @@ class RunnerHooks(Protocol):
     def before_step(self, ctx: StepContext) -> None: ...
     def after_stage(self, stage_id: str, ctx: StepContext, output: Any, seconds: float) -> None: ...
     def after_step(self, report: StepReport) -> None: ...
+    def loop_round(self, loop: LoopBlock, step: int, rounds: int) -> None: ...  # a round ended, not done
+    def loop_stopped(self, loop: LoopBlock, step: int, rounds: int, limit: str) -> None: ...  # at a limit
 
 
 def build_stages(pipeline: CompiledPipeline) -> dict[str, Any]:
@@ -164,6 +168,7 @@ class LocalRunner:
         until = self.stages[loop.until]
         assert isinstance(until, EndsLoop)  # the compiler checked the role
         step_ctx = state.ctx
+        start = time.monotonic()
         for round in range(loop.max_rounds):
             state.ctx = replace(step_ctx, round=round)
             state.rounds[loop.name] = round + 1
@@ -171,6 +176,12 @@ class LocalRunner:
                 self._run_stage(self.pipeline.nodes[sid], state)
             if self._call(loop.until, state.ctx, until.done):
                 break
+            self._hook("loop_round", loop, step_ctx.step, round + 1)
+            if loop.max_seconds is not None and time.monotonic() - start >= loop.max_seconds:
+                self._hook("loop_stopped", loop, step_ctx.step, round + 1, f"max_seconds={loop.max_seconds:g}")
+                break
+        else:
+            self._hook("loop_stopped", loop, step_ctx.step, loop.max_rounds, f"max_rounds={loop.max_rounds}")
         state.ctx = step_ctx
 
     def _runtime_input(self, port: Port, state: _StepState) -> Any:

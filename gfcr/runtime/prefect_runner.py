@@ -13,8 +13,9 @@ rollouts. Control, replay and update stages change state when they run, so they 
 retried unless the spec asks. When the retries are spent, the run stops with a ``StageError``
 naming the stage; ``gfcr resume`` continues from the last checkpoint.
 
-Prefect talks to ``PREFECT_API_URL`` when it is set, and otherwise starts its embedded,
-ephemeral server (a SQLite database under ``PREFECT_HOME``) for the life of the process.
+Prefect talks to ``PREFECT_API_URL`` when it is set (probed first: a server that cannot be
+reached fails in seconds with a clear error, ``check_prefect_api``), and otherwise starts its
+embedded, ephemeral server (a SQLite database under ``PREFECT_HOME``) for the life of the process.
 ``configure_prefect`` sets what gfcr needs before Prefect is imported: no console logging (a
 run's logs still reach the Prefect API and UI), no telemetry, a longer server start-up
 timeout for small machines, and a guard that stops the embedded server when the process that
@@ -84,6 +85,20 @@ def configure_prefect() -> None:
             logger.addHandler(logging.NullHandler())
 
 
+def check_prefect_api() -> None:
+    """A GfcrError within seconds if ``PREFECT_API_URL`` names a server that cannot be reached
+    (Prefect itself would retry for tens of seconds, then fail with a traceback); nothing for
+    the embedded server. Called before a run directory is written."""
+    from prefect.settings import PREFECT_API_URL
+
+    from gfcr.runtime.endpoint import probe
+
+    url = PREFECT_API_URL.value()
+    if url:
+        probe(url, "/health", "Prefect API", "start that server (`prefect server start`) or correct "
+              "PREFECT_API_URL; unset it to use the embedded server, or run with `--executor local`")
+
+
 def stage_retries(pipeline: CompiledPipeline, sid: str) -> int:
     """The spec's ``retries`` for a stage, else the default of its family."""
     node = pipeline.nodes[sid]
@@ -102,6 +117,7 @@ class PrefectRunner(LocalRunner):
                  stages: dict[str, Any] | None = None, run_id: str | None = None,
                  hooks: tuple[Any, ...] = (), resources: Resources | None = None):
         configure_prefect()
+        check_prefect_api()
         from prefect import task
         from prefect.cache_policies import NO_CACHE
 

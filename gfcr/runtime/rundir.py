@@ -15,6 +15,13 @@ renamed over its final name, so a process killed at any moment leaves either the
 or the new one. A checkpoint directory is built the same way: in a hidden temporary sibling,
 then renamed. ``metrics.jsonl`` grows by whole lines; a resumed run first cuts it back to
 the steps its checkpoint covers.
+
+``metrics.jsonl`` is validated on read: one JSON object a line, each with an integer ``step``,
+the steps 0, 1, 2, ... in order. A damaged line (cut mid-line by a kill or a full disk, or
+edited) or a missing step is a ``RunDirError`` at ``file:line`` (``gfcr report`` refuses the
+file); a resume repairs a damaged end of the file when it lies after the checkpoint's step
+(those steps are run again), and otherwise says which steps are lost, never dropping them
+silently.
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
+
+from gfcr.errors import RunDirError
 
 CHECKPOINT = re.compile(r"^step-(\d{6})$")
 LEGACY_CHECKPOINT = re.compile(r"^step-(\d{6})\.pt$")  # format 1 (a pickle): found to explain, never loaded
@@ -120,21 +129,53 @@ class RunDir:
             os.fsync(f.fileno())
 
     def read_metrics(self) -> list[dict[str, Any]]:
+        """Every step's record, in order; a RunDirError at ``file:line`` if a line is damaged or
+        a step is missing (see the module docstring)."""
+        records, damage = self._scan_metrics()
+        if damage is not None:
+            raise RunDirError(damage, f"`gfcr resume {self.path}` repairs a damaged end of {self.metrics.name} when "
+                              "the newest checkpoint is older than the damage; otherwise restore the file, or delete "
+                              "this line and those after it and resume from a checkpoint at or before its step")
+        return records
+
+    def _scan_metrics(self) -> tuple[list[dict[str, Any]], str | None]:
+        """The records before the first damaged line, and what is wrong there (None: nothing)."""
         if not self.metrics.is_file():
-            return []
-        lines = self.metrics.read_text(encoding="utf-8").splitlines()
-        out = []
-        for line in lines:
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:  # a line cut short by a kill: everything after it is gone too
-                break
-        return out
+            return [], None
+        records: list[dict[str, Any]] = []
+        with open(self.metrics, "rb") as f:
+            for number, raw in enumerate(f, start=1):
+                where = f"{self.metrics}:{number}"
+                try:
+                    record = json.loads(raw.decode("utf-8"))
+                except (UnicodeDecodeError, json.JSONDecodeError):
+                    cut = "cut short (a write stopped mid-line)" if not raw.endswith(b"\n") else "not JSON"
+                    return records, f"{where}: a damaged line: {cut}"
+                step = record.get("step") if isinstance(record, dict) else None
+                if not isinstance(step, int) or isinstance(step, bool):
+                    return records, f"{where}: a damaged line: not a step record (no integer `step`)"
+                if step != len(records):
+                    return records, f"{where}: step {step} where step {len(records)} was expected (a step is missing)"
+                records.append(record)
+        return records, None
 
     def truncate_metrics(self, before_step: int) -> None:
-        """Keep the metrics of steps ``< before_step`` (a resumed run rewrites the rest)."""
-        kept = [r for r in self.read_metrics() if r["step"] < before_step]
-        write_text(self.metrics, "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
+        """Keep the metrics of steps ``< before_step`` (a resumed run rewrites the rest). A damaged
+        line after them is repaired so (dropped, its step run again); a RunDirError, with nothing
+        written, if any of those steps is damaged or missing."""
+        records, damage = self._scan_metrics()
+        kept = records[:before_step]
+        if len(kept) < before_step:
+            lost = f"step {len(kept)}" + (f" to {before_step - 1}" if before_step - 1 > len(kept) else "")
+            why = damage or f"{self.metrics} ends after {len(kept)} step(s)"
+            older = [step for step, _ in self.checkpoints() if step <= len(kept)]
+            fix = (f"delete the checkpoints after step {older[0]} under {self.checkpoint_dir} and resume again, so "
+                   f"that steps {older[0]} on run again" if older else
+                   f"no checkpoint is at or before step {len(kept)}: start the run again with `gfcr run`")
+            raise RunDirError(f"{why}; the checkpoint at step {before_step} covers {lost}, whose metrics are lost",
+                              fix + f" (or restore {self.metrics.name} from a copy)")
+        if damage is not None or len(records) > before_step:
+            write_text(self.metrics, "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
 
     def prune_checkpoints(self, keep: int) -> None:
         """Keep the newest ``keep`` checkpoints; delete older ones and the leftovers of killed writes."""

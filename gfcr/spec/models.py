@@ -91,6 +91,9 @@ class LoopSpec(StrictModel):
     stages: Annotated[list[StageId], Field(min_length=1)]
     until: StageId
     max_rounds: Annotated[int, Field(ge=1)]
+    max_seconds: Annotated[float, Field(gt=0, description=(
+        "wall-clock limit on one step's rounds: the loop stops after the round that passes it, with a "
+        "warning; default none (only max_rounds bounds it)"))] | None = None
 
 
 class VLLMSpec(StrictModel):

@@ -10,6 +10,18 @@ Artifacts: an experiment gfcr creates in a SQLite store keeps its artifacts in
 own default would be ``./mlruns`` under whatever directory first created the experiment).
 Other stores (a tracking server, a file store) choose their artifact location themselves.
 
+Stores that are down, and stores used for the first time by several runs at once:
+
+- an ``http(s)://`` store is probed first (``gfcr.runtime.endpoint.probe``: a connection, and
+  for plain http one request, each bounded by 5 s), so an unreachable server (refused, a
+  blackholed address, a server that never answers) fails in seconds with the URI and the fix,
+  instead of MLflow's 120 s timeout and retries with backoff (minutes of silence). MLflow's own
+  HTTP timeout and retry count default to ``HTTP_DEFAULTS`` (a value the user has set wins),
+  so a server that goes down during a run fails in about a minute, not ten.
+- a new SQLite store is created (tables and migrations) by the first run to open it; runs that
+  open it at the same moment take turns under an exclusive lock (``flock``) on the database's
+  folder, which writes no file; an experiment two runs create at once is created once.
+
 MLflow and alembic log at INFO (``Creating initial MLflow database tables...``) and warn
 about things a gfcr user cannot act on; every call into MLflow runs inside ``quiet()``, which
 holds their loggers at ERROR and ignores warnings for the duration of the call.
@@ -17,6 +29,7 @@ holds their loggers at ERROR and ignores warnings for the duration of the call.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import re
@@ -27,11 +40,16 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from gfcr.errors import GfcrError
+from gfcr.runtime.endpoint import probe
 from gfcr.spec.models import MlflowSpec
 
 DEFAULT_URI = "sqlite:///mlflow.db"
 _NOISY_LOGGERS = ("mlflow", "alembic", "sqlalchemy", "urllib3")
 _SQLITE = "sqlite:///"
+# MLflow's defaults are a 120 s timeout and 7 retries with exponential backoff: minutes of silence
+HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "15", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3"}
+STORE_FIX = ("set `tracking.mlflow.uri` (or MLFLOW_TRACKING_URI) to a reachable store, e.g. sqlite:///mlflow.db, "
+             "or switch tracking off with `--set tracking.mlflow=null`")
 
 
 def resolve_uri(settings: MlflowSpec | None = None) -> str:
@@ -92,28 +110,46 @@ def quiet() -> Iterator[None]:
                 _saved_warnings.pop().__exit__(None, None, None)
 
 
+@contextmanager
+def store_lock(uri: str) -> Iterator[None]:
+    """Exclusive, between processes, while a SQLite store is first opened or an experiment made:
+    an ``flock`` on the database's folder (nothing is written). Other stores: no lock."""
+    db = sqlite_path(uri)
+    folder = db.parent if db is not None else None
+    if folder is None or not folder.is_dir():
+        yield
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
 def connect(uri: str) -> Any:
     """An ``MlflowClient`` on ``uri``, with the store opened (and its tables made) now, so that
     a wrong URI fails before the first step rather than after it."""
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")  # no network calls from a training run
+    for key, value in HTTP_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    probe(uri, "/api/2.0/mlflow/experiments/search?max_results=1", "MLflow server",
+          "start the server (`mlflow server --port ...`) or correct the address; " + STORE_FIX)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from mlflow import MlflowClient  # importing mlflow sets its loggers' levels: quiet() comes after
-    with quiet():
+    with quiet(), store_lock(uri):
         try:
             client = MlflowClient(tracking_uri=uri)
             client.search_experiments(max_results=1)
         except Exception as exc:  # any store error: bad scheme, unreachable server, unwritable file
-            raise GfcrError(f"cannot open the MLflow store {uri}: {exc}\n"
-                            "    fix: set `tracking.mlflow.uri` (or MLFLOW_TRACKING_URI) to a reachable store, "
-                            "e.g. sqlite:///mlflow.db, or switch tracking off with `--set tracking.mlflow=null`"
-                            ) from exc
+            raise GfcrError(f"cannot open the MLflow store {uri}: {exc}", STORE_FIX) from exc
     return client
 
 
 def experiment_id(client: Any, uri: str, name: str) -> str:
     """The id of experiment ``name``, created (artifacts beside a SQLite store) if absent."""
-    with quiet():
+    with quiet(), store_lock(uri):  # two runs making the same new experiment: one creates it
         found = client.get_experiment_by_name(name)
         if found is not None:
             if found.lifecycle_stage == "deleted":

@@ -47,9 +47,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
+from gfcr.errors import DataError, Problem
 from gfcr.records import Prompt, PromptPool, VerifierSpec, prompt_id
 from gfcr.registry import StageConfig
-from gfcr.stages.data.jsonl import RowProblems, existing_file, json_rows, template_fields, text_field
+from gfcr.stages.data.jsonl import (
+    RowProblems, existing_file, file_head, json_rows, line_rows, template_fields, text_field,
+)
 
 ROOT_ENV = "GFCR_GSM8K_DIR"
 DEFAULT_ROOT = Path("..") / "shared" / "data" / "gsm8k"
@@ -94,11 +97,28 @@ class Gsm8kSource:
     def __init__(self, config: Config):
         self.config = config
 
-    def load(self, on_error: Literal["fail", "skip"] = "fail") -> PromptPool:
+    def _path_and_fix(self) -> tuple[Path, str]:
         cfg = self.config
         path = Path(cfg.path) if cfg.path is not None else default_path(cfg.split)
-        fix = (f"set `path:`, or point the {ROOT_ENV} environment variable at the folder holding "
-               f"`{cfg.split}.jsonl`")
+        return path, (f"set `path:`, or point the {ROOT_ENV} environment variable at the folder holding "
+                      f"`{cfg.split}.jsonl`")
+
+    def check(self, on_error: Literal["fail", "skip"] = "fail") -> list[Problem]:
+        """The problems of the file and of its first rows, read cheaply (``jsonl.file_head``);
+        with ``on_error: skip`` only the file itself."""
+        path, fix = self._path_and_fix()
+        try:
+            lines = file_head(path, f"the GSM8K {self.config.split} file", fix)
+        except DataError as exc:
+            return exc.problems
+        problems = RowProblems(str(path))
+        for line, index, row in line_rows(lines, problems):
+            self._prompt(row, line, index, problems)
+        return problems.problems if on_error == "fail" else []
+
+    def load(self, on_error: Literal["fail", "skip"] = "fail") -> PromptPool:
+        cfg = self.config
+        path, fix = self._path_and_fix()
         existing_file(path, f"the GSM8K {cfg.split} file", fix)
         problems, prompts = RowProblems(str(path)), []
         for line, index, row in json_rows(path, problems):

@@ -12,8 +12,13 @@ duplicate id) are reported with ``file:line``. With ``on_error="fail"`` (the def
 ``load`` raises one ``DataError`` listing every bad row, so the run never starts; with
 ``"skip"`` the good rows load and the bad ones are listed on ``PromptPool.skipped``.
 
-The helpers here (``existing_file``, ``json_rows``, ``RowProblems``) are shared by the
-other file-backed sources, such as ``gsm8k``.
+``check`` is the cheap look ``gfcr validate`` (and ``gfcr run``, before anything is written)
+takes: the file is there, is not empty and not binary, and its first ``HEAD_LINES`` rows (at
+most ``HEAD_BYTES`` read) are good rows; with ``on_error="skip"`` only the file itself is
+checked. Bad rows further down are still found by ``load``.
+
+The helpers here (``existing_file``, ``file_head``, ``json_rows``, ``RowProblems``) are shared
+by the other file-backed sources, such as ``gsm8k``.
 
 Example:
 
@@ -39,7 +44,7 @@ import re
 import string
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Callable, Iterator, Literal
+from typing import Annotated, Any, Callable, Iterable, Iterator, Literal
 
 from pydantic import Field, field_validator
 
@@ -52,6 +57,7 @@ log = logging.getLogger(__name__)
 
 NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
 ROW_FIX = "fix the row or remove it, or load with `on_error: skip` to leave bad rows out"
+HEAD_LINES, HEAD_BYTES = 20, 1 << 20  # what `check` reads of a data file
 
 # ground-truth checks at load time for the built-in verifiers that need a number; `math`
 # answers are left to math-verify at scoring time (importing it would slow every load)
@@ -68,6 +74,30 @@ def existing_file(path: Path, what: str, fix: str) -> Path:
         state = "is a folder, not a file" if path.is_dir() else "does not exist"
         raise DataError([Problem(Location(str(path)), "", f"{what}: {where} {state}", fix)])
     return path
+
+
+def file_head(path: Path, what: str, fix: str) -> list[bytes]:
+    """The first ``HEAD_LINES`` lines of ``path`` (of at most ``HEAD_BYTES``), or a DataError
+    if it is missing, a folder, empty or binary (it holds a NUL byte: gzip, parquet, a model)."""
+    existing_file(path, what, fix)
+    try:
+        with path.open("rb") as f:
+            head = f.read(HEAD_BYTES)
+    except OSError as exc:
+        raise DataError([Problem(Location(str(path)), "", f"{what}: {path} cannot be read: {exc.strerror}",
+                                 "make it readable (check its permissions)")]) from None
+    if not head.strip():
+        raise DataError([Problem(Location(str(path)), "", f"{what}: {path} is empty",
+                                 "write one JSON object per line into it, or " + fix)])
+    if b"\0" in head:
+        line = head[: head.index(b"\0")].count(b"\n") + 1
+        raise DataError([Problem(Location(str(path), line), "",
+                                 f"{what}: {path} is a binary file, not JSON lines (a NUL byte on line {line})",
+                                 "decompress or convert it to JSON lines (one object per line), or " + fix)])
+    lines = head.split(b"\n")
+    if len(head) == HEAD_BYTES:
+        lines = lines[:-1]  # cut by the read
+    return lines[:HEAD_LINES]
 
 
 def template_fields(template: str) -> list[str]:
@@ -111,15 +141,20 @@ def json_rows(path: Path, problems: RowProblems) -> Iterator[tuple[int, int, dic
     """``(line, index, row)`` for each JSON object line; blank lines are passed over, and
     lines that are not JSON objects are recorded in ``problems``. ``index`` counts the
     non-blank lines from 0, bad ones included."""
-    index = 0
     with path.open("rb") as f:
-        for line, raw in enumerate(f, start=1):
-            if not raw.strip():
-                continue
-            row = _decode(raw, line, problems)
-            if row is not None:
-                yield line, index, row
-            index += 1
+        yield from line_rows(f, problems)
+
+
+def line_rows(lines: Iterable[bytes], problems: RowProblems) -> Iterator[tuple[int, int, dict[str, Any]]]:
+    """``json_rows`` of lines already read (``file_head``'s)."""
+    index = 0
+    for line, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        row = _decode(raw, line, problems)
+        if row is not None:
+            yield line, index, row
+        index += 1
 
 
 def _decode(raw: bytes, line: int, problems: RowProblems) -> dict[str, Any] | None:
@@ -165,6 +200,9 @@ def text_field(row: dict[str, Any], key: str, line: int, problems: RowProblems, 
     return text
 
 
+PATH_FIX = "fix `path:` (relative paths start at the directory gfcr runs in)"
+
+
 def _missing_fix(key: str, config_key: str) -> str:
     return f"add `{key}` to the row, or set `{config_key}:` to the field that holds it"
 
@@ -205,10 +243,20 @@ class JsonlSource:
         stem = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(self.config.path).stem).lstrip(".-") or "jsonl"
         return self.config.name or stem
 
+    def check(self, on_error: Literal["fail", "skip"] = "fail") -> list[Problem]:
+        """The problems of the file and of its first rows (see the module docstring)."""
+        try:
+            lines = file_head(Path(self.config.path), "the `jsonl` data file", PATH_FIX)
+        except DataError as exc:
+            return exc.problems
+        problems, seen = RowProblems(self.config.path), {}
+        for line, index, row in line_rows(lines, problems):
+            self._prompt(row, line, index, problems, seen)
+        return problems.problems if on_error == "fail" else []
+
     def load(self, on_error: Literal["fail", "skip"] = "fail") -> PromptPool:
         cfg = self.config
-        path = existing_file(Path(cfg.path), "the `jsonl` data file",
-                             "fix `path:` (relative paths start at the directory gfcr runs in)")
+        path = existing_file(Path(cfg.path), "the `jsonl` data file", PATH_FIX)
         problems, prompts, seen = RowProblems(cfg.path), [], {}
         for line, index, row in json_rows(path, problems):
             if cfg.limit is not None and len(prompts) >= cfg.limit:
