@@ -35,8 +35,12 @@ lint: $(STAMP)
 test: $(STAMP) sysdeps testdeps lint
 	$(BIN)/python -m pytest -q
 
+# Every shipped pipeline is validated; its data files and model too where the data is here
+# (GSM8K lives in ../shared/data/gsm8k or $$GFCR_GSM8K_DIR; without it, the spec alone).
+GSM8K_HERE := $(or $(GFCR_GSM8K_DIR),$(wildcard ../shared/data/gsm8k/train.jsonl))
+
 demo: $(STAMP) sysdeps
-	$(BIN)/gfcr validate $(PIPELINES)
+	$(BIN)/gfcr validate $(if $(GSM8K_HERE),,--no-inputs) $(PIPELINES)
 	@mkdir -p out
 	@for f in $(PIPELINES); do \
 	  n=$$(basename $$f .yaml); \

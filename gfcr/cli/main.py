@@ -91,13 +91,18 @@ def _fail(exc: GfcrError) -> None:
 
 @app.command()
 def validate(files: Annotated[list[Path], typer.Argument(help="pipeline YAML files")],
-             set_: SetOption = None) -> None:
+             set_: SetOption = None,
+             inputs: Annotated[bool, typer.Option(
+                 "--inputs/--no-inputs",
+                 help="also check data files (first rows) and the policy model (found, not loaded); "
+                      "--no-inputs checks the spec alone, e.g. on a machine without a pipeline's data")] = True,
+             ) -> None:
     """Parse, validate, resolve, compile and type-check pipelines, and check their data files
     (the first rows) and policy model (found, not loaded). Exit 2 on any problem."""
     failed = 0
     for file in files:
         try:
-            pipeline = _compile(file, set_, inputs=True)
+            pipeline = _compile(file, set_, inputs=inputs)
         except GfcrError as exc:
             failed += 1
             _fail(exc)
