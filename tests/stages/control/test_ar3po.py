@@ -1,6 +1,8 @@
 """control.ar3po: the stages of the loop block on hand cases (who stays active, the cap, the
-reasons, the budget), the misconfigurations gfcr validate refuses, and a short real tiny-arith
-run whose metrics.jsonl shows the spend bounded and the cache joining the unsolved groups."""
+reasons, the budget), the misconfigurations gfcr validate refuses, a short real tiny-arith
+run whose metrics.jsonl shows the spend bounded and the cache joining the unsolved groups, and
+the composed pipeline (the stage keeps nothing across steps; its response cache does) resuming
+after a SIGKILL to the metrics of an uninterrupted run."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from gfcr.runtime.session import Run
 from gfcr.stages.control.ar3po import Ar3po
 from gfcr.stages.testing import scored_group
 from tests.conftest import REPO
+from tests.killing import sigkill_after_step
 
 
 def ctx(round_, step=0):
@@ -132,3 +135,34 @@ def test_a_short_real_run_spends_within_the_cap_and_the_cache_joins_unsolved_gro
         # the cache sees exactly the groups the loop left without a correct response
         assert reuse["groups_without_correct"] == m["unsolved_prompts"]
         assert r["loop_rounds"]["ar3po"] <= 3
+
+
+def _small_spec(tmp_path, steps):
+    """pipelines/ar3po_arith.yaml on 8 prompts, 4 a step (each seen every other step, so the cache
+    is used), no eval, checkpoints every 2 steps; written out (the killer takes no overrides)."""
+    text = (REPO / "pipelines" / "ar3po_arith.yaml").read_text()
+    text = "\n".join(line for line in text.splitlines() if not line.startswith("eval:")) + "\n"
+    for old, new in (("n: 4000,", "n: 8,"), ("batch_size: 16", "batch_size: 4"),
+                     ("steps: 100", f"steps: {steps}"), ("checkpoint_every: 50", "checkpoint_every: 2")):
+        assert old in text, old
+        text = text.replace(old, new)
+    spec = tmp_path / f"ar3po{steps}.yaml"
+    spec.write_text(text + "tracking: {mlflow: null}\n")
+    return spec
+
+
+def _lines(run_dir):
+    return [{k: v for k, v in json.loads(line).items() if k != "time"}
+            for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_a_sigkilled_run_resumes_to_the_metrics_of_an_uninterrupted_run(tmp_path):
+    Run.start(load_pipeline(_small_spec(tmp_path, 6)), tmp_path / "full").train()
+    full = _lines(tmp_path / "full")
+    assert any(r["stages"]["reuse"]["cache_prompts"] > 0 for r in full)
+    killed = tmp_path / "killed"
+    sigkill_after_step(_small_spec(tmp_path, 6), killed, 4, tmp_path)
+    assert [r["step"] for r in _lines(killed)] == [0, 1, 2, 3, 4]
+    Run.resume(killed).train()
+    assert _lines(killed) == full
