@@ -81,7 +81,7 @@ class McGrpo:
         """The update's advantage must be ``mc_grpo``: any other trains on the pivot as an ordinary rollout."""
         update = view.configs.get("update")
         advantage = getattr(getattr(update, "advantage", None), "use", None)
-        if update is None or advantage == "mc_grpo":
+        if advantage is None or advantage == "mc_grpo":  # an update without an estimator registry (a test's)
             return []
         return [Pairing(("g",), f"{ALIAS} allocates G + 1 = {config.g + 1} rollouts for MC-GRPO's median pivot, "
                                 f"but the update's advantage is `{advantage}`: the extra rollout would be trained "
