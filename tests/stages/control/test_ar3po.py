@@ -54,7 +54,8 @@ def test_a_prompt_stops_at_its_first_correct_response_and_the_rest_go_on_to_the_
     # after stage 0: easy has 1/2 correct, late and never 0/2
     r1 = stage.run(alloc, RolloutGroups([scored_group("easy", [1, 0]), scored_group("late", [0, 0]),
                                          scored_group("never", [0, 0])]), ctx(1))
-    assert [(e.n_rollouts, e.why.code) for e in r1] == [(0, "has_correct"), (2, "no_correct_yet"), (2, "no_correct_yet")]
+    assert [(e.n_rollouts, e.why.code) for e in r1] == [(0, "has_correct"), (2, "no_correct_yet"),
+                                                        (2, "no_correct_yet")]
     assert r1.entries[0].why.quantities == {"correct": 1.0, "rollouts": 2.0}
     assert r1.entries[1].why.quantities == {"correct": 0.0, "rollouts": 2.0} and r1.entries[1].stage_index == 1
     # after stage 1 (merged groups of 4): late found one, never did not
