@@ -26,6 +26,8 @@ BUILTIN_STAGES = {
     "control.coba": "gfcr.stages.control.coba:Coba",
     "control.stop_at_target": "gfcr.stages.control.stop_at_target:StopAtTarget",
     "control.pilot_commit": "gfcr.stages.control.pilot_commit:PilotCommit",
+    "control.ar3po": "gfcr.stages.control.ar3po:Ar3po",
+    "control.mc_grpo": "gfcr.stages.control.mc_grpo:McGrpo",
     "filter.nonzero_variance": "gfcr.stages.filter.nonzero_variance:NonzeroVariance",
     "filter.dynamic_sampling": "gfcr.stages.filter.dynamic_sampling:DynamicSampling",
     "filter.verify": "gfcr.stages.filter.verify:Verify",

@@ -22,6 +22,10 @@ STOP = BASE.replace("  rollout: {use: generate.fake, from: budget}",
                     "  stop:    {use: control.fake_stop, with: {groups: 2}}\n"
                     "  rollout: {use: generate.fake, from: budget, in_flight: [stop]}")
 
+# MC-GRPO's paired allocator in place of control.fixed_n
+MC_BASE = BASE.replace("{use: control.fixed_n, from: pick, with: {n: 4}}",
+                       "{use: control.mc_grpo, from: pick, with: {g: 4}}")
+
 # DARS's two-round top-up loop block (control.dars, filter.merge_rounds) on the fake engine
 DARS = textwrap.dedent("""\
     name: golden-dars
@@ -259,6 +263,23 @@ CASES = [
               "loops:\n"
               "  xrpo: {stages: [plan, again, merged], until: merged, max_rounds: 3}"),
          "n_base: 10", "stages.plan.with", "need n_base <= mean_rollouts <= n_max, got 10, 8, 16", ""),
+    Case("MC-GRPO's estimator with a g the paired control.mc_grpo does not allocate",
+         edit(MC_BASE, "{use: update.fake, from: keep}",
+              "{use: update.grpo, from: keep, with: {advantage: {use: mc_grpo, with: {g: 8}}}}"),
+         "update: {use: update.grpo", "update.with.advantage.with.g",
+         "MC-GRPO with `g: 8` needs G + 1 = 9 rollouts per prompt, but stage `budget` allocates 5",
+         "set `g: 8` on `budget` (--set stages.budget.with.g=8), or set `g: 4`"),
+    Case("control.mc_grpo's G + 1 rollouts without MC-GRPO's estimator",
+         edit(MC_BASE, "{use: update.fake, from: keep}", "{use: update.grpo, from: keep}"),
+         "control.mc_grpo", "stages.budget.with.g", "allocates G + 1 = 5 rollouts for MC-GRPO's median pivot, but the "
+         "update's advantage is `mean_std`", "set the update's `advantage: {use: mc_grpo, with: {g: 4}}`"),
+    Case("control.ar3po fed by a generate stage instead of its loop's feedback edge",
+         edit(BASE, "  keep:    {use: filter.nonzero_variance, from: rollout}",
+              "  adapt:   {use: control.ar3po, from: {allocation: pick, groups: rollout}}\n"
+              "  again:   {use: generate.fake, from: adapt}\n"
+              "  keep:    {use: filter.nonzero_variance, from: again}"),
+         "adapt:", "stages.adapt.with", "`rollout` (generate.fake) is upstream of control.ar3po",
+         "put the stage in a loop block"),
     Case("control.coba whose mean is above its cap",
          edit(BASE, "{use: control.fixed_n, from: pick, with: {n: 4}}",
               "{use: control.coba, from: pick, with: {mean_rollouts: 20}}"),

@@ -2,8 +2,8 @@
 
 Prompts an upstream control skipped (``n_rollouts == 0``) stay skipped. ``gfcr validate``
 refuses it after a stage that sets each prompt's group size itself (``control.sgpo``,
-``control.dars``, ``control.gdro_rollout``, ``control.xrpo``, ``control.coba``): it would
-overwrite them.
+``control.dars``, ``control.gdro_rollout``, ``control.xrpo``, ``control.coba``,
+``control.pilot_commit``, ``control.ar3po``, ``control.mc_grpo``): it would overwrite them.
 
 Deviations: none; this is GRPO's fixed group size (Shao et al., 2024, arXiv 2402.03300).
 
@@ -34,7 +34,8 @@ from gfcr.registry import StageConfig
 from gfcr.stages.update.component import Pairing
 
 # control stages that set each prompt's group size themselves
-ALLOCATORS = frozenset({"control.sgpo", "control.dars", "control.gdro_rollout", "control.xrpo", "control.coba"})
+ALLOCATORS = frozenset({"control.sgpo", "control.dars", "control.gdro_rollout", "control.xrpo", "control.coba",
+                        "control.pilot_commit", "control.ar3po", "control.mc_grpo"})
 
 
 class FixedN:

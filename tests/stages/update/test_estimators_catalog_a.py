@@ -221,9 +221,9 @@ def ctx(n, sid="budget", alias="control.fixed_n"):
 def test_mc_grpo_needs_a_fixed_allocation():
     (p,) = MCGRPO.pairing_problems(MCGRPO.Config(), ctx(None))
     assert p.key == ("advantage", "use") and "G + 1 rollouts per prompt from a fixed allocation" in p.message
-    assert p.fix == "add `control.fixed_n` with `n: 9` (G = 8) upstream of the update"
+    assert p.fix == "add `control.mc_grpo` with `g: 8` (or `control.fixed_n` with `n: 9`) upstream of the update"
     (p,) = MCGRPO.pairing_problems(MCGRPO.Config(g=4), ctx(None))
-    assert "`n: 5` (G = 4)" in p.fix
+    assert "`g: 4` (or `control.fixed_n` with `n: 5`)" in p.fix
 
 
 def test_mc_grpo_checks_g_against_the_allocation():
@@ -235,6 +235,10 @@ def test_mc_grpo_checks_g_against_the_allocation():
     assert p.fix == "set `n: 9` on `budget` (--set stages.budget.with.n=9), or set `g: 7`"
     (p,) = MCGRPO.pairing_problems(MCGRPO.Config(g=8), ctx(8, "alloc", "control.mine"))
     assert p.fix == "make `alloc` allocate 9 rollouts per prompt, or set `g: 7`"
+    # the paired allocator control.mc_grpo (its Config's rollouts_per_prompt is its g + 1)
+    (p,) = MCGRPO.pairing_problems(MCGRPO.Config(g=8), ctx(5, "budget", "control.mc_grpo"))
+    assert p.message == "MC-GRPO with `g: 8` needs G + 1 = 9 rollouts per prompt, but stage `budget` allocates 5"
+    assert p.fix == "set `g: 8` on `budget` (--set stages.budget.with.g=8), or set `g: 4`"
     (p,) = MCGRPO.pairing_problems(MCGRPO.Config(), ctx(1))
     assert "its only rollout is the pivot" in p.message
 
@@ -270,7 +274,8 @@ def test_mc_grpo_without_a_fixed_allocation_fails_validation(tmp_path):
     assert result.exit_code == 2, result.output
     assert re.search(r"no_fixed_n\.yaml:\d+:\d+: update\.with\.advantage\.use: MC-GRPO needs G \+ 1 rollouts per "
                      r"prompt from a fixed allocation", result.output), result.output
-    assert "add `control.fixed_n` with `n: 9` (G = 8) upstream of the update" in result.output
+    assert "add `control.mc_grpo` with `g: 8` (or `control.fixed_n` with `n: 9`) upstream of the update" \
+        in result.output
 
 
 def test_mc_grpo_with_the_wrong_fixed_n_fails_validation():

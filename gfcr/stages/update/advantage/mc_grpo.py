@@ -1,10 +1,11 @@
 """advantage ``mc_grpo``: MC-GRPO as its reference code computes it (arXiv 2601.22582;
 ``lotusroot-kim/MC-GRPO``, ``grpo_trainer_gsm.py`` with ``mc=True``).
 
-The group holds ``G + 1`` rollouts (ask the Control stage for one more, e.g.
-``control.fixed_n`` with ``n: 9`` for ``G = 8``). ``gfcr validate`` checks the pairing: some
-stage upstream of the update must fix the group size (``control.fixed_n``), and with ``g: G``
-set it must allocate ``G + 1``. With ``r`` their rewards:
+The group holds ``G + 1`` rollouts (ask the Control stage for one more: ``control.mc_grpo``
+with ``g: 8``, the paired allocator, or ``control.fixed_n`` with ``n: 9`` for ``G = 8``).
+``gfcr validate`` checks the pairing: some stage upstream of the update must fix the group
+size (``control.mc_grpo`` or ``control.fixed_n``), and with ``g: G`` set it must allocate
+``G + 1``. With ``r`` their rewards:
 
 1. ``m`` = the lower median of ``r`` (``torch.median``); the pivot is the rollout whose reward
    is ``m``;
@@ -61,8 +62,11 @@ NONZERO_ATOL = 1e-6  # the reference's torch.isclose(..., atol=1e-6)
 def _allocate(ctx: PairingContext, n: int) -> str:
     """How to make the stage that fixes the group size allocate ``n`` rollouts per prompt."""
     sid = ctx.rollouts_from
-    if dict(ctx.upstream).get(sid) == "control.fixed_n":
+    alias = dict(ctx.upstream).get(sid)
+    if alias == "control.fixed_n":
         return f"set `n: {n}` on `{sid}` (--set stages.{sid}.with.n={n})"
+    if alias == "control.mc_grpo":
+        return f"set `g: {n - 1}` on `{sid}` (--set stages.{sid}.with.g={n - 1})"
     return f"make `{sid}` allocate {n} rollouts per prompt"
 
 
@@ -102,7 +106,8 @@ class MCGRPO:
                             "MC-GRPO needs G + 1 rollouts per prompt from a fixed allocation (the extra one is the "
                             "median pivot, left out of the loss), and no stage upstream of the update fixes the "
                             "group size",
-                            f"add `control.fixed_n` with `n: {g + 1}` (G = {g}) upstream of the update")]
+                            f"add `control.mc_grpo` with `g: {g}` (or `control.fixed_n` with `n: {g + 1}`) "
+                            "upstream of the update")]
         if config.g is not None and n != config.g + 1:
             return [Pairing(("advantage", "with", "g"),
                             f"MC-GRPO with `g: {config.g}` needs G + 1 = {config.g + 1} rollouts per prompt, but "
