@@ -19,7 +19,8 @@ steps); only the selection differs:
   the quickstart's policy, eval and 400 training prompts put in, and the overrides in
   ``EQUAL_BUDGET`` that give it the same 128 rollouts a step as uniform where its Config sets
   the budget (DARS tops up beyond it by design; DOTS and sGPO also pay for their reference and
-  profiling rollouts, which count in the tokens).
+  profiling rollouts, which count in the tokens; GPS and DEPO, selectors too, pay for their
+  embedding pass in scored tokens, not generated ones, so it is not in the tokens column).
 
 Per run: the fraction of generated groups whose rewards are all equal (``zero_variance_groups /
 groups`` over the steps), the eval accuracy every ``--every`` steps, and the tokens generated

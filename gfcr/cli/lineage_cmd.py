@@ -150,7 +150,9 @@ def _generated(chain: Any) -> str:
     if row["replayed_from"]:
         parts.append(f"replayed from {row['replayed_from']}" + _made(row))
     if row["tree_id"]:
-        parts.append(f"tree {row['tree_id']} node {row['node_id']} (parent {row['parent_node_id'] or '-'})")
+        branched = row.get("branch_token_idx")
+        parts.append(f"tree {row['tree_id']} node {row['node_id']} (parent {row['parent_node_id'] or '-'})"
+                     + ("" if branched is None else f", branched at token {branched} (tokens before it copied)"))
     return ", ".join(parts)
 
 

@@ -52,10 +52,14 @@ class GroupStats:
 
 @dataclass(slots=True)
 class TreeIndex:
-    """Tree topology of a group (TreeRL, BranchGRPO): node -> children, node -> leaf rollouts."""
+    """Tree topology of a group (TreeRL, BranchGRPO): node -> children, node -> leaf rollouts,
+    and optionally node -> the span ``(start, end)`` of response positions its segment covers
+    (the same in every leaf below it; ``generate.tree`` writes them, a hand-built tree may leave
+    them out and consumers then read the spans from the leaves' tokens)."""
 
     children: dict[str, list[str]] = field(default_factory=dict)
     leaves: dict[str, list[str]] = field(default_factory=dict)
+    spans: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -97,9 +97,10 @@ class StepReport:
 
     @property
     def tokens_generated(self) -> int:
-        """Response tokens sampled this step (reused rollouts left out, as in ``rollouts_generated``),
-        plus those a stage generated and charged itself."""
-        return sum(len(r) for g in self.groups for r in g.generated if not r.reused) + self.tokens_charged
+        """Response tokens sampled this step (reused rollouts left out, as in ``rollouts_generated``;
+        a tree branch's copied prefix left out, ``Rollout.generated_length``), plus those a stage
+        generated and charged itself."""
+        return sum(r.generated_length for g in self.groups for r in g.generated if not r.reused) + self.tokens_charged
 
     @property
     def rollouts_replayed(self) -> int:
@@ -115,7 +116,7 @@ class StepReport:
         """Response tokens of the groups that reached the update with unequal rewards: the
         generated tokens a group-relative advantage can give a gradient (reused rollouts left
         out: they were generated, and counted, at an earlier step)."""
-        return sum(len(r) for g in self.groups if g.group_id in self.update_group_ids
+        return sum(r.generated_length for g in self.groups if g.group_id in self.update_group_ids
                    and g.stats.n_scored > 1 and g.stats.reward_std > 0.0 for r in g.rollouts if not r.reused)
 
     @property

@@ -100,7 +100,7 @@ class Rollout:
     tree_id: str | None = None
     node_id: str | None = None
     parent_node_id: str | None = None
-    branch_token_idx: int | None = None
+    branch_token_idx: int | None = None  # a branch's fork point: tokens [0, idx) were copied from another leaf
     # outcome, written by verifiers
     reward: float | None = None
     reward_components: dict[str, float] = field(default_factory=dict)
@@ -137,6 +137,13 @@ class Rollout:
 
     def __len__(self) -> int:
         return len(self.response_token_ids)
+
+    @property
+    def generated_length(self) -> int:
+        """The response tokens this rollout sampled itself: all of them, except for a tree branch
+        (``generate.tree``), whose first ``branch_token_idx`` tokens were copied from the leaf it
+        branched from and were counted there."""
+        return len(self) - min(self.branch_token_idx or 0, len(self))
 
     @property
     def reused(self) -> bool:

@@ -19,6 +19,8 @@ BUILTIN_STAGES = {
     "control.dars": "gfcr.stages.control.dars:Dars",
     "control.hive": "gfcr.stages.control.hive:Hive",
     "control.dots": "gfcr.stages.control.dots:Dots",
+    "control.gps": "gfcr.stages.control.gps:Gps",
+    "control.depo": "gfcr.stages.control.depo:Depo",
     "control.gdro_rollout": "gfcr.stages.control.gdro_rollout:GdroRollout",
     "control.xrpo": "gfcr.stages.control.xrpo:Xrpo",
     "control.coba": "gfcr.stages.control.coba:Coba",
@@ -35,7 +37,9 @@ BUILTIN_STAGES = {
     "filter.uniqueness": "gfcr.stages.filter.uniqueness:Uniqueness",
     "filter.meds": "gfcr.stages.filter.meds:MEDS",
     "filter.gdro_weights": "gfcr.stages.filter.gdro_weights:GdroWeights",
+    "filter.entropy": "gfcr.stages.filter.entropy:EntropyGate",
     "generate.sample": "gfcr.stages.generate.sample:Sample",
+    "generate.tree": "gfcr.stages.generate.tree:Tree",
     "generate.fake": "gfcr.stages.testing:FakeGenerate",
     "update.grpo": "gfcr.stages.update.grpo:GRPOUpdate",
     "update.fake": "gfcr.stages.testing:FakeUpdate",
@@ -66,6 +70,7 @@ BUILTIN_ADVANTAGE_ESTIMATORS = {
     "grpo_lead": "gfcr.stages.update.advantage.grpo_lead:GRPOLead",
     "xrpo": "gfcr.stages.update.advantage.xrpo:XRPO",
     "tic_grpo": "gfcr.stages.update.advantage.tic_grpo:TICLengthCorrected",
+    "tree": "gfcr.stages.update.advantage.tree:TreeAdvantage",
 }
 
 BUILTIN_LOSSES = {
@@ -90,6 +95,7 @@ BUILTIN_DATA_SOURCES = {
     "arithmetic_mix": "gfcr.stages.data.arithmetic_mix:ArithmeticMixSource",
     "jsonl": "gfcr.stages.data.jsonl:JsonlSource",
     "gsm8k": "gfcr.stages.data.gsm8k:Gsm8kSource",
+    "humaneval": "gfcr.stages.data.humaneval:HumanEvalSource",
 }
 
 

@@ -64,6 +64,7 @@ DEEP_BLOCK = "".join("  " * i + f"k{i}:\n" for i in range(100)) + "  " * 100 + "
 QUICK = (REPO / "pipelines" / "quickstart.yaml").read_text()  # generate.sample and update.grpo, with a policy
 FINITE_FIX = "write a finite number here: `.inf`, `-.inf` and `.nan` cannot run"
 SEED_FIX = "write 0 or a positive integer"
+HUMANEVAL_FROM = 'data: {source: arithmetic, with: {n: 4000, seed: 0, digits: 2, operators: ["+", "-"]}}'
 
 CASES = [
     Case("near-miss stage name", edit(BASE, "control.uniform", "control.unifrom"),
@@ -337,6 +338,30 @@ CASES = [
          "control.dots", "stages.pick.with.fresh_fraction",
          "and `replay` (replay.rollout_replay) fills the batch for fresh_fraction 0.5",
          "set the same `fresh_fraction` on both (`--set stages.replay.with.fresh_fraction=0.25`)"),
+    Case("verifier workers with too little memory to start",
+         edit(QUICK, "reward:  {use: filter.verify, from: rollout}",
+              "reward:  {use: filter.verify, from: rollout, with: {memory_mb: 64}}"),
+         "memory_mb: 64", "stages.reward.with.memory_mb",
+         "`memory_mb` is 64 MiB, and a verifier worker process needs at least 256 MiB", "write `memory_mb: 2048`"),
+    Case("a verifier timeout of zero",
+         edit(QUICK, "reward:  {use: filter.verify, from: rollout}",
+              "reward:  {use: filter.verify, from: rollout, with: {timeout_s: 0}}"),
+         "timeout_s: 0", "stages.reward.with.timeout_s", "greater than 0", "satisfy the bound"),
+    Case("an infinite verifier timeout",
+         edit(QUICK, "reward:  {use: filter.verify, from: rollout}",
+              "reward:  {use: filter.verify, from: rollout, with: {timeout_s: .inf}}"),
+         "timeout_s: .inf", "stages.reward.with.timeout_s", "`timeout_s` must be a finite number, got `inf`",
+         FINITE_FIX),
+    Case("no verifier workers",
+         edit(QUICK, "reward:  {use: filter.verify, from: rollout}",
+              "reward:  {use: filter.verify, from: rollout, with: {workers: 0}}"),
+         "workers: 0", "stages.reward.with.workers", "greater than or equal to 1", "satisfy the bound"),
+    Case("a code sandbox with too little memory",
+         edit(QUICK, HUMANEVAL_FROM, "data: {source: humaneval, with: {memory_mb: 8}}"),
+         "memory_mb: 8", "data.with.memory_mb", "greater than or equal to 64", "satisfy the bound"),
+    Case("a code sandbox time limit of NaN",
+         edit(QUICK, HUMANEVAL_FROM, "data: {source: humaneval, with: {timeout_s: .nan}}"),
+         "timeout_s: .nan", "data.with.timeout_s", "`timeout_s` must be a finite number, got `nan`", FINITE_FIX),
 ]
 
 

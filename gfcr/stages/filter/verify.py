@@ -9,27 +9,29 @@ pool, or the ``verifier`` named in the config) reads ``rollout.text`` and the st
 
 Rollouts that already carry a reward (replayed, cached) are left alone. A verifier that
 raises, or runs longer than ``timeout_s``, gives reward 0 and says so in the reason
-(``verifier error: ValueError: ...``, ``verifier timeout after 5.0s``); it never stops the
+(``verifier error: ValueError: ...``, ``verifier timeout after 5s (worker killed)``); it never stops the
 run. Nothing is dropped: groups pass through, scored in place.
 
-Timeouts: each call runs in a daemon worker thread that the stage waits on for
-``timeout_s``. CPython cannot kill a thread, so a call that overruns is abandoned, not
-stopped: it keeps its thread (and possibly a CPU, holding the GIL part of the time) until
-it returns on its own, and its late result is ignored; and a call stuck inside C code that
-holds the GIL (a catastrophic regular expression) delays even the wait. Signals would interrupt the call
-for real, but they work only in the main thread, where the Prefect runner's tasks do not
-run; processes would too, at a cost of milliseconds per rollout. Verifiers are expected to
-be fast and pure; the timeout is a guard against the rare pathological input. A verifier
-function may carry a ``prepare()`` attribute (the ``math`` verifier imports math-verify in
-it), called once, untimed, before its first use.
+Timeouts and memory: each call runs in a worker process of a ``VerifierPool``
+(``gfcr.stages.verifiers.pool``), which is killed with its process group when the call runs
+past ``timeout_s`` of wall-clock time, and whose address space is capped at ``memory_mb``; the
+worker is replaced and the run goes on. So a response that sends sympy into a computation
+holding the GIL, or a regular expression into a long search, costs at most ``timeout_s`` and
+leaves nothing running (a thread could only be abandoned, still burning a CPU). ``workers``
+processes (default: 2, or 1 on a one-CPU machine) score a step's rollouts in parallel; they
+start on first use (about 0.3 s each) and end with the run. A verifier function may carry a
+``prepare()`` attribute (the ``math`` verifier imports math-verify in it), called once in each
+worker, untimed, before its first use. ``timeout_s: null`` (Python callers only, via
+``score_text``) calls the verifier in this thread, unguarded.
 ``score_text`` and ``score_rollout`` are the same scoring for callers with no pool, such
 as the runtime's evaluation on a held-out set.
 
 Fan-out: the stage scores through ``Resources.map`` (set in ``setup``), which runs a pure
 function over ``(text, VerifierSpec)`` items: in this process by default, in batches of Ray
 tasks under the Ray executor (docs/ray.md). The scores are then written onto the rollouts
-here, so the result is the same wherever the map ran; the timeout guard runs wherever the
-verifier does.
+here, so the result is the same wherever the map ran; the worker pool runs wherever the
+verifier does (one per Ray worker process). In-process, the stage hands the whole step to the
+pool at once, so its ``workers`` score in parallel.
 
 The format term follows DeepSeek-R1's rule-based format reward (Guo et al., 2025, arXiv
 2501.12948), added here as a weight on one reward in [0, 1] rather than a separate sum.
@@ -62,77 +64,82 @@ YAML:
 from __future__ import annotations
 
 import functools
-import threading
-from typing import Annotated
+from typing import Annotated, Sequence
 
 from pydantic import Field, field_validator
 
 from gfcr.records import PromptPool, Rollout, RolloutGroups, VerifierSpec
 from gfcr.registry import Registry, StageConfig
+from gfcr.spec.problems import fixable
 from gfcr.stages.resources import Map, Resources, in_process_map
 from gfcr.stages.verifiers import VERIFIERS, Score, Verifier, check_verifier_name
+from gfcr.stages.verifiers.pool import Call, Overran, WorkerDied, default_workers, describe, shared_pool
+
+DEFAULT_MEMORY_MB = 2048  # sympy on a hard expression stays well under this
+MIN_MEMORY_MB = 256  # a worker's Python, pydantic and math-verify need about 150 MB of address space
 
 ALIAS = "filter.verify"
 
 
-class _Overran(Exception):
-    """The verifier did not return within the timeout (distinct from a TimeoutError it raises)."""
-
-
-def _call_with_timeout(verifier: Verifier, text: str, spec: VerifierSpec, timeout_s: float) -> Score:
-    """Run ``verifier`` in a daemon thread; _Overran if it has not returned in time."""
-    outcome: list = []
-
-    def target() -> None:
-        try:
-            outcome.append(verifier(text, spec.ground_truth, dict(spec.options)))
-        except BaseException as exc:  # handed to the caller's thread, which reports it
-            outcome.append(exc)
-
-    worker = threading.Thread(target=target, name=f"gfcr-verifier-{spec.name}", daemon=True)
-    worker.start()
-    worker.join(timeout_s)
-    if not outcome:
-        raise _Overran(f"verifier timeout after {timeout_s}s")
-    if isinstance(outcome[0], BaseException):
-        raise outcome[0]
-    return outcome[0]
-
-
 @functools.cache
 def _prepare(verifier: Verifier) -> None:
-    """Run the verifier's optional ``prepare()`` once, untimed: a first call that imports
-    heavy packages (math-verify, sympy: about a second) must not count against ``timeout_s``."""
+    """Run the verifier's optional ``prepare()`` once in this process (the unguarded path)."""
     prepare = getattr(verifier, "prepare", None)
     if callable(prepare):
         prepare()
 
 
+def _reward(score: Score, format_weight: float) -> float:
+    return (1.0 - format_weight) * float(score.correct) + format_weight * float(score.formatted)
+
+
+def _verdict(outcome: Score | BaseException, format_weight: float) -> tuple[float, Score]:
+    """(reward, score) of a pool call's outcome: an overrun, a dead worker or a verifier error scores 0."""
+    if isinstance(outcome, Score):
+        return _reward(outcome, format_weight), outcome
+    if isinstance(outcome, (Overran, WorkerDied)):
+        return 0.0, Score(False, False, None, str(outcome))
+    return 0.0, Score(False, False, None, f"verifier error: {describe(outcome)}")
+
+
+def score_texts(items: Sequence[tuple[str, VerifierSpec]], *, format_weight: float = 0.0, timeout_s: float = 5.0,
+                memory_mb: int | None = DEFAULT_MEMORY_MB, workers: int | None = None,
+                verifiers: Registry[Verifier] = VERIFIERS) -> list[tuple[float, Score]]:
+    """``score_text`` of many ``(text, spec)`` pairs, in parallel on this process's worker pool."""
+    calls = [Call(verifiers.get(spec.name), text, spec.ground_truth, dict(spec.options)) for text, spec in items]
+    if not calls:
+        return []
+    pool = shared_pool(workers or default_workers(), memory_mb)
+    return [_verdict(outcome, format_weight) for outcome in pool.map(calls, timeout_s)]
+
+
 def score_text(text: str, spec: VerifierSpec, *, format_weight: float = 0.0, timeout_s: float | None = 5.0,
+               memory_mb: int | None = DEFAULT_MEMORY_MB, workers: int | None = None,
                verifiers: Registry[Verifier] = VERIFIERS) -> tuple[float, Score]:
-    """(reward, score) of ``text`` against ``spec``. A verifier error or timeout scores 0
-    with the reason recorded; an unknown verifier name is a RegistryError (a configuration
-    mistake, not a bad response). ``timeout_s=None`` calls the verifier in this thread, unguarded."""
+    """(reward, score) of ``text`` against ``spec``. A verifier error, timeout or dead worker
+    scores 0 with the reason recorded; an unknown verifier name is a RegistryError (a
+    configuration mistake, not a bad response). ``timeout_s=None`` calls the verifier in this
+    thread, unguarded (no worker process, no limits)."""
+    if timeout_s is not None:
+        (scored,) = score_texts([(text, spec)], format_weight=format_weight, timeout_s=timeout_s,
+                                memory_mb=memory_mb, workers=workers, verifiers=verifiers)
+        return scored
     verifier = verifiers.get(spec.name)
     _prepare(verifier)
     try:
-        if timeout_s is None:
-            score = verifier(text, spec.ground_truth, dict(spec.options))
-        else:
-            score = _call_with_timeout(verifier, text, spec, timeout_s)
-    except _Overran as exc:
-        return 0.0, Score(False, False, None, str(exc))
+        score = verifier(text, spec.ground_truth, dict(spec.options))
     except Exception as exc:
         return 0.0, Score(False, False, None, f"verifier error: {type(exc).__name__}: {exc}")
-    reward = (1.0 - format_weight) * float(score.correct) + format_weight * float(score.formatted)
-    return reward, score
+    return _reward(score, format_weight), score
 
 
 def score_item(item: tuple[str, VerifierSpec], *, format_weight: float = 0.0, timeout_s: float | None = 5.0,
+               memory_mb: int | None = DEFAULT_MEMORY_MB, workers: int | None = None,
                verifiers: Registry[Verifier] = VERIFIERS) -> tuple[float, Score]:
     """``score_text`` of one ``(text, spec)`` pair: the pure function ``Resources.map`` runs."""
     text, spec = item
-    return score_text(text, spec, format_weight=format_weight, timeout_s=timeout_s, verifiers=verifiers)
+    return score_text(text, spec, format_weight=format_weight, timeout_s=timeout_s, memory_mb=memory_mb,
+                      workers=workers, verifiers=verifiers)
 
 
 def score_rollout(rollout: Rollout, spec: VerifierSpec, *, format_weight: float = 0.0,
@@ -163,12 +170,27 @@ class Verify:
     class Config(StageConfig):
         verifier: str | None = Field(None, description="verifier for every prompt; default: each prompt's own")
         format_weight: Annotated[float, Field(ge=0.0, le=1.0, description="weight of the format term")] = 0.0
-        timeout_s: Annotated[float, Field(gt=0.0, description="seconds per verifier call")] = 5.0
+        timeout_s: Annotated[float, Field(gt=0.0, le=3600.0, description=(
+            "wall-clock seconds per verifier call; past it the worker process is killed and the "
+            "rollout scores 0"))] = 5.0
+        memory_mb: Annotated[int, Field(le=1 << 20, description=(
+            "address-space limit of each verifier worker process, in MiB"))] = DEFAULT_MEMORY_MB
+        workers: Annotated[int, Field(ge=1, le=256, description=(
+            "verifier worker processes; default: 2, or 1 on a one-CPU machine"))] | None = None
 
         @field_validator("verifier")
         @classmethod
         def _known(cls, name: str | None) -> str | None:
             return None if name is None else check_verifier_name(name)
+
+        @field_validator("memory_mb")
+        @classmethod
+        def _room_to_start(cls, memory_mb: int) -> int:
+            if memory_mb < MIN_MEMORY_MB:
+                raise fixable(f"`memory_mb` is {memory_mb} MiB, and a verifier worker process needs at least "
+                              f"{MIN_MEMORY_MB} MiB of address space to start (Python, pydantic, math-verify)",
+                              f"write `memory_mb: {DEFAULT_MEMORY_MB}` (the default) or more")
+            return memory_mb
 
     def __init__(self, config: Config, verifiers: Registry[Verifier] = VERIFIERS):
         self.config = config
@@ -195,8 +217,13 @@ class Verify:
         cfg = self.config
         todo = [r for r in groups.rollouts() if r.reward is None]
         items = [(_text(r), self.spec_for(r.prompt_id, pool)) for r in todo]
-        score = functools.partial(score_item, format_weight=cfg.format_weight, timeout_s=cfg.timeout_s,
-                                  verifiers=self.verifiers)
-        for rollout, (reward, verdict) in zip(todo, self.map(score, items), strict=True):
+        if self.map is in_process_map:  # the whole step at once, so the pool's workers run in parallel
+            results = score_texts(items, format_weight=cfg.format_weight, timeout_s=cfg.timeout_s,
+                                  memory_mb=cfg.memory_mb, workers=cfg.workers, verifiers=self.verifiers)
+        else:
+            score = functools.partial(score_item, format_weight=cfg.format_weight, timeout_s=cfg.timeout_s,
+                                      memory_mb=cfg.memory_mb, workers=cfg.workers, verifiers=self.verifiers)
+            results = self.map(score, items)
+        for rollout, (reward, verdict) in zip(todo, results, strict=True):
             write_score(rollout, reward, verdict)
         return groups

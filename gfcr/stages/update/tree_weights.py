@@ -14,11 +14,15 @@ counts once in total, in the loss and, under ``token_mean``, in its denominator;
 after a leaf's branch point have weight 1. The nodes are nested (a tree), so the largest such
 node is the same for all its leaves and the weights of one shared position sum to 1.
 
+When the tree records its nodes' spans (``TreeIndex.spans``, as ``generate.tree`` writes them),
+a position of a leaf has the weight ``1/|leaves(s)|`` of the node ``s`` whose span holds it on
+the leaf's path: the same rule, with the spans known rather than read from the tokens.
+
 Deviations:
-- the spans of the nodes are read from the tokens, not from ``branch_token_idx``: a node's
-  shared span ends where its leaves stop agreeing. When every child of a node happens to
-  sample the same first token after the branch point, that token is taken as shared (the
-  same token in the same context: the same log-probability and gradient);
+- without recorded spans, they are read from the tokens: a node's shared span ends where its
+  leaves stop agreeing. When every child of a node happens to sample the same first token
+  after the branch point, that token is taken as shared (the same token in the same context:
+  the same log-probability and gradient);
 - TreeRL weights its node advantages by ``1/sqrt(|leaves|)`` as part of its advantage
   (``compute_weighted_update(..., "sqrt")``); that belongs to a tree advantage estimator, and
   this weight only removes the duplicate count of the shared tokens.
@@ -57,6 +61,8 @@ def shared_prefix_weights(group: RolloutGroup) -> dict[str, np.ndarray]:
     if group.tree is None:
         return {}
     by_id = {r.rollout_id: r for r in group.rollouts}
+    if group.tree.spans:
+        return _weights_from_spans(group, by_id)
     nodes = [[by_id[i] for i in ids if i in by_id] for ids in group.tree.leaves.values()]
     nodes = sorted((n for n in nodes if n), key=len)  # smallest first: a larger node overrides
     weights = {r.rollout_id: np.ones(len(r), dtype=np.float64) for r in group.rollouts}
@@ -64,4 +70,15 @@ def shared_prefix_weights(group: RolloutGroup) -> dict[str, np.ndarray]:
         agreed = _agreed_length(leaves)
         for r in leaves:
             weights[r.rollout_id][:agreed] = 1.0 / len(leaves)
+    return weights
+
+
+def _weights_from_spans(group: RolloutGroup, by_id: dict[str, Rollout]) -> dict[str, np.ndarray]:
+    """Each node's span, in each of its leaves still in the group, weighs 1 / (those leaves)."""
+    weights = {r.rollout_id: np.ones(len(r), dtype=np.float64) for r in group.rollouts}
+    for node, ids in group.tree.leaves.items():
+        present = [i for i in ids if i in by_id]
+        start, end = group.tree.spans.get(node, (0, 0))
+        for i in present:
+            weights[i][start:end] = 1.0 / len(present)
     return weights

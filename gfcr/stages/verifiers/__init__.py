@@ -1,6 +1,6 @@
 """Verifiers: functions ``(response_text, ground_truth, options) -> Score``, by name.
 
-``VERIFIERS`` holds the built-ins (``arithmetic``, ``gsm8k``, ``math``), imported lazily on
+``VERIFIERS`` holds the built-ins (``arithmetic``, ``gsm8k``, ``math``, ``code``), imported lazily on
 first lookup, and any verifier a package declares in the ``gfcr.verifiers`` entry-point
 group::
 
@@ -8,7 +8,8 @@ group::
     my_verifier = "my_package.rewards:verify_mine"
 
 A prompt names its verifier in ``Prompt.verifier`` (a ``VerifierSpec``); the
-``filter.verify`` stage runs it.
+``filter.verify`` stage runs it, in a pool of killable worker processes
+(``gfcr.stages.verifiers.pool``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ BUILTIN_VERIFIERS = {
     "arithmetic": "gfcr.stages.verifiers.arithmetic:verify_arithmetic",
     "gsm8k": "gfcr.stages.verifiers.gsm8k:verify_gsm8k",
     "math": "gfcr.stages.verifiers.math_equiv:verify_math",
+    "code": "gfcr.stages.verifiers.code:verify_code",
 }
 
 

@@ -1,9 +1,11 @@
 """What a verifier is: a function ``(response_text, ground_truth, options) -> Score``.
 
 A verifier extracts an answer from a response and compares it with the ground truth. It is
-pure (no state, no I/O), so the ``filter.verify`` stage can run it under a timeout and the
+pure (no state, no I/O of its own, the ``code`` verifier's sandboxed subprocess aside), so
+the ``filter.verify`` stage can run it in a killable worker process under a wall-clock and
+memory limit (``gfcr.stages.verifiers.pool``; it is shipped there with cloudpickle) and the
 evaluation loop can reuse it unchanged. A verifier that imports heavy packages on its first
-call may carry a ``prepare()`` attribute doing that import; ``filter.verify`` calls it once,
+call may carry a ``prepare()`` attribute doing that import; each worker calls it once,
 outside the timeout. ``options`` come from the prompt's ``VerifierSpec``;
 each verifier validates them with a small strict pydantic model (``parse_options``), so a
 misspelt option is an error, not a silent default.

@@ -7,11 +7,12 @@ response are parsed by ``math_verify.parse`` (the response's answer is found in
 the response marks its answer (``\\boxed{}``, ``Answer:``, "answer is").
 
 Timeouts: math-verify guards its parsing and comparison with ``signal.alarm``, which works
-only in the main thread. Here its own timeouts (``timeout_s`` option, default 5 s) are used
-in the main thread and switched off elsewhere, so the verifier also runs in a worker thread
-(``filter.verify`` runs every verifier in one, under its own ``timeout_s``). Off the main
-thread a pathological expression is therefore bounded only by the caller's timeout, and
-the abandoned computation keeps a CPU busy until it ends (see ``filter.verify``).
+only in the main thread, and only between Python bytecodes. Its own timeouts (``timeout_s``
+option, default 5 s) are used in the main thread and switched off elsewhere. ``filter.verify``
+runs verifiers in the main thread of worker processes, so they are on there; but sympy can
+hold the GIL inside one C call for minutes (``\\boxed{9^{9^{9^{9}}}}``), where no alarm fires,
+so the bound that always holds is ``filter.verify``'s ``timeout_s``, enforced by killing the
+worker process (``gfcr.stages.verifiers.pool``).
 
 Deviations from ``math_verify``'s defaults: a ground truth without ``$`` delimiters is
 wrapped in ``$...$`` before parsing (so ``\\sqrt{2}`` parses as LaTeX), and so is the rest

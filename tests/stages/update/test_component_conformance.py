@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from gfcr.graph import load_pipeline
-from gfcr.records import Prompt, PromptPool, Rollout, RolloutGroup, RolloutGroups, Segment
+from gfcr.records import Prompt, PromptPool, Rollout, RolloutGroup, RolloutGroups, Segment, TreeIndex
 from gfcr.registry.catalog import ADVANTAGE_ESTIMATORS, AGGREGATIONS, LOSSES
 from gfcr.spec.yaml_source import parse_yaml
 from gfcr.stages.resources import Resources
@@ -49,7 +49,9 @@ PIPELINE_SETUP: dict[tuple[str, str], dict] = {
 }
 PIPELINE_SETS: dict[tuple[str, str], list[str]] = {
     ("advantage", "mc_grpo"): ["stages.budget.with.n=9"],
+    ("advantage", "tree"): ["stages.rollout.use=generate.tree"],  # tree advantages need tree groups
 }
+NEEDS_TREES = {("advantage", "tree")}  # the toy batch's groups get a flat tree: root -> one node per rollout
 
 
 def _cls(kind: str, alias: str) -> type:
@@ -140,6 +142,11 @@ def test_it_takes_a_real_update_step(kind, alias):
     stage.setup(Resources(policy))
     before = [p.detach().clone() for p in policy.model.parameters()]
     groups, pool = _batch()
+    if (kind, alias) in NEEDS_TREES:
+        for g in groups:
+            ids = [r.rollout_id for r in g.rollouts]
+            g.tree = TreeIndex(children={"root": [f"n{i}" for i in range(len(ids))]},
+                               leaves={"root": ids, **{f"n{i}": [rid] for i, rid in enumerate(ids)}})
     report = stage.run(groups, pool)
     assert not report.skipped, report.skip_reason
     assert math.isfinite(report.loss) and report.policy_version == 1

