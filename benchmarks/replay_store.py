@@ -184,6 +184,11 @@ def step_overhead(steps: int, model: str = "tiny-arith") -> dict:
                      "store_stage_s": float(np.mean([r[1] for r in rows])),
                      "embed_cpu_s": float(np.mean([r[2] for r in rows])),
                      "main_cpu_s": float(np.mean([r[3] for r in rows]))}
+    for name, runner in runners.items():  # a worker's encode may end during another pipeline's step
+        store = getattr(runner.stages.get("store"), "store", None)
+        if store is not None:
+            store.finish()
+            out[name]["embed_cpu_s_all_steps"] = store.embed_cpu_seconds / steps
     base, base_cpu = out["no store"]["step_s_median"], out["no store"]["main_cpu_s"]
     for name in out:
         out[name]["wall_overhead"] = out[name]["step_s_median"] / base - 1
