@@ -145,17 +145,23 @@ STEP_PIPELINES = {  # model -> (the pipeline without a store, the same pipeline 
 
 
 def step_overhead(steps: int, model: str = "tiny-arith") -> dict:
-    """A pipeline vs the same pipeline + replay.store (background and inline embedding), step by
-    step in turn, so that load on the machine hits all three alike."""
+    """A pipeline vs the same pipeline + replay.store (embedding in a worker process or a thread of
+    this process, in the background or inline), step by step in turn, so that load on the machine
+    hits all five alike. ``embed_cpu_s`` is the embedder's CPU time (the worker's, for a process);
+    ``main_cpu_s`` the CPU time of this process's threads a step (not the worker's): what the
+    store takes from the step's own process, a figure that load on the machine does not inflate."""
     from gfcr.graph import load_pipeline
     from gfcr.runtime.session import build_resources
     from gfcr.runtime.local import LocalRunner
 
     repo = Path(__file__).resolve().parents[1]
     plain, with_store = STEP_PIPELINES[model]
+    inline = ["stages.store.with.background=false"]
     variants = {"no store": (repo / plain, []),
-                "store, background": (repo / with_store, []),
-                "store, inline": (repo / with_store, ["stages.store.with.background=false"])}
+                "store, process, background": (repo / with_store, ["stages.store.with.embed_in=process"]),
+                "store, process, inline": (repo / with_store, ["stages.store.with.embed_in=process", *inline]),
+                "store, thread, background": (repo / with_store, ["stages.store.with.embed_in=thread"]),
+                "store, thread, inline": (repo / with_store, ["stages.store.with.embed_in=thread", *inline])}
     runners, times = {}, {}
     for name, (path, overrides) in variants.items():
         pipeline = load_pipeline(path, overrides + ["executor.kind=local", "tracking.mlflow=null"])
@@ -165,21 +171,28 @@ def step_overhead(steps: int, model: str = "tiny-arith") -> dict:
         for name, runner in runners.items():
             store = getattr(runner.stages.get("store"), "store", None)
             cpu = store.embed_cpu_seconds if store is not None else 0.0
-            start = time.perf_counter()
+            start, main_cpu = time.perf_counter(), time.process_time()
             report = runner.run_step()
-            seconds = time.perf_counter() - start
+            seconds, main_cpu = time.perf_counter() - start, time.process_time() - main_cpu
             # a background add's embedding ends during the next step: its CPU time is counted one step late
             embed_cpu = (store.embed_cpu_seconds - cpu) if store is not None else 0.0
-            times[name].append((seconds, report.stage_seconds.get("store", 0.0), embed_cpu))
+            times[name].append((seconds, report.stage_seconds.get("store", 0.0), embed_cpu, main_cpu))
     out = {}
     for name, rows in times.items():
         rows = rows[min(2, steps // 3):]  # warm-up
         out[name] = {"step_s_median": float(np.median([r[0] for r in rows])),
                      "store_stage_s": float(np.mean([r[1] for r in rows])),
-                     "embed_cpu_s": float(np.mean([r[2] for r in rows]))}
-    base = out["no store"]["step_s_median"]
+                     "embed_cpu_s": float(np.mean([r[2] for r in rows])),
+                     "main_cpu_s": float(np.mean([r[3] for r in rows]))}
+    for name, runner in runners.items():  # a worker's encode may end during another pipeline's step
+        store = getattr(runner.stages.get("store"), "store", None)
+        if store is not None:
+            store.finish()
+            out[name]["embed_cpu_s_all_steps"] = store.embed_cpu_seconds / steps
+    base, base_cpu = out["no store"]["step_s_median"], out["no store"]["main_cpu_s"]
     for name in out:
         out[name]["wall_overhead"] = out[name]["step_s_median"] / base - 1
+        out[name]["main_cpu_overhead"] = out[name]["main_cpu_s"] / base_cpu - 1
     return out
 
 

@@ -30,8 +30,10 @@ token) go first; then, while the store exceeds ``max_entries`` or ``max_bytes``,
 the ``evict`` order: ``fifo`` (first added first), ``staleness`` (oldest policy version first) or
 ``priority`` (lowest priority first; the stage uses the reward); ties leave oldest first.
 
-The embedder runs in a thread of the store's own, on one torch thread, whether the add waits
-for it (``background: false``) or not.
+The embedder runs in a worker process (``embed_in: process``, ``gfcr.stages.replay.embed_worker``:
+one torch thread, lowered priority) or in this process (``embed_in: thread``), on one torch
+thread; either way the store's own thread sends it the texts, whether the add waits for it
+(``background: false``) or not.
 
 Determinism: the embeddings of a step's texts are computed in fixed batches (unique texts in
 first-seen order), and a text already in the store reuses its stored vector, so a store rebuilt
@@ -72,6 +74,10 @@ class StoreConfig(StageConfig):
     background: Annotated[bool, Field(description=(
         "embed a step's texts in a background thread while the update runs (the add completes when the "
         "step's metrics are read, or at the next use); false embeds inline"))] = True
+    embed_in: Annotated[Literal["process", "thread"], Field(description=(
+        "where the embedder runs: `process` (a worker process of its own, one torch thread, lowered priority, "
+        "so the step keeps its cores and the interpreter lock) or `thread` (a thread of this process, one "
+        "torch thread); either way `background` decides whether the add waits for it"))] = "process"
     index: Annotated[Literal["flat", "ivf", "hnsw"], Field(description=(
         "FAISS index of the response embeddings: flat (exact), ivf (inverted lists, for large stores) or "
         "hnsw (graph); prompts always use a flat index"))] = "flat"
@@ -234,9 +240,13 @@ class ReplayStore:
 
     def _encode(self, texts: list[str]) -> np.ndarray:
         start, cpu = time.perf_counter(), time.thread_time()
-        vectors = self.embedder.encode(texts, batch_size=self.config.embed_batch_size)
+        with_cpu = getattr(self.embedder, "encode_with_cpu", None)  # a worker process: its CPU time, not ours
+        if with_cpu is not None:
+            vectors, worker_cpu = with_cpu(texts, batch_size=self.config.embed_batch_size)
+        else:
+            vectors, worker_cpu = self.embedder.encode(texts, batch_size=self.config.embed_batch_size), 0.0
         self.embed_seconds += time.perf_counter() - start
-        self.embed_cpu_seconds += time.thread_time() - cpu
+        self.embed_cpu_seconds += time.thread_time() - cpu + worker_cpu
         return vectors
 
     def _executor(self) -> ThreadPoolExecutor:

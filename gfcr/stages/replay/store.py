@@ -17,8 +17,11 @@ Which rollouts are stored: ``kept_only`` (groups and rollouts the filters kept),
 ``store_replayed`` (rollouts another Replay stage replayed, skipped by default).
 
 Without ``dedup_threshold`` the rollouts are stored (and evicted) at once and only their
-vectors wait: embedding runs in a background thread (``background``) while the update and
+vectors wait: embedding runs in the background (``background``) while the update and
 the next step's generation run, and joins the index at the next add, query or checkpoint.
+The model runs in a worker process of its own at a lower priority (``embed_in: process``,
+the default: the step keeps its cores and the interpreter lock) or in this process
+(``embed_in: thread``).
 With it, the step's metrics wait for the embeddings. The metrics (``entries``, ``prompts``,
 ``bytes``, ``added``, ``exact_duplicates``, ``near_duplicates``, ``evicted``) go to
 ``metrics.jsonl`` under ``stages.<id>`` and to MLflow. The store is saved with each checkpoint in the stage's own
@@ -68,6 +71,7 @@ from pydantic import Field
 
 from gfcr.records import Origin, Prompt, PromptPool, Rollout, RolloutGroups, StepContext, StepOutputs
 from gfcr.records.group import FINISHED
+from gfcr.stages.replay.embed_worker import worker_embedder
 from gfcr.stages.replay.embedder import load_embedder
 from gfcr.stages.replay.rollout_store import ReplayStore, StoreConfig
 
@@ -90,7 +94,8 @@ class Store:
         self._state: dict[str, Any] | None = None
 
     def setup(self, resources: Any) -> None:
-        self.store = ReplayStore(self.config, load_embedder(self.config.embedder))
+        embed = worker_embedder if self.config.embed_in == "process" else load_embedder
+        self.store = ReplayStore(self.config, embed(self.config.embedder))
 
     def _require(self) -> ReplayStore:
         if self.store is None:
