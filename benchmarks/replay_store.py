@@ -144,7 +144,7 @@ STEP_PIPELINES = {  # model -> (the pipeline without a store, the same pipeline 
 }
 
 
-def step_overhead(steps: int, model: str = "tiny-arith") -> dict:
+def step_overhead(steps: int, model: str = "tiny-arith", only: list[str] | None = None) -> dict:
     """A pipeline vs the same pipeline + replay.store (embedding in a worker process or a thread of
     this process, in the background or inline), step by step in turn, so that load on the machine
     hits all five alike. ``embed_cpu_s`` is the embedder's CPU time (the worker's, for a process);
@@ -162,6 +162,8 @@ def step_overhead(steps: int, model: str = "tiny-arith") -> dict:
                 "store, process, inline": (repo / with_store, ["stages.store.with.embed_in=process", *inline]),
                 "store, thread, background": (repo / with_store, ["stages.store.with.embed_in=thread"]),
                 "store, thread, inline": (repo / with_store, ["stages.store.with.embed_in=thread", *inline])}
+    if only:
+        variants = {name: v for name, v in variants.items() if name == "no store" or name in only}
     runners, times = {}, {}
     for name, (path, overrides) in variants.items():
         pipeline = load_pipeline(path, overrides + ["executor.kind=local", "tracking.mlflow=null"])
@@ -203,9 +205,11 @@ def main() -> None:
     parser.add_argument("--model", choices=sorted(STEP_PIPELINES), default="tiny-arith",
                         help="whose step the store's overhead is measured against")
     parser.add_argument("--overhead-only", action="store_true", help="skip the store, recall figures")
+    parser.add_argument("--variants", nargs="+", default=None,
+                        help="the store variants to step beside `no store` (default: all four), e.g. 'store, process, background'")
     parser.add_argument("--out", default="benchmarks/results/replay_store.json")
     args = parser.parse_args()
-    results: dict = {"model": args.model, "overhead": step_overhead(args.steps, args.model)}
+    results: dict = {"model": args.model, "overhead": step_overhead(args.steps, args.model, args.variants)}
     print(json.dumps(results["overhead"], indent=1), flush=True)
     if args.overhead_only:
         Path(args.out).write_text(json.dumps(results, indent=1) + "\n")

@@ -7,7 +7,8 @@ first time a store with ``embed_in: process`` is set up) and shared by every suc
 the in-process model of ``load_embedder``. The worker:
 
 - runs the model on one torch thread (``torch.set_num_threads(1)``, ``OMP_NUM_THREADS=1``) at a
-  lower priority (``os.nice(NICE)``), so it uses the cores the step leaves idle;
+  lower priority (``os.nice(NICE)``, and Linux's ``SCHED_IDLE`` where allowed), so it uses the
+  cores the step leaves idle;
 - reads requests (texts, batch size) from a pipe and answers float32 ``[n, dim]`` unit rows and the
   CPU seconds the encode took; the store's own thread waits on the pipe without holding the lock;
 - dies with its parent: it exits when the request pipe reaches end of file (the parent's end is
@@ -227,11 +228,22 @@ def _die_with(parent: int, deathsig: bool) -> None:
     threading.Thread(target=watch, name="gfcr-embed-watchdog", daemon=True).start()
 
 
+def _idle_priority() -> None:
+    """Linux's SCHED_IDLE: the worker runs only on a core nothing else wants, and is preempted
+    at once when the step's threads wake (a nice value only shares the core less). Elsewhere,
+    or where the policy is refused, the nice value alone applies."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        pass
+
+
 def _serve(argv: list[str]) -> None:
     inbox_fd, outbox_fd, folder, name, nice, parent, deathsig = argv
     _die_with(int(parent), deathsig == "1")
     inbox, outbox = os.fdopen(int(inbox_fd), "rb"), os.fdopen(int(outbox_fd), "wb")
     os.nice(int(nice))
+    _idle_priority()
     try:
         import torch
 
