@@ -122,7 +122,8 @@ from typing import Annotated, Any, Collection, Sequence
 import numpy as np
 from pydantic import Field, model_validator
 
-from gfcr.records import Allocation, AllocationEntry, Prompt, PromptPool, PromptStats, StepContext, StepReport
+from gfcr.records import (Allocation, AllocationEntry, ControlReason, Prompt, PromptPool, PromptStats, StepContext,
+                          StepReport)
 from gfcr.registry import StageConfig
 from gfcr.spec.problems import fixable
 from gfcr.stages.control.prompt_stats import observe_group, stats_from_state, stats_to_state, visit_draw
@@ -294,8 +295,8 @@ class Hive:
         self._count(len(candidates), off, readmit, survivors, kept, scores, pe)
         reasons = self._reasons(len(candidates), scores, off, readmit, survivors, kept, pe)
         order = kept + [i for i in range(len(candidates)) if i not in set(kept)]
-        entries = tuple(AllocationEntry(candidates[i], cfg.n_rollouts if i in set(kept) else 0, reason=reasons[i])
-                        for i in order)
+        entries = tuple(AllocationEntry(candidates[i], cfg.n_rollouts if i in set(kept) else 0,
+                                        reason=reasons[i][0], why=reasons[i][1]) for i in order)
         return Allocation(step=self._step, entries=entries)
 
     def prompt_entropies(self, prompts: Sequence[Prompt]) -> list[float]:
@@ -329,7 +330,10 @@ class Hive:
         sums[3] += len(kept)
 
     def _reasons(self, n: int, scores: list[tuple[float, float]], off: set[int], readmit: set[int],
-                 survivors: list[int], kept: list[int], pe: dict[int, float]) -> list[str]:
+                 survivors: list[int], kept: list[int], pe: dict[int, float]) -> list[tuple[str, ControlReason]]:
+        """Each candidate's reason, as text and as a ``ControlReason``: ``off_edge`` (decided by its
+        success rate), ``cut_stage1`` (by its stage-1 rank), ``pruned_stage2`` or ``kept`` (by its
+        prompt entropy under the current policy)."""
         cfg = self.config
         rank1 = {i: r + 1 for r, i in enumerate(survivors)}
         rank2 = {i: r + 1 for r, i in enumerate(sorted(survivors, key=lambda i: (-pe[i], rank1[i])))}
@@ -338,14 +342,22 @@ class Hive:
             p, h = scores[i]
             history = "unseen" if math.isnan(p) else f"success {p:.3f}, response entropy {h:.4f}"
             history += ", re-admitted off the edge" if i in readmit else ""
+            seen = {} if math.isnan(p) else {"success": p, **({} if math.isnan(h) else {"response_entropy": h})}
+            seen |= {"readmitted": 1.0} if i in readmit else {}
             if i in off:
-                out.append(f"hive: off the edge ({history}; band ({cfg.min_success:g}, {cfg.max_success:g}))")
+                text = f"hive: off the edge ({history}; band ({cfg.min_success:g}, {cfg.max_success:g}))"
+                why = ControlReason("off_edge", "success", p, {"min_success": cfg.min_success,
+                                                                "max_success": cfg.max_success})
             elif i not in rank1:
-                out.append(f"hive: cut at stage 1 ({history})")
+                text = f"hive: cut at stage 1 ({history})"
+                why = ControlReason("cut_stage1", None, None, seen)
             else:
                 what = "kept" if i in set(kept) else "pruned at stage 2"
-                out.append(f"hive: {what} (stage-1 rank {rank1[i]}, {history}; prompt entropy {pe[i]:.4f}, "
-                           f"rank {rank2[i]})")
+                text = (f"hive: {what} (stage-1 rank {rank1[i]}, {history}; prompt entropy {pe[i]:.4f}, "
+                        f"rank {rank2[i]})")
+                why = ControlReason("kept" if i in set(kept) else "pruned_stage2", "prompt_entropy", pe[i],
+                                    seen | {"stage1_rank": rank1[i], "stage2_rank": rank2[i]})
+            out.append((text, why))
         return out
 
     def step_metrics(self) -> dict[str, float]:

@@ -187,6 +187,14 @@ def test_a_call_on_hand_values():
     assert reasons["p:0"].startswith("hive: pruned at stage 2 (stage-1 rank 1")
     assert reasons["p:0"].endswith(f"prompt entropy {math.log(2):.4f}, rank 3)")
     assert reasons["p:1"].startswith("hive: kept (stage-1 rank 3")
+    why = {e.prompt_id: e.why for e in alloc}  # the same decisions, machine-readable (lineage)
+    assert (why["p:3"].code, why["p:3"].name, why["p:3"].value) == ("off_edge", "success", 1.0)
+    assert (why["p:0"].code, why["p:0"].name) == ("pruned_stage2", "prompt_entropy")
+    assert why["p:0"].value == pytest.approx(math.log(2), abs=1e-6)
+    assert (why["p:0"].quantities["stage1_rank"], why["p:0"].quantities["stage2_rank"]) == (1.0, 3.0)
+    assert why["p:0"].quantities["success"] == 0.5
+    assert (why["p:1"].code, why["p:2"].code) == ("kept", "kept")
+    assert why["p:1"].value == pytest.approx(math.log(8), abs=1e-6)
     # one batched score call over the 3 survivors, 3 tokens each (x_2, x_3, placeholder)
     assert len(engine.calls) == 1 and len(engine.calls[0]) == 3
     assert resources.take_tokens_scored() == 9
