@@ -19,7 +19,9 @@ NAMES = sorted(BUILTIN_ADVANTAGE_ESTIMATORS)
 # krpo's Kalman filter starts at 0, so equal non-zero rewards get non-zero advantages (the method,
 # not rounding); pvpo's baseline is the prompt's reference reward, not the group, and it needs the
 # prompt pool (estimate_batch): both are tested in test_estimators_catalog_a.py
-NOT_GROUP_CENTRED = {"krpo", "pvpo"}
+# tree reads the group's tree (RolloutGroup.tree), which a plain group has not: its equal-reward
+# zeros are tested on hand trees in test_tree_advantage.py
+NOT_GROUP_CENTRED = {"krpo", "pvpo", "tree"}
 NEEDS_POOL = {"pvpo"}
 # Config fields with no default get their smallest valid value here: stratified has no default
 # stratum key or alpha (the paper's alpha could not be verified).

@@ -117,6 +117,7 @@ class TreeAdvantage:
         return out
 
     def estimate(self, group: RolloutGroup) -> Advantages:
+        checked_rewards(group)  # an unscored rollout is named before a missing tree
         tree = self._tree(group)
         advantages = self.node_advantages(group)
         by_id = {r.rollout_id: r for r in group.rollouts}
