@@ -89,6 +89,13 @@ def build_program(code: str, tests: str, opts: CodeOptions) -> str:
     return f"{body}\n\n{tests}\n\ncheck({opts.entry_point})\n"
 
 
+def cpu_seconds(opts: CodeOptions) -> int:
+    """The program's CPU rlimit: a second past the wall-clock limit, so the wall clock decides (one
+    reason for one program, however the machine is loaded) and the rlimit is the backstop that ends
+    a program whose parent died before it could kill it."""
+    return math.ceil(opts.timeout_s) + 1
+
+
 def run_sandboxed(program: str, opts: CodeOptions) -> tuple[bool, str]:
     """(passed, reason) of ``program`` run by ``code_runner`` under ``opts``' limits."""
     workdir = tempfile.mkdtemp(prefix="gfcr-code-")
@@ -96,7 +103,7 @@ def run_sandboxed(program: str, opts: CodeOptions) -> tuple[bool, str]:
     try:
         with open(os.path.join(workdir, "program.py"), "w", encoding="utf-8") as handle:
             handle.write(program)
-        cpu = max(1, math.ceil(opts.timeout_s))
+        cpu = cpu_seconds(opts)
         args = [sys.executable, "-I", "-S", "-B", RUNNER, str(write_fd), workdir, str(opts.memory_mb << 20),
                 str(cpu), str(opts.file_size_kb << 10)]
         process = subprocess.Popen(args, cwd=workdir, env={}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -140,7 +147,7 @@ def _judge(verdict: bytes, overran: bool, code: int, opts: CodeOptions) -> tuple
     if overran:
         return False, f"time limit: still running after {opts.timeout_s:g}s (killed)"
     if code == -signal.SIGXCPU or code == -signal.SIGKILL:
-        return False, f"time limit: past {max(1, math.ceil(opts.timeout_s))} CPU seconds (killed)"
+        return False, f"time limit: past {cpu_seconds(opts)} CPU seconds (killed)"
     if code < 0:
         return False, f"the program was killed by signal {-code}"
     if first == {"passed": True} and len(lines) == 1 and code == 0:
