@@ -168,10 +168,17 @@ def test_resume_of_a_folder_that_is_not_a_run_says_so(tmp_path):
 
 
 def test_run_refuses_a_run_dir_that_is_in_use(write_spec, tmp_path):
+    spec = write_spec(DAPO)
     (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "spec.yaml").write_text(spec.read_text())  # a gfcr run: resume is the way on
     (tmp_path / "busy" / "metrics.jsonl").write_text("{}\n")
-    result = cli.invoke(app, ["run", str(write_spec(DAPO)), "--run-dir", str(tmp_path / "busy")])
-    assert result.exit_code == 2 and "gfcr resume" in result.output
+    result = cli.invoke(app, ["run", str(spec), "--run-dir", str(tmp_path / "busy")])
+    assert result.exit_code == 2 and f"gfcr resume {tmp_path / 'busy'}" in result.output
+    (tmp_path / "other").mkdir()  # not a gfcr run: resume would not help, so it is not suggested
+    (tmp_path / "other" / "metrics.jsonl").write_text("{}\n")
+    result = cli.invoke(app, ["run", str(spec), "--run-dir", str(tmp_path / "other")])
+    assert result.exit_code == 2 and "not a gfcr run directory" in result.output
+    assert "gfcr resume" not in result.output
 
 
 BAD_DATA_SPEC = """\

@@ -158,16 +158,30 @@ def test_nothing_in_a_checkpoint_is_a_pickle(write_spec, tmp_path):
         assert file.suffix in (".json", ".safetensors"), file
 
 
+# Pickles that never touch a file: messages on pipes between a gfcr process and the worker it
+# started itself (the verifier pool, the embedding worker). Nothing read from disk is unpickled.
+PIPE_PICKLES = {"gfcr/stages/verifiers/pool.py", "gfcr/stages/replay/embed_worker.py"}
+
+
 def test_no_code_loads_with_pickle():
-    """Loading never executes code: no torch.load without weights_only=True, no pickle module."""
-    offenders = []
+    """Loading never executes code: no torch.load without weights_only=True, no pickle module
+    outside the worker pipes (PIPE_PICKLES), and those modules open no files to unpickle."""
+    offenders, pipes = [], set()
     for file in (REPO / "gfcr").rglob("*.py"):
-        for n, line in enumerate(file.read_text().splitlines(), start=1):
+        rel = file.relative_to(REPO).as_posix()
+        text = file.read_text()
+        for n, line in enumerate(text.splitlines(), start=1):
             if re.search(r"torch\.load\(", line) and "weights_only=True" not in line:
-                offenders.append(f"{file}:{n}: {line.strip()}")
+                offenders.append(f"{rel}:{n}: {line.strip()}")
             if re.search(r"\b(pickle|cloudpickle|dill)\.loads?\(", line):
-                offenders.append(f"{file}:{n}: {line.strip()}")
+                if rel in PIPE_PICKLES:
+                    pipes.add(rel)
+                else:
+                    offenders.append(f"{rel}:{n}: {line.strip()}")
+        if rel in PIPE_PICKLES:
+            assert not re.search(r"(?<![\w.])open\(|read_bytes\(|pickle\.load\(", text), f"{rel} unpickles from a file"
     assert offenders == []
+    assert pipes == PIPE_PICKLES  # the exemption names only modules that still need it
 
 
 def test_a_loaded_checkpoint_continues_exactly(write_spec, tmp_path):
