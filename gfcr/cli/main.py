@@ -260,8 +260,13 @@ def resume(run_dir: Annotated[Path, typer.Argument(help="a run directory made by
            executor: ExecutorOption = None) -> None:
     """Continue a run from its newest checkpoint, up to run.steps (or --steps)."""
     from gfcr.runtime.session import Run
+    from gfcr.tracking.mlflow_tracker import check_run_store
 
-    _train(lambda hooks: Run.resume(run_dir, steps, hooks, executor=executor))
+    def resumed(hooks: tuple) -> object:
+        check_run_store(run_dir)  # a store that is down fails before the run directory changes
+        return Run.resume(run_dir, steps, hooks, executor=executor)
+
+    _train(resumed)
 
 
 def _start_run(pipeline: CompiledPipeline, run_dir: Path | None, hooks: tuple) -> object:
@@ -288,7 +293,7 @@ def _train(make_run) -> None:
     from gfcr.cli.progress import LoopProgress, ProgressHook, summary_table
     from gfcr.tracking.mlflow_tracker import start_tracking
 
-    hook, trackers = None, ()
+    hook, trackers, session = None, (), None
     try:
         with out.status("loading the pipeline, data and policy..."):
             session = make_run(())
@@ -314,12 +319,32 @@ def _train(make_run) -> None:
             raise typer.Exit(1) from None
         _fail(exc)
         raise typer.Exit(2) from None
+    except KeyboardInterrupt:  # Ctrl-C: where the run stopped and how to go on, not a traceback
+        if hook is not None:
+            hook.stop()
+        err.print(f"[yellow]interrupted:[/] {escape(_stopped_at(session))}", markup=True)
+        raise typer.Exit(130) from None
     finally:
         for tracker in trackers:
             tracker.close()  # marks the MLflow run FAILED unless the run finished
     out.print(summary_table(summary))
     for tracker in trackers:
         out.print(tracker.describe())
+
+
+def _stopped_at(session: Any) -> str:
+    """Where an interrupted run stopped: the steps recorded, the checkpoint a resume starts
+    from, and the command that continues it."""
+    if session is None:
+        return "before the run started (nothing was run); start it again with the same command"
+    from gfcr.runtime.checkpoint import latest_checkpoint
+
+    done, total, path = session.runner.step, session.spec.run.steps, session.dir.path
+    checkpoint = latest_checkpoint(session.dir)
+    start = (f"its checkpoint of step {int(checkpoint.name.removeprefix('step-'))}" if checkpoint is not None
+             else "step 0 (no checkpoint yet)")
+    return (f"stopped after {done} of {total} steps ({path / 'metrics.jsonl'}); `gfcr resume` continues "
+            f"from {start} and gives the metrics of an uninterrupted run:\n    gfcr resume {path}")
 
 
 from gfcr.cli import report_cmd  # noqa: E402,F401  (registers `gfcr report`)

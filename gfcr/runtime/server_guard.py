@@ -21,6 +21,12 @@ run, which then stops its server itself.
 
 Where pidfds are missing (not Linux, an old kernel) nothing is guarded, as before.
 
+The server also starts in a session of its own (``start_new_session``), out of the terminal's
+process group: a Ctrl-C there interrupts the run, which reports its state to the server and
+then stops it, instead of taking the server down under the run (uvicorn stops on SIGINT, and
+the run's last API calls then fail with connection errors). The guard still ends it however
+the run ends.
+
 Deviations: this wraps ``SubprocessASGIServer._run_uvicorn_command``, a private method of
 Prefect 3 (checked on 3.9): it is called with the server object and returns the
 ``subprocess.Popen`` of the server. Should a Prefect release rename it, ``guard_embedded_server``
@@ -33,6 +39,7 @@ import functools
 import os
 import subprocess
 import sys
+import types
 from typing import Any
 
 GRACE_S = 5.0  # after SIGTERM, how long the server has to stop before SIGKILL
@@ -96,4 +103,13 @@ def guard_embedded_server() -> bool:
         return process
 
     SubprocessASGIServer._run_uvicorn_command = guarded
+    _own_session(sys.modules[SubprocessASGIServer.__module__])
     return True
+
+
+def _own_session(module: Any) -> None:
+    """Make ``module``'s ``subprocess.Popen`` start its children in a new session: ``module``'s
+    reference to ``subprocess`` becomes a copy whose ``Popen`` sets ``start_new_session``."""
+    own = types.SimpleNamespace(**vars(subprocess))
+    own.Popen = functools.partial(subprocess.Popen, start_new_session=True)
+    module.subprocess = own
