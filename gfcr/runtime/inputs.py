@@ -6,6 +6,9 @@ found, is an exit-2 error at validate time instead of a failure after the run ha
 - data and eval sources with a ``check(on_error)`` method (the file-backed ``jsonl`` and
   ``gsm8k``) look at their file and its first rows (``gfcr.stages.data.jsonl.file_head``); a
   problem is reported at the data file's ``file:line``;
+- a stage that draws its batch from the pool (it reads ``PromptPool``) may not ask for more
+  prompts a call (``batch_size``) than the data source can give (``max_prompts``, where the
+  source knows it cheaply: ``n`` of a generated source, a file's non-blank lines);
 - ``policy.model`` is looked up as ``resolve_model`` would, without loading, converting or
   downloading anything (``gfcr.engines.models.check_model``); a problem is reported at the
   spec's ``policy.model`` line.
@@ -18,6 +21,7 @@ from __future__ import annotations
 from gfcr.engines.models import ModelError, check_model
 from gfcr.errors import DataError, Problem
 from gfcr.graph import CompiledPipeline
+from gfcr.records import PromptPool
 
 
 def input_problems(pipeline: CompiledPipeline) -> list[Problem]:
@@ -27,6 +31,7 @@ def input_problems(pipeline: CompiledPipeline) -> list[Problem]:
         check = getattr(binding.cls, "check", None) if binding is not None else None
         if check is not None:
             problems += binding.cls(binding.config).check(binding.on_error)
+    problems += pool_problems(pipeline)
     policy = pipeline.spec.policy
     if policy is not None:
         try:
@@ -34,6 +39,25 @@ def input_problems(pipeline: CompiledPipeline) -> list[Problem]:
         except ModelError as exc:
             problems.append(Problem(pipeline.spec.source.locate(("policy", "model")), "",
                                     exc.message, exc.fix))
+    return problems
+
+
+def pool_problems(pipeline: CompiledPipeline) -> list[Problem]:
+    """A stage reading the pool whose ``batch_size`` exceeds the most prompts the data can give."""
+    data = pipeline.data
+    max_prompts = getattr(data.cls, "max_prompts", None)
+    size = data.cls(data.config).max_prompts() if max_prompts is not None else None
+    if size is None:
+        return []
+    problems = []
+    for node in pipeline.nodes.values():
+        batch = getattr(node.config, "batch_size", None)
+        if isinstance(batch, int) and batch > size and any(p.type is PromptPool for p in node.info.inputs):
+            path = ("stages", node.id, "with", "batch_size")
+            problems.append(Problem(
+                pipeline.spec.source.locate(path), ".".join(path),
+                f"{node.spec.use} asks for {batch} prompts a call, but the data (`{data.name}`) has at most {size}",
+                f"lower `batch_size` to at most {size}, or give the data more prompts"))
     return problems
 
 

@@ -66,6 +66,11 @@ def _jsonl_spec(folder: Path, content: bytes | None) -> list[str]:
     return ["validate", str(spec)]
 
 
+def _jsonl_batch(folder: Path) -> list[str]:
+    """A JSON-lines file of 3 rows under a batch of 4."""
+    return _jsonl_spec(folder, b'{"prompt": "1 + 1?", "answer": 2}\n' * 3)
+
+
 def _cut_line(path: Path, line: int) -> None:
     """Cut ``path`` in the middle of its ``line`` (1-based), as a kill or a full disk would."""
     lines = path.read_bytes().splitlines(keepends=True)
@@ -110,6 +115,13 @@ CASES = [
     Case("data file with the wrong fields", lambda d, r: _jsonl_spec(d, b'{"question": "1 + 1?", "solution": 2}\n'),
          [f"{{dir}}/{ROWS}:1: missing field `prompt` (fields present: `question`, `solution`)",
           f"{{dir}}/{ROWS}:1: missing field `answer`"], "set `prompt_field:` to the field that holds it"),
+    Case("batch larger than the pool", lambda d, r: ["validate", str(_spec(d, "batch_size: 4", "batch_size: 64"))],
+         ["{dir}/spec.yaml:4:", "stages.pick.with.batch_size: control.uniform asks for 64 prompts a call, but the data "
+          "(`arithmetic`) has at most 50"], "lower `batch_size` to at most 50"),
+    Case("batch larger than a data file's rows",
+         lambda d, r: _jsonl_batch(d),
+         ["stages.pick.with.batch_size: control.uniform asks for 4 prompts a call, but the data (`jsonl`) has at "
+          "most 3"], "lower `batch_size` to at most 3"),
     Case("unresolvable policy model",
          lambda d, r: ["validate", str(_spec(d, "data:", "policy: {model: tiny-arithmetic}\ndata:"))],
          ["{dir}/spec.yaml:2:17: policy.model `tiny-arithmetic` is neither a model alias nor a local Hugging Face "

@@ -36,6 +36,7 @@ from typing import Annotated, Any
 import numpy as np
 from pydantic import Field
 
+from gfcr.errors import GfcrError
 from gfcr.records import Allocation, AllocationEntry, ControlReason, PromptPool, StepContext
 from gfcr.registry import Seed, StageConfig
 
@@ -44,7 +45,9 @@ def start_batch(epoch: int, cursor: int, batch_size: int, pool_size: int) -> tup
     """``(epoch, cursor)`` where the next batch starts: a new epoch when the current one has
     fewer than ``batch_size`` prompts left (``drop_last``)."""
     if batch_size > pool_size:
-        raise ValueError(f"batch_size {batch_size} is larger than the pool ({pool_size} prompts)")
+        raise GfcrError(f"a call draws {batch_size} prompts, more than the pool's {pool_size}",
+                        "lower the stage's `batch_size` (and `candidate_ratio`, where it has one), "
+                        "or give the data more prompts")
     return (epoch + 1, 0) if cursor + batch_size > pool_size else (epoch, cursor)
 
 

@@ -53,6 +53,10 @@ class ArithmeticSource:
     def __init__(self, config: Config):
         self.config = config
 
+    def max_prompts(self) -> int:
+        """The pool's size, known without generating it."""
+        return self.config.n
+
     def load(self, on_error: Literal["fail", "skip"] = "fail") -> PromptPool:
         """The pool; ``on_error`` is accepted for the data-source protocol (generated rows are never bad)."""
         cfg = self.config

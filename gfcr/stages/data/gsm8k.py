@@ -51,7 +51,7 @@ from gfcr.errors import DataError, Problem
 from gfcr.records import Prompt, PromptPool, VerifierSpec, prompt_id
 from gfcr.registry import StageConfig
 from gfcr.stages.data.jsonl import (
-    RowProblems, existing_file, file_head, json_rows, line_rows, template_fields, text_field,
+    RowProblems, existing_file, file_head, json_rows, line_rows, row_count, template_fields, text_field,
 )
 
 ROOT_ENV = "GFCR_GSM8K_DIR"
@@ -115,6 +115,10 @@ class Gsm8kSource:
         for line, index, row in line_rows(lines, problems):
             self._prompt(row, line, index, problems)
         return problems.problems if on_error == "fail" else []
+
+    def max_prompts(self) -> int | None:
+        """The most prompts ``load`` can give (bad rows may make it fewer), read cheaply."""
+        return row_count(self._path_and_fix()[0], self.config.limit)
 
     def load(self, on_error: Literal["fail", "skip"] = "fail") -> PromptPool:
         cfg = self.config

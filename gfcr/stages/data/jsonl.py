@@ -100,6 +100,17 @@ def file_head(path: Path, what: str, fix: str) -> list[bytes]:
     return lines[:HEAD_LINES]
 
 
+def row_count(path: Path, limit: int | None) -> int | None:
+    """The most prompts a JSON-lines file can give: its non-blank lines, at most ``limit``; None
+    when it cannot be read (its own check says why). Reads the file once, parses nothing."""
+    try:
+        with path.open("rb") as f:
+            rows = sum(1 for line in f if line.strip())
+    except OSError:
+        return None
+    return rows if limit is None else min(rows, limit)
+
+
 def template_fields(template: str) -> list[str]:
     """The ``{names}`` a template fills in; ValueError for positional or indexed fields."""
     try:
@@ -253,6 +264,10 @@ class JsonlSource:
         for line, index, row in line_rows(lines, problems):
             self._prompt(row, line, index, problems, seen)
         return problems.problems if on_error == "fail" else []
+
+    def max_prompts(self) -> int | None:
+        """The most prompts ``load`` can give (bad rows may make it fewer), read cheaply."""
+        return row_count(Path(self.config.path), self.config.limit)
 
     def load(self, on_error: Literal["fail", "skip"] = "fail") -> PromptPool:
         cfg = self.config

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from gfcr.errors import GfcrError
 from gfcr.graph import compile_pipeline, load_pipeline
 from gfcr.records import Prompt, PromptPool, PromptStats, StepContext, StepReport
 from gfcr.runtime import LocalRunner
@@ -132,7 +133,7 @@ def test_epochs_drop_the_last_short_batch_and_the_run_seed_is_the_default():
     s = stage(batch_size=2, candidate_ratio=2)  # 4 candidates per call from 10 prompts: 2 calls per epoch
     epochs = [s.run(pool(10)).controller_state["epoch"] for _ in range(3)]
     assert epochs == [0, 0, 1]
-    with pytest.raises(ValueError, match="larger than the pool"):
+    with pytest.raises(GfcrError, match="a call draws 12 prompts, more than the pool's 10"):
         stage(batch_size=3, candidate_ratio=4).run(pool(10))
 
     def first(seed):

@@ -10,6 +10,7 @@ import textwrap
 import pytest
 from pydantic import ValidationError
 
+from gfcr.errors import GfcrError
 from gfcr.graph import compile_pipeline
 from gfcr.records import Prompt, PromptPool, PromptStats, StepContext, StepReport
 from gfcr.runtime import LocalRunner
@@ -152,7 +153,7 @@ def test_the_run_seed_is_the_default_seed():
 
 
 def test_batch_larger_than_the_pool_and_bad_bounds_are_refused():
-    with pytest.raises(ValueError, match="larger than the pool"):
+    with pytest.raises(GfcrError, match="a call draws 9 prompts, more than the pool's 8"):
         greso(batch_size=9).run(pool(8))
     with pytest.raises(ValidationError, match="min_p"):
         Greso.Config(batch_size=2, min_p=0.9, max_p=0.1)
