@@ -302,6 +302,16 @@ def check_store(spec: Any) -> None:
         connect(resolve_uri(spec.tracking.mlflow))
 
 
+def check_run_store(run_dir: Path) -> None:
+    """``check_store`` for the run in ``run_dir``, before a resume changes anything in it; nothing
+    when ``run_dir`` holds no spec (the resume itself says what is wrong with the folder)."""
+    spec = Path(run_dir) / "spec.yaml"
+    if spec.is_file():
+        from gfcr.spec import load_spec
+
+        check_store(load_spec(spec))
+
+
 def _read_tracking_file(run_dir: Path) -> dict[str, str] | None:
     path = run_dir / TRACKING_FILE
     if not path.is_file():
