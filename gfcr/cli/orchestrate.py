@@ -52,6 +52,9 @@ def deploy(file: Path, name: Annotated[str, typer.Option("--name", help="the dep
         pipeline = _compile(file, set_)
         if cron is not None:
             _check_cron(cron)
+        if interval is not None and not (0 < interval < float("inf")):
+            raise GfcrError(f"--interval {interval:g} is not a positive number of seconds",
+                            "give the time between runs in seconds, e.g. --interval 3600 (hourly)")
     except GfcrError as exc:
         _fail(exc)
         raise typer.Exit(2) from None
@@ -130,10 +133,16 @@ def ui(prefect_port: Annotated[int, typer.Option(help="Prefect UI port")] = 4200
         err.print(f"[red]error:[/] not found: {', '.join(missing)}\n    [green]fix:[/] pip install -e .", markup=True)
         raise typer.Exit(2)
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the UIs as Ctrl-C does
-    processes = {name: subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ)
+    api = f"http://127.0.0.1:{prefect_port}/api"
+    # the UI's pages call the API at PREFECT_UI_API_URL, which Prefect derives from PREFECT_API_URL
+    # or PREFECT_SERVER_API_PORT, not from --port: without these it would talk to port 4200
+    envs = {"Prefect": {**os.environ, "PREFECT_SERVER_API_HOST": "127.0.0.1",
+                        "PREFECT_SERVER_API_PORT": str(prefect_port), "PREFECT_UI_API_URL": api},
+            "MLflow": dict(os.environ)}
+    processes = {name: subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=envs[name])
                  for name, cmd in commands.items()}
     out.print(f"Prefect UI: http://127.0.0.1:{prefect_port}  (flow runs of `gfcr run`, deployments, schedules)\n"
-              f"    point runs at it: export PREFECT_API_URL=http://127.0.0.1:{prefect_port}/api\n"
+              f"    point runs at it: export PREFECT_API_URL={api}\n"
               f"MLflow UI:  http://127.0.0.1:{mlflow_port}  (store {uri}: params, metrics, lineage)\n"
               "Ctrl-C stops both.")
     try:

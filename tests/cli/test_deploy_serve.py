@@ -4,6 +4,7 @@ interval schedule, then `gfcr serve`, leads to a scheduled flow run that starts 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import BASE, REPO
 
 pytestmark = pytest.mark.integration
 GFCR = [sys.executable, "-m", "gfcr.cli.main"]
@@ -103,3 +104,46 @@ def test_deploy_refuses_a_pipeline_that_does_not_compile(write_spec, tmp_path):
     done = subprocess.run(GFCR + ["deploy", str(bad), "--name", "n", "--interval", "5"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "stages" in done.stderr
+
+
+@pytest.mark.parametrize("schedule, says, fix", [
+    (["--interval", "-5"], "--interval -5 is not a positive number of seconds", "e.g. --interval 3600"),
+    (["--interval", "0"], "--interval 0 is not a positive number of seconds", "e.g. --interval 3600"),
+    (["--cron", "every day"], "--cron 'every day' is not a cron expression", "five fields"),
+])
+def test_deploy_refuses_a_schedule_that_cannot_run(schedule, says, fix, write_spec, tmp_path):
+    """Found before Prefect is asked for anything: exit 2, what and the fix, no traceback."""
+    spec = write_spec(BASE)
+    done = subprocess.run(GFCR + ["deploy", str(spec), "--name", "n", *schedule], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert says in done.stderr and fix in done.stderr and "Traceback" not in done.stderr
+
+
+def test_gfcr_ui_on_other_ports_serves_a_prefect_ui_that_talks_to_its_own_port(tmp_path):
+    """`gfcr ui --prefect-port P`: the Prefect UI's pages call the API on P (its /ui-settings),
+    not on Prefect's default 4200, and the MLflow UI answers on its port; Ctrl-C stops both."""
+    prefect_port, mlflow_port = _free_port(), _free_port()
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect")}
+    env.pop("PREFECT_API_URL", None)
+    ui = subprocess.Popen(GFCR + ["ui", "--prefect-port", str(prefect_port), "--mlflow-port", str(mlflow_port),
+                                  "--mlflow-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"],
+                          cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True)
+    try:
+        _wait_healthy(f"http://127.0.0.1:{prefect_port}/api", ui, 180)
+        with urllib.request.urlopen(f"http://127.0.0.1:{prefect_port}/ui-settings", timeout=10) as response:
+            settings = json.loads(response.read())
+        assert settings["api_url"] == f"http://127.0.0.1:{prefect_port}/api"
+        deadline = time.monotonic() + 120
+        while True:  # the MLflow UI on its own port
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{mlflow_port}/health", timeout=2) as response:
+                    assert response.status == 200
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "the MLflow UI did not answer in 120 s"
+                time.sleep(1)
+    finally:
+        _stop(ui)
+    assert ui.returncode == 0, ui.stderr.read()
