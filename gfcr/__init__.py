@@ -1,7 +1,19 @@
 """gfcr: a declarative pipeline language and runtime for the rollout lifecycle of LLM RL.
 
 The package is layered (DESIGN.md section 5); importing ``gfcr`` itself is cheap and pulls in
-no heavy dependency.
+no heavy dependency. ``gfcr.run(pipeline)`` and ``gfcr.resume(run_dir)`` (``gfcr.api``) run a
+pipeline from Python as ``gfcr run`` and ``gfcr resume`` do; they import the runtime when called.
 """
 
+from typing import Any
+
 __version__ = "0.1.0"
+__all__ = ["run", "resume"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:  # lazily: `import gfcr` stays cheap for `gfcr validate`
+        from gfcr import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'gfcr' has no attribute {name!r}")

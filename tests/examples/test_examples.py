@@ -66,3 +66,19 @@ def test_writing_a_stage_shows_the_package_code():
     blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(encoding="utf-8"), re.S)
     stage_blocks = [b for b in blocks if b.startswith('"""filter.max_mean_length')]
     assert stage_blocks == [STAGE_FILE.read_text(encoding="utf-8")]
+
+
+def test_gfcr_run_and_resume_from_python_track_to_mlflow(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, str(EXAMPLES / "run_from_python.py"), str(tmp_path)], env=env,
+                         cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert re.search(r"^ran 4 steps: eval accuracy 0\.\d+ -> 0\.\d+, \d+ tokens generated$", out.stdout, re.M)
+    assert "resumed to 6 steps; metrics.jsonl has steps [0, 1, 2, 3, 4, 5]" in out.stdout
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (experiment,) = [e for e in client.search_experiments() if e.name == "quickstart"]
+    (tracked,) = client.search_runs([experiment.experiment_id])  # the resume continued the same run
+    assert tracked.info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(tracked.info.run_id, "reward_mean")] == list(range(6))
