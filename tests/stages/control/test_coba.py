@@ -211,3 +211,30 @@ def test_a_sigkilled_run_resumes_to_the_metrics_of_an_uninterrupted_run(full_run
     assert [r["step"] for r in _metrics(run_dir)] == [0, 1, 2]
     Run.resume(run_dir).train()
     assert _without_time(_metrics(run_dir)) == _without_time(_metrics(full_run))
+
+
+def test_mlflow_records_the_budget_and_what_was_spent_per_step(tmp_path):
+    """The allocator's budget accounting (``stages.budget.*``) and the step's generated and
+    scored tokens reach MLflow per step, as in ``metrics.jsonl``."""
+    from mlflow import MlflowClient
+
+    from gfcr.runtime.session import Run
+    from gfcr.tracking.mlflow_tracker import start_tracking
+
+    spec = write_spec(tmp_path)
+    spec.write_text(spec.read_text().replace("tracking: {mlflow: null}", "tracking: {mlflow: {experiment: coba}}"))
+    run = Run.start(load_pipeline(spec, ["run.steps=2"]), tmp_path / "run")
+    trackers = start_tracking(run)
+    run.hooks = trackers
+    run.train()
+    for tracker in trackers:
+        tracker.close()
+    run_id = json.loads((tmp_path / "run" / "tracking.json").read_text())["mlflow_run_id"]
+    client = MlflowClient(trackers[0].uri)
+    records = _metrics(tmp_path / "run")
+    for key in ("budget", "spent"):
+        got = sorted((m.step, m.value) for m in client.get_metric_history(run_id, f"stages.budget.{key}"))
+        assert got == [(r["step"], float(r["stages"]["budget"][key])) for r in records] == [(0, 32.0), (1, 32.0)]
+    for key in ("rollouts_generated", "tokens_generated", "tokens_scored"):
+        got = sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+        assert got == [(r["step"], float(r[key])) for r in records], key
