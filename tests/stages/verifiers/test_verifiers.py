@@ -109,6 +109,18 @@ def test_gsm8k_reasons_options_and_bad_ground_truth():
         verify_gsm8k("18", "18", {"tolerance": 0.1})
 
 
+def test_gsm8k_compares_numbers_past_int_and_float_limits_exactly():
+    big = "9" * 5000  # beyond Python's 4,300-digit int() limit
+    assert verify_gsm8k(f"Answer: {big}", big, {}).correct
+    assert not verify_gsm8k(f"Answer: {big[:-1]}8", big, {}).correct  # an integer off by one is wrong, exactly
+    huge = "1" + "0" * 400  # 1e400: a float would be inf for both, and equal
+    assert not verify_gsm8k(f"Answer: {huge}1", huge + "0", {}).correct
+    assert verify_gsm8k(f"Answer: {huge}", huge, {}).correct
+    assert verify_gsm8k("Answer: 1000000.5", "1000000.50000001", {}).correct  # rel_tol 1e-6 on decimals
+    score = verify_gsm8k(f"Answer: {big}", "7", {})
+    assert not score.correct and len(score.reason) < 200  # the reason shows the number cut short
+
+
 MATH = [
     ("So the result is \\boxed{\\frac{1}{2}}.", "0.5", True, True),
     ("The probability is $0.5$.", "\\frac{1}{2}", True, False),
