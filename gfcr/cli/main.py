@@ -270,6 +270,10 @@ def resume(run_dir: Annotated[Path, typer.Argument(help="a run directory made by
 
 
 def _start_run(pipeline: CompiledPipeline, run_dir: Path | None, hooks: tuple) -> object:
+    from gfcr.runtime.rundir import check_new_run_dir
+
+    if run_dir is not None:
+        check_new_run_dir(run_dir)  # a --run-dir in use fails before torch loads
     from gfcr.tracking.mlflow_tracker import check_store
 
     check_store(pipeline.spec)  # a wrong MLflow URI fails before the run directory is written (and torch loads)

@@ -185,3 +185,16 @@ class RunDir:
             for path in self.checkpoint_dir.iterdir():
                 if TEMPORARY.match(path.name):
                     shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+
+
+def check_new_run_dir(path: Path) -> None:
+    """A RunDirError unless ``path`` can hold a new run: missing, or an empty folder. Cheap (no
+    torch): ``gfcr run`` calls it before it loads anything."""
+    if path.exists() and not path.is_dir():
+        raise RunDirError(f"run directory {path} is a file", "pick another --run-dir")
+    if path.is_dir() and any(path.iterdir()):
+        if RunDir(path).spec.is_file():  # a gfcr run: `gfcr resume` continues it, checkpointed or not
+            raise RunDirError(f"run directory {path} is not empty",
+                              f"pick another --run-dir, or continue that run with `gfcr resume {path}`")
+        raise RunDirError(f"run directory {path} is not empty (and not a gfcr run directory)",
+                          "pick another --run-dir, or an empty folder")

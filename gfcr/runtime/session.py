@@ -29,7 +29,7 @@ from gfcr.runtime.checkpoint import checkpoint_problems, latest_checkpoint, load
 from gfcr.runtime.evaluation import EvalResult, evaluate
 from gfcr.runtime.lineage import write_control_lineage, write_lineage
 from gfcr.runtime.local import LocalRunner
-from gfcr.runtime.rundir import RunDir, gfcr_version, new_run_dir, write_text
+from gfcr.runtime.rundir import RunDir, check_new_run_dir, gfcr_version, new_run_dir, write_text
 from gfcr.spec import PipelineSpec
 from gfcr.stages.resources import Resources
 
@@ -75,7 +75,7 @@ class Run:
     @classmethod
     def start(cls, pipeline: CompiledPipeline, run_dir: Path | None = None, hooks: tuple[Any, ...] = ()) -> "Run":
         path = Path(run_dir) if run_dir is not None else new_run_dir(pipeline.spec.name)
-        _check_new_run_dir(path)
+        check_new_run_dir(path)
         run = cls(pipeline, RunDir(path), hooks)  # data and policy load before anything is written
         try:
             path.mkdir(parents=True, exist_ok=True)
@@ -266,17 +266,6 @@ def _finite(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_finite(v) for v in value]
     return value
-
-
-def _check_new_run_dir(path: Path) -> None:
-    if path.exists() and not path.is_dir():
-        raise RunDirError(f"run directory {path} is a file", "pick another --run-dir")
-    if path.is_dir() and any(path.iterdir()):
-        if RunDir(path).spec.is_file():  # a gfcr run: `gfcr resume` continues it, checkpointed or not
-            raise RunDirError(f"run directory {path} is not empty",
-                              f"pick another --run-dir, or continue that run with `gfcr resume {path}`")
-        raise RunDirError(f"run directory {path} is not empty (and not a gfcr run directory)",
-                          "pick another --run-dir, or an empty folder")
 
 
 def _no_checkpoint(rd: RunDir) -> CheckpointError:
