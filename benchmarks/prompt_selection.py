@@ -23,7 +23,8 @@ steps); only the selection differs:
   embedding pass in scored tokens, not generated ones, so it is not in the tokens column).
 
 Per run: the fraction of generated groups whose rewards are all equal (``zero_variance_groups /
-groups`` over the steps), the eval accuracy every ``--every`` steps, and the tokens generated
+groups`` over the steps), the fraction of generated rollouts in such groups (a runner hook,
+``ZeroVarianceRollouts``: with uneven group sizes the two differ), the eval accuracy every ``--every`` steps, and the tokens generated
 before the eval accuracy first reached the target, uniform's mean final accuracy. Writes
 ``benchmarks/results/prompt_selection.json`` and prints a Markdown table (means, 95% t-intervals over
 the seeds, Welch's p against uniform). Runs are cached in ``.benchmark-cache/prompt_selection``.
@@ -77,6 +78,21 @@ def variant_spec(variant: str) -> dict:
     return spec
 
 
+class ZeroVarianceRollouts:
+    """A runner hook: the rollouts generated in groups whose rewards are all equal, and all the
+    rollouts generated (reused ones left out, as in ``rollouts_generated``), over a run."""
+
+    def __init__(self) -> None:
+        self.in_zero_variance = self.generated = 0
+
+    def after_step(self, report) -> None:
+        for group in report.groups:
+            fresh = sum(1 for r in group.generated if not r.reused)
+            self.generated += fresh
+            if group.stats.n_scored > 1 and group.stats.reward_std == 0.0:  # as StepReport.zero_variance_groups
+                self.in_zero_variance += fresh
+
+
 def one_run(variant: str, seed: int, steps: int, every: int, cache: str) -> dict:
     path = Path(cache) / f"{variant}-seed{seed}-steps{steps}-every{every}.json"
     if path.exists():
@@ -91,7 +107,9 @@ def one_run(variant: str, seed: int, steps: int, every: int, cache: str) -> dict
     (work / "pipeline.yaml").write_text(yaml.safe_dump(variant_spec(variant), sort_keys=False))
     overrides = [f"run.steps={steps}", f"run.seed={seed}", f"eval.every={every}", "executor.kind=local",
                  "tracking.mlflow=null", f"run.checkpoint_every={steps}"]
-    summary = Run.start(load_pipeline(work / "pipeline.yaml", overrides), work / "run").train()
+    run, counted = Run.start(load_pipeline(work / "pipeline.yaml", overrides), work / "run"), ZeroVarianceRollouts()
+    run.runner.hooks = (*run.runner.hooks, counted)
+    summary = run.train()
     curve, tokens, zero_var, groups, seen = {}, {}, 0, 0, 0
     for line in (work / "run" / "metrics.jsonl").read_text().splitlines():
         record = json.loads(line)
@@ -102,7 +120,9 @@ def one_run(variant: str, seed: int, steps: int, every: int, cache: str) -> dict
         groups += record.get("groups", 0)
     curve[str(steps)], tokens[str(steps)] = summary["eval_accuracy_after"], seen
     result = {"variant": variant, "seed": seed, "curve": curve, "tokens": tokens,
-              "zero_variance_fraction": zero_var / max(groups, 1), "tokens_generated": seen}
+              "zero_variance_fraction": zero_var / max(groups, 1), "tokens_generated": seen,
+              "zero_variance_rollout_fraction": counted.in_zero_variance / max(counted.generated, 1),
+              "rollouts_generated": counted.generated}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result))
     return result
@@ -129,20 +149,27 @@ def main() -> None:
     by = {(r["variant"], r["seed"]): r for r in runs}
     final = {v: [by[v, s]["curve"][str(args.steps)] for s in args.seeds] for v in args.variants}
     target = statistics.mean(final["uniform"]) if "uniform" in final else 0.7
-    lines = [f"| selection | zero-variance groups: mean ± 95% CI | final accuracy: mean ± 95% CI [seeds] | p vs "
-             f"uniform | tokens to {target:.3f}: mean [seeds] |", "|---|---|---|---|---|"]
+    lines = [f"| selection | zero-variance groups: mean ± 95% CI | rollouts in zero-variance groups: mean ± 95% CI "
+             f"| rollouts generated: mean | final accuracy: mean ± 95% CI [seeds] | p vs uniform "
+             f"| tokens to {target:.3f}: mean [seeds] |", "|---|---|---|---|---|---|---|"]
     rows = []
     for v in args.variants:
         zv = [by[v, s]["zero_variance_fraction"] for s in args.seeds]
+        zr = [by[v, s].get("zero_variance_rollout_fraction") for s in args.seeds]  # runs cached before it: None
+        made = [by[v, s].get("rollouts_generated") for s in args.seeds]
         (zm, zh), (fm, fh) = t_interval(zv), t_interval(final[v])
+        zr_text = "-" if None in zr else "{:.3f} ± {:.3f}".format(*t_interval(zr))
+        made_text = "-" if None in made else f"{statistics.mean(made):,.0f}"
         hits = [tokens_to(by[v, s], target) for s in args.seeds]
         reached = [h for h in hits if h is not None]
         p = welch_p(final[v], final["uniform"]) if v != "uniform" and "uniform" in final else None
         tok = (f"{statistics.mean(reached):,.0f} [{', '.join('-' if h is None else f'{h:,}' for h in hits)}]"
                if reached else "never")
-        lines.append(f"| {v} | {zm:.3f} ± {zh:.3f} | {fm:.3f} ± {fh:.3f} [{', '.join(f'{x:.3f}' for x in final[v])}] "
+        lines.append(f"| {v} | {zm:.3f} ± {zh:.3f} | {zr_text} | {made_text} "
+                     f"| {fm:.3f} ± {fh:.3f} [{', '.join(f'{x:.3f}' for x in final[v])}] "
                      f"| {'-' if p is None else f'{p:.2f}'} | {tok} |")
-        rows.append({"variant": v, "zero_variance_fraction": zv, "final": final[v], "p_vs_uniform": p,
+        rows.append({"variant": v, "zero_variance_fraction": zv, "zero_variance_rollout_fraction": zr,
+                     "rollouts_generated": made, "final": final[v], "p_vs_uniform": p,
                      "tokens_to_target": hits})
     Path(args.out).write_text(json.dumps({"steps": args.steps, "every": args.every, "target": target,
                                           "seeds": args.seeds, "rows": rows, "runs": runs}, indent=1))
