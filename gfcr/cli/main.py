@@ -259,11 +259,16 @@ def resume(run_dir: Annotated[Path, typer.Argument(help="a run directory made by
            steps: Annotated[Optional[int], typer.Option(help="run until this many steps in all")] = None,
            executor: ExecutorOption = None) -> None:
     """Continue a run from its newest checkpoint, up to run.steps (or --steps)."""
-    from gfcr.runtime.session import Run
+    from gfcr.runtime.manifest import check_resumable
+    from gfcr.runtime.rundir import RunDir
     from gfcr.tracking.mlflow_tracker import check_run_store
 
     def resumed(hooks: tuple) -> object:
         check_run_store(run_dir)  # a store that is down fails before the run directory changes
+        if RunDir(run_dir).spec.is_file():  # a damaged checkpoint or lost metrics, found before torch loads
+            check_resumable(RunDir(run_dir))
+        from gfcr.runtime.session import Run
+
         return Run.resume(run_dir, steps, hooks, executor=executor)
 
     _train(resumed)

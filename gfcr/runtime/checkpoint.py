@@ -25,7 +25,6 @@ derive their draws from ``(seed, step)`` or carry them in their state.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -43,15 +42,14 @@ from gfcr.errors import CheckpointError
 from gfcr.registry import OwnsFiles, Stateful
 from gfcr.runtime.local import LocalRunner
 from gfcr.runtime.rundir import RunDir, gfcr_version
-from gfcr.runtime.state_tree import check_safetensors, load_tensors, read_tree, refuse_pickle, write_tree
+from gfcr.runtime.manifest import (  # noqa: F401  (re-exported: where checkpoints were always read)
+    _DAMAGED, FORMAT, KIND, MANIFEST, POLICY, RUNNER, _sha256, checkpoint_problems, latest_checkpoint,
+    read_manifest, verify_checkpoint,
+)
+from gfcr.runtime.state_tree import check_safetensors, load_tensors, read_tree, write_tree
 from gfcr.stages.resources import Resources
 
-KIND = "gfcr-checkpoint"
-FORMAT = 2
-MANIFEST, RUNNER, POLICY = "manifest.json", "runner.json", "policy.safetensors"
 RNG_TORCH, RNG_NUMPY, RNG_PYTHON = "rng/torch.safetensors", "rng/numpy.json", "rng/python.json"
-_DAMAGED = ("the checkpoint is damaged or incomplete: delete {path} to resume from an older checkpoint, "
-            "or start the run again with `gfcr run` in a new run directory")
 
 
 # --- writing ---------------------------------------------------------------------------------
@@ -113,14 +111,6 @@ def _file_list(root: Path) -> list[dict[str, Any]]:
     return [{"path": p.relative_to(root).as_posix(), "bytes": p.stat().st_size, "sha256": _sha256(p)} for p in files]
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _fsync_tree(root: Path) -> None:
     for path in sorted(root.rglob("*"), key=lambda p: len(p.parts), reverse=True) + [root]:
         fd = os.open(path, os.O_RDONLY)
@@ -148,79 +138,6 @@ def _replace_dir(tmp: Path, final: Path) -> None:
 
 
 # --- reading ---------------------------------------------------------------------------------
-
-def read_manifest(path: Path) -> dict[str, Any]:
-    """The manifest of checkpoint directory ``path``, checked: the right kind and format, and every
-    listed file present with its size (``CheckpointError`` naming the file, else)."""
-    manifest_file = path / MANIFEST
-    if not path.is_dir():
-        raise CheckpointError(f"{path} is not a checkpoint directory", _DAMAGED.format(path=path))
-    if not manifest_file.is_file():
-        raise CheckpointError(f"{path} is not a complete checkpoint: it has no {MANIFEST}", _DAMAGED.format(path=path))
-    try:
-        manifest = json.loads(manifest_file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{manifest_file} is truncated or corrupt: {exc}", _DAMAGED.format(path=path)) from None
-    if not isinstance(manifest, dict) or manifest.get("kind") != KIND or not isinstance(manifest.get("files"), list):
-        raise CheckpointError(f"{manifest_file} is not a gfcr checkpoint manifest", _DAMAGED.format(path=path))
-    if manifest.get("format") != FORMAT:
-        raise CheckpointError(
-            f"{manifest_file}: checkpoint format {manifest.get('format')!r} (written by gfcr {manifest.get('gfcr')}); "
-            f"this gfcr reads format {FORMAT}",
-            "resume it with the gfcr version that wrote it, or start the run again with `gfcr run` in a new run "
-            "directory")
-    for entry in manifest["files"]:
-        _check_size(path, entry)
-    return manifest
-
-
-def _check_size(root: Path, entry: Any) -> None:
-    try:
-        file, size = root / entry["path"], int(entry["bytes"])
-    except (TypeError, KeyError, ValueError):
-        raise CheckpointError(f"{root / MANIFEST}: a bad file entry {entry!r}", _DAMAGED.format(path=root)) from None
-    if not file.is_file():
-        raise CheckpointError(f"{file} is missing (listed in {root / MANIFEST})", _DAMAGED.format(path=root))
-    refuse_pickle(file, root)
-    if file.stat().st_size != size:
-        raise CheckpointError(f"{file} has {file.stat().st_size} bytes, the manifest says {size}",
-                              _DAMAGED.format(path=root))
-
-
-def verify_checkpoint(path: Path) -> dict[str, Any]:
-    """``read_manifest`` plus every file's sha256: the manifest of a checkpoint safe to load."""
-    manifest = read_manifest(path)
-    for entry in manifest["files"]:
-        if _sha256(path / entry["path"]) != entry["sha256"]:
-            raise CheckpointError(f"{path / entry['path']} is corrupt: its sha256 differs from the manifest's",
-                                  _DAMAGED.format(path=path))
-    return manifest
-
-
-def latest_checkpoint(run_dir: RunDir) -> Path | None:
-    """The newest complete checkpoint: a directory whose manifest reads and whose listed files all
-    exist with the right sizes. A damaged newer one is skipped (``checkpoint_problems`` says why)."""
-    for _, path in run_dir.checkpoints():
-        try:
-            read_manifest(path)
-        except CheckpointError:
-            continue
-        return path
-    return None
-
-
-def checkpoint_problems(run_dir: RunDir) -> list[CheckpointError]:
-    """Why each checkpoint newer than the latest complete one cannot be used, newest first."""
-    problems = []
-    for _, path in run_dir.checkpoints():
-        try:
-            read_manifest(path)
-        except CheckpointError as exc:
-            problems.append(exc)
-            continue
-        break
-    return problems
-
 
 def load_checkpoint(path: Path, runner: LocalRunner, resources: Resources) -> None:
     """Restore the run's state from checkpoint directory ``path`` (verified first: a damaged

@@ -163,6 +163,13 @@ class RunDir:
         """Keep the metrics of steps ``< before_step`` (a resumed run rewrites the rest). A damaged
         line after them is repaired so (dropped, its step run again); a RunDirError, with nothing
         written, if any of those steps is damaged or missing."""
+        records, damage, kept = self.check_metrics(before_step)
+        if damage is not None or len(records) > before_step:
+            write_text(self.metrics, "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
+
+    def check_metrics(self, before_step: int) -> tuple[list[dict[str, Any]], str | None, list[dict[str, Any]]]:
+        """What ``truncate_metrics(before_step)`` reads, without writing: the records, the damage
+        (None: none) and the records it keeps; its RunDirError if a step before ``before_step`` is lost."""
         records, damage = self._scan_metrics()
         kept = records[:before_step]
         if len(kept) < before_step:
@@ -174,8 +181,7 @@ class RunDir:
                    f"no checkpoint is at or before step {len(kept)}: start the run again with `gfcr run`")
             raise RunDirError(f"{why}; the checkpoint at step {before_step} covers {lost}, whose metrics are lost",
                               fix + f" (or restore {self.metrics.name} from a copy)")
-        if damage is not None or len(records) > before_step:
-            write_text(self.metrics, "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
+        return records, damage, kept
 
     def prune_checkpoints(self, keep: int) -> None:
         """Keep the newest ``keep`` checkpoints; delete older ones and the leftovers of killed writes."""

@@ -32,33 +32,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from gfcr.errors import CheckpointError
+from gfcr.runtime.manifest import NOT_GFCR_FIX, refuse_pickle
 
 TAG = "__gfcr__"
 STATE_JSON, TENSORS = "state.json", "tensors.safetensors"
 _SCALARS = (str, int, bool, type(None))
-_ZIP = b"PK\x03\x04"  # torch.save's container: a zip holding data.pkl
-NOT_GFCR_FIX = ("a gfcr checkpoint holds JSON and safetensors only; this one was written by something else or "
-                "altered, and gfcr never unpickles it (loading a pickle runs any code it carries). Resume only "
-                "run directories you trust: delete {checkpoint} to resume from an older checkpoint, or start the "
-                "run again with `gfcr run`")
-
-
-def is_pickle(head: bytes) -> bool:
-    """Whether a file starting with ``head`` is a pickle: protocol 2-5's PROTO opcode, or the zip
-    ``torch.save`` writes (a protocol 0/1 pickle is plain text, which no JSON or safetensors reader takes)."""
-    return head.startswith(_ZIP) or (len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5)
-
-
-def refuse_pickle(file: Path, checkpoint: Path) -> None:
-    """Raise the "not a gfcr checkpoint" ``CheckpointError`` if ``file`` is a pickle (read: 4 bytes)."""
-    with open(file, "rb") as f:
-        head = f.read(4)
-    if is_pickle(head):
-        raise CheckpointError(
-            f"{checkpoint} is not a gfcr checkpoint: {file} is a pickle (as torch.save or pickle writes), not JSON or safetensors",
-            NOT_GFCR_FIX.format(checkpoint=checkpoint))
-
-
 def check_safetensors(file: Path, checkpoint: Path) -> None:
     """Refuse ``file`` unless it starts like safetensors: an 8-byte header length, then a JSON header."""
     refuse_pickle(file, checkpoint)

@@ -5,9 +5,9 @@ a corrupt newest checkpoint, a --run-dir that is a file). Each runs through the 
 would type, in one fresh process started in an empty folder, and must exit 2 with what, where
 (the file, with its line where there is one) and a fix, no traceback, within 5 s, and write
 nothing. The cases that `gfcr validate`, `run` (store), `report` and `lineage` catch stay
-under 200 MB peak RSS for the whole process, and so does `gfcr run` with a --run-dir in use
-(checked before torch loads); `gfcr resume` loads torch (about 230 MB on import) before it
-reads the checkpoint, so its peak is measured and reported (not held to 200 MB)."""
+under 200 MB peak RSS for the whole process, and so do `gfcr run` with a --run-dir in use and
+`gfcr resume` of a damaged checkpoint or lost metrics: both are checked before torch (about
+230 MB on import) loads (``check_new_run_dir``, ``check_resumable``)."""
 
 from __future__ import annotations
 
@@ -139,10 +139,9 @@ CASES = [
     Case("resume of metrics cut mid-line before the checkpoint",
          lambda d, r: (_cut_line(r / "metrics.jsonl", 2), ["resume", str(r)])[1],
          ["{run}/metrics.jsonl:2: a damaged line: cut short (a write stopped mid-line); the checkpoint at step 2 "
-          "covers step 1, whose metrics are lost"], "start the run again with `gfcr run`", light=False),
+          "covers step 1, whose metrics are lost"], "start the run again with `gfcr run`"),
     Case("corrupt newest checkpoint", lambda d, r: _corrupt_newest_checkpoint(r),
-         [f"{{run}}/{CKPT}/stages/pick/state.json is corrupt: its sha256 differs"], f"delete {{run}}/{CKPT}",
-         light=False),
+         [f"{{run}}/{CKPT}/stages/pick/state.json is corrupt: its sha256 differs"], f"delete {{run}}/{CKPT}"),
     Case("--run-dir that is a file", lambda d, r: _run_dir_is_a_file(d),
          ["run directory {dir}/taken is a file"], "pick another --run-dir"),
 ]
