@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from gfcr.errors import GfcrError
 from gfcr.records import Prompt, PromptPool, RolloutGroups, StepContext
 from gfcr.stages.control.uniform import UniformControl
 from gfcr.stages.data.arithmetic import ArithmeticSource, evaluate
@@ -44,8 +45,9 @@ def test_uniform_uses_the_run_seed_by_default():
 
 
 def test_uniform_refuses_a_batch_larger_than_the_pool():
-    with pytest.raises(ValueError, match="larger than the pool"):
+    with pytest.raises(GfcrError, match="a call draws 11 prompts, more than the pool's 10") as info:
         UniformControl(UniformControl.Config(batch_size=11)).run(pool(10))
+    assert "lower the stage's `batch_size`" in info.value.fix
 
 
 def test_nonzero_variance_records_why_it_dropped():
