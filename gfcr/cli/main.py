@@ -14,7 +14,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import signal
 import sys
+import threading
 import traceback
 import types
 import typing
@@ -303,6 +305,7 @@ def _train(make_run) -> None:
     from gfcr.tracking.mlflow_tracker import start_tracking
 
     hook, trackers, session = None, (), None
+    interrupted = _CtrlC()
     try:
         with out.status("loading the pipeline, data and policy..."):
             session = make_run(())
@@ -319,9 +322,14 @@ def _train(make_run) -> None:
         for skipped in getattr(session, "skipped_checkpoints", ()):
             err.print(f"[yellow]warning:[/] skipped a damaged checkpoint: {escape(skipped.message)}", markup=True)
         summary = session.train()
-    except GfcrError as exc:
+    except Exception as exc:
         if hook is not None:
             hook.stop()
+        if interrupted.seen:  # whatever Ctrl-C broke on its way out (Prefect may turn it into its own error)
+            err.print(f"[yellow]interrupted:[/] {escape(_stopped_at(session))}", markup=True)
+            raise typer.Exit(130) from None
+        if not isinstance(exc, GfcrError):
+            raise
         if isinstance(exc, StageError) and not exc.user_error:  # a bug in a stage: its traceback, then what failed
             err.print(escape("".join(traceback.format_exception(exc.cause)).rstrip()), markup=True)
             err.print(f"[red]error:[/] {escape(str(exc))}", markup=True)
@@ -334,11 +342,32 @@ def _train(make_run) -> None:
         err.print(f"[yellow]interrupted:[/] {escape(_stopped_at(session))}", markup=True)
         raise typer.Exit(130) from None
     finally:
+        interrupted.restore()
         for tracker in trackers:
             tracker.close()  # marks the MLflow run FAILED unless the run finished
     out.print(summary_table(summary))
     for tracker in trackers:
         out.print(tracker.describe())
+
+
+class _CtrlC:
+    """Notes a Ctrl-C (SIGINT) while a run trains, then interrupts as Python does: so that an
+    error it causes on its way out (a Prefect task engine may raise its own) still reads as the
+    interruption it is."""
+
+    def __init__(self) -> None:
+        self.seen = False
+        self._previous = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.seen = True
+        raise KeyboardInterrupt
+
+    def restore(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
 
 
 def _stopped_at(session: Any) -> str:
@@ -348,7 +377,7 @@ def _stopped_at(session: Any) -> str:
         return "before the run started (nothing was run); start it again with the same command"
     from gfcr.runtime.checkpoint import latest_checkpoint
 
-    done, total, path = session.runner.step, session.spec.run.steps, session.dir.path
+    done, total, path = session.dir.recorded_steps(), session.spec.run.steps, session.dir.path
     checkpoint = latest_checkpoint(session.dir)
     start = (f"its checkpoint of step {int(checkpoint.name.removeprefix('step-'))}" if checkpoint is not None
              else "step 0 (no checkpoint yet)")

@@ -138,6 +138,10 @@ class RunDir:
                               "this line and those after it and resume from a checkpoint at or before its step")
         return records
 
+    def recorded_steps(self) -> int:
+        """How many steps ``metrics.jsonl`` records, up to its first damaged line (never raises)."""
+        return len(self._scan_metrics()[0])
+
     def _scan_metrics(self) -> tuple[list[dict[str, Any]], str | None]:
         """The records before the first damaged line, and what is wrong there (None: nothing)."""
         if not self.metrics.is_file():

@@ -120,6 +120,7 @@ def test_deploy_refuses_a_schedule_that_cannot_run(schedule, says, fix, write_sp
     assert says in done.stderr and fix in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.slow  # two servers' start-up: about 60 s on 2 cores
 def test_gfcr_ui_on_other_ports_serves_a_prefect_ui_that_talks_to_its_own_port(tmp_path):
     """`gfcr ui --prefect-port P`: the Prefect UI's pages call the API on P (its /ui-settings),
     not on Prefect's default 4200, and the MLflow UI answers on its port; Ctrl-C stops both."""
