@@ -267,8 +267,9 @@ def resume(run_dir: Annotated[Path, typer.Argument(help="a run directory made by
 
     def resumed(hooks: tuple) -> object:
         check_run_store(run_dir)  # a store that is down fails before the run directory changes
-        if RunDir(run_dir).spec.is_file():  # a damaged checkpoint or lost metrics, found before torch loads
-            check_resumable(RunDir(run_dir))
+        rd = RunDir(run_dir)
+        if rd.spec.is_file():  # a damaged checkpoint or lost metrics, found before torch loads
+            check_resumable(rd)
         from gfcr.runtime.session import Run
 
         return Run.resume(run_dir, steps, hooks, executor=executor)
@@ -322,10 +323,12 @@ def _train(make_run) -> None:
         for skipped in getattr(session, "skipped_checkpoints", ()):
             err.print(f"[yellow]warning:[/] skipped a damaged checkpoint: {escape(skipped.message)}", markup=True)
         summary = session.train()
-    except Exception as exc:
+    except (Exception, KeyboardInterrupt) as exc:
         if hook is not None:
             hook.stop()
-        if interrupted.seen:  # whatever Ctrl-C broke on its way out (Prefect may turn it into its own error)
+        # Ctrl-C, or whatever it broke on its way out (Prefect may turn it into its own error):
+        # where the run stopped and how to go on, not a traceback
+        if interrupted.seen or isinstance(exc, KeyboardInterrupt):
             err.print(f"[yellow]interrupted:[/] {escape(_stopped_at(session))}", markup=True)
             raise typer.Exit(130) from None
         if not isinstance(exc, GfcrError):
@@ -336,11 +339,6 @@ def _train(make_run) -> None:
             raise typer.Exit(1) from None
         _fail(exc)
         raise typer.Exit(2) from None
-    except KeyboardInterrupt:  # Ctrl-C: where the run stopped and how to go on, not a traceback
-        if hook is not None:
-            hook.stop()
-        err.print(f"[yellow]interrupted:[/] {escape(_stopped_at(session))}", markup=True)
-        raise typer.Exit(130) from None
     finally:
         interrupted.restore()
         for tracker in trackers:

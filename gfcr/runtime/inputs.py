@@ -7,8 +7,9 @@ found, is an exit-2 error at validate time instead of a failure after the run ha
   ``gsm8k``) look at their file and its first rows (``gfcr.stages.data.jsonl.file_head``); a
   problem is reported at the data file's ``file:line``;
 - a stage that draws its batch from the pool (it reads ``PromptPool``) may not ask for more
-  prompts a call (``batch_size``) than the data source can give (``max_prompts``, where the
-  source knows it cheaply: ``n`` of a generated source, a file's non-blank lines);
+  prompts a call (``batch_size``) than the data source can give, where the source counts it
+  cheaply (``count_prompts``: ``n`` of a generated source, a file's non-blank lines, read no
+  further than the largest batch);
 - ``policy.model`` is looked up as ``resolve_model`` would, without loading, converting or
   downloading anything (``gfcr.engines.models.check_model``); a problem is reported at the
   spec's ``policy.model`` line.
@@ -43,21 +44,22 @@ def input_problems(pipeline: CompiledPipeline) -> list[Problem]:
 
 
 def pool_problems(pipeline: CompiledPipeline) -> list[Problem]:
-    """A stage reading the pool whose ``batch_size`` exceeds the most prompts the data can give."""
+    """A stage reading the pool whose ``batch_size`` exceeds the most prompts the data can give
+    (counted no further than the largest such batch: a large file is not read to its end)."""
+    readers = [node for node in pipeline.nodes.values() if any(p.type is PromptPool for p in node.info.inputs)
+               and isinstance(getattr(node.config, "batch_size", None), int)]
     data = pipeline.data
-    max_prompts = getattr(data.cls, "max_prompts", None)
-    size = data.cls(data.config).max_prompts() if max_prompts is not None else None
-    if size is None:
+    if not readers or getattr(data.cls, "count_prompts", None) is None:
         return []
+    size = data.cls(data.config).count_prompts(max(node.config.batch_size for node in readers))
     problems = []
-    for node in pipeline.nodes.values():
-        batch = getattr(node.config, "batch_size", None)
-        if isinstance(batch, int) and batch > size and any(p.type is PromptPool for p in node.info.inputs):
+    for node in readers:
+        if size is not None and node.config.batch_size > size:
             path = ("stages", node.id, "with", "batch_size")
             problems.append(Problem(
                 pipeline.spec.source.locate(path), ".".join(path),
-                f"{node.spec.use} asks for {batch} prompts a call, but the data (`{data.name}`) has at most {size}",
-                f"lower `batch_size` to at most {size}, or give the data more prompts"))
+                f"{node.spec.use} asks for {node.config.batch_size} prompts a call, but the data (`{data.name}`) "
+                f"has at most {size}", f"lower `batch_size` to at most {size}, or give the data more prompts"))
     return problems
 
 

@@ -53,9 +53,9 @@ class ArithmeticSource:
     def __init__(self, config: Config):
         self.config = config
 
-    def max_prompts(self) -> int:
-        """The pool's size, known without generating it."""
-        return self.config.n
+    def count_prompts(self, up_to: int) -> int:
+        """The pool's size (at most ``up_to``), known without generating it."""
+        return min(self.config.n, up_to)
 
     def load(self, on_error: Literal["fail", "skip"] = "fail") -> PromptPool:
         """The pool; ``on_error`` is accepted for the data-source protocol (generated rows are never bad)."""

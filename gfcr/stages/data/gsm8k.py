@@ -116,9 +116,9 @@ class Gsm8kSource:
             self._prompt(row, line, index, problems)
         return problems.problems if on_error == "fail" else []
 
-    def max_prompts(self) -> int | None:
-        """The most prompts ``load`` can give (bad rows may make it fewer), read cheaply."""
-        return row_count(self._path_and_fix()[0], self.config.limit)
+    def count_prompts(self, up_to: int) -> int | None:
+        """The most prompts ``load`` can give (bad rows may make it fewer), counted up to ``up_to``."""
+        return row_count(self._path_and_fix()[0], min(up_to, self.config.limit or up_to))
 
     def load(self, on_error: Literal["fail", "skip"] = "fail") -> PromptPool:
         cfg = self.config

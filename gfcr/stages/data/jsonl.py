@@ -100,15 +100,19 @@ def file_head(path: Path, what: str, fix: str) -> list[bytes]:
     return lines[:HEAD_LINES]
 
 
-def row_count(path: Path, limit: int | None) -> int | None:
-    """The most prompts a JSON-lines file can give: its non-blank lines, at most ``limit``; None
-    when it cannot be read (its own check says why). Reads the file once, parses nothing."""
+def row_count(path: Path, up_to: int) -> int | None:
+    """A JSON-lines file's non-blank lines, counted no further than ``up_to`` (so a large file is
+    not read to the end); None when it cannot be read (its own check says why). Parses nothing."""
+    rows = 0
     try:
         with path.open("rb") as f:
-            rows = sum(1 for line in f if line.strip())
+            for line in f:
+                rows += bool(line.strip())
+                if rows >= up_to:
+                    break
     except OSError:
         return None
-    return rows if limit is None else min(rows, limit)
+    return rows
 
 
 def template_fields(template: str) -> list[str]:
@@ -265,9 +269,9 @@ class JsonlSource:
             self._prompt(row, line, index, problems, seen)
         return problems.problems if on_error == "fail" else []
 
-    def max_prompts(self) -> int | None:
-        """The most prompts ``load`` can give (bad rows may make it fewer), read cheaply."""
-        return row_count(Path(self.config.path), self.config.limit)
+    def count_prompts(self, up_to: int) -> int | None:
+        """The most prompts ``load`` can give (bad rows may make it fewer), counted up to ``up_to``."""
+        return row_count(Path(self.config.path), min(up_to, self.config.limit or up_to))
 
     def load(self, on_error: Literal["fail", "skip"] = "fail") -> PromptPool:
         cfg = self.config
