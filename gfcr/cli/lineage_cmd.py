@@ -102,7 +102,8 @@ def _stage(sid: str, aliases: dict[str, str]) -> str:
 
 def _selected(chain: Any) -> str:
     row = chain.row
-    text = f"step {row['step']}, by " + (" -> ".join(map(str, chain.selected_by)) or "(no control stage)")
+    step = row["step"] if chain.selected_step is None else chain.selected_step
+    text = f"step {step}, by " + (" -> ".join(map(str, chain.selected_by)) or "(no control stage)")
     for d in chain.decisions:
         where = f" round {d['round']}" if d["round"] is not None else ""
         text += f"\n{_stage(d['stage_id'], chain.aliases)}{where}: {decision_text(d)}"
@@ -115,7 +116,8 @@ def _links(chain: Any) -> list[tuple[str, str]]:
         ("data row", _data_row(chain)),
         ("selected", _selected(chain)),
         ("generated", _generated(chain)),
-        *[("reused from", _original(row)) for row in chain.reused_from],
+        *[("resumed from" if prev.get("resumed_from") else "reused from", _original(row))
+          for prev, row in zip((row, *chain.reused_from), chain.reused_from)],
         ("scored", _scored(row)),
         ("group", f"{row['group_id']}: {chain.group.size} rollouts, {chain.group.correct} correct, mean reward "
                   + _num(chain.group.reward_mean)),
@@ -149,6 +151,9 @@ def _generated(chain: Any) -> str:
              f"{row['status']} (finish reason: {row['finish_reason'] or '-'})"]
     if row["replayed_from"]:
         parts.append(f"replayed from {row['replayed_from']}" + _made(row))
+    if row.get("resumed_from"):
+        parts.append(f"resumed from {row['resumed_from']} ({row['resumed_tokens']} tokens sampled before this "
+                     f"step, from step {row['created_step']})")
     if row["tree_id"]:
         branched = row.get("branch_token_idx")
         parts.append(f"tree {row['tree_id']} node {row['node_id']} (parent {row['parent_node_id'] or '-'})"

@@ -203,8 +203,9 @@ def first_stop(ids: Sequence[int], stop: tuple[str, ...], decode: Decode, start:
 def view(rows: list[Row], requests: Sequence[GenerationRequest], decoded: int) -> InFlightView:
     sizes: dict[str, int] = {}
     for r in requests:
-        sizes[r.request_id] = sizes.get(r.request_id, 0) + r.n
-    return InFlightView(decoded, tuple(r.live() for r in rows), sizes)
+        sizes[r.group_key] = sizes.get(r.group_key, 0) + r.n
+    groups = {r.request_id: r.group for r in requests if r.group is not None}
+    return InFlightView(decoded, tuple(r.live() for r in rows), sizes, groups)
 
 
 def apply_steer(steer: Steer, rows: list[Row], queue: deque[Row]) -> None:

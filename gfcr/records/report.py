@@ -93,7 +93,7 @@ class StepReport:
         """Rollouts sampled this step, plus those a stage generated and charged itself (a
         profiling pass); rollouts reused from earlier steps (``Rollout.reused``: replayed
         groups, cached correct responses) are not generated again, so not counted."""
-        return sum(1 for g in self.groups for r in g.generated if not r.reused) + self.rollouts_charged
+        return sum(1 for g in self.groups for r in g.generated if not (r.reused or r.carried)) + self.rollouts_charged
 
     @property
     def tokens_generated(self) -> int:
@@ -121,4 +121,7 @@ class StepReport:
 
     @property
     def zero_variance_groups(self) -> int:
-        return sum(1 for g in self.groups if g.stats.n_scored > 1 and g.stats.reward_std == 0.0)
+        """Groups of two or more scored rollouts with equal rewards; a group holding an unfinished
+        rollout (carried to ``generate.partial``'s buffer) is judged when it is complete."""
+        return sum(1 for g in self.groups if g.stats.n_scored > 1 and g.stats.reward_std == 0.0
+                   and not any(r.unfinished for r in g.rollouts))

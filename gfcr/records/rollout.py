@@ -101,6 +101,10 @@ class Rollout:
     node_id: str | None = None
     parent_node_id: str | None = None
     branch_token_idx: int | None = None  # a branch's fork point: tokens [0, idx) were copied from another leaf
+    # continuation across steps (``generate.partial``): the rollout id at the step it was carried from,
+    # and how many of its tokens were sampled there (the rest, this step)
+    resumed_from: str | None = None
+    resumed_tokens: int = 0
     # outcome, written by verifiers
     reward: float | None = None
     reward_components: dict[str, float] = field(default_factory=dict)
@@ -140,10 +144,23 @@ class Rollout:
 
     @property
     def generated_length(self) -> int:
-        """The response tokens this rollout sampled itself: all of them, except for a tree branch
-        (``generate.tree``), whose first ``branch_token_idx`` tokens were copied from the leaf it
-        branched from and were counted there."""
-        return len(self) - min(self.branch_token_idx or 0, len(self))
+        """The response tokens this rollout sampled itself at this step: all of them, except for a
+        tree branch (``generate.tree``), whose first ``branch_token_idx`` tokens were copied from the
+        leaf it branched from and were counted there, and a rollout carried over from an earlier
+        step (``generate.partial``), whose first ``resumed_tokens`` were sampled, and counted, there."""
+        return len(self) - min(max(self.branch_token_idx or 0, self.resumed_tokens), len(self))
+
+    @property
+    def unfinished(self) -> bool:
+        """Stopped in flight before its end, to be resumed (status ``aborted_partial``): its reward,
+        if a verifier gave it one, is that of half a response."""
+        return self.status == RolloutStatus.ABORTED_PARTIAL
+
+    @property
+    def carried(self) -> bool:
+        """Carried whole into this step by ``generate.partial`` (finished at an earlier step in a
+        group that was not; it sampled nothing now, and was counted where it was sampled)."""
+        return self.resumed_from is not None and self.generated_length == 0
 
     @property
     def reused(self) -> bool:

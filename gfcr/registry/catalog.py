@@ -42,6 +42,7 @@ BUILTIN_STAGES = {
     "filter.entropy": "gfcr.stages.filter.entropy:EntropyGate",
     "generate.sample": "gfcr.stages.generate.sample:Sample",
     "generate.tree": "gfcr.stages.generate.tree:Tree",
+    "generate.partial": "gfcr.stages.generate.partial:Partial",
     "generate.fake": "gfcr.stages.testing:FakeGenerate",
     "update.grpo": "gfcr.stages.update.grpo:GRPOUpdate",
     "update.fake": "gfcr.stages.testing:FakeUpdate",

@@ -8,7 +8,9 @@ A row follows a rollout from its prompt to the update:
 - who: ``run_id``, ``step``, ``rollout_id``, ``group_id``, ``prompt_id``, and for tree
   rollouts ``tree_id`` / ``node_id`` / ``parent_node_id`` / ``branch_token_idx`` (a branch's fork point);
 - how it was made: ``origin`` (fresh, pilot, resumed, replayed, cached_correct, ...),
-  ``replayed_from`` (the rollout id a reused rollout copies), ``created_step`` (the step that
+  ``replayed_from`` (the rollout id a reused rollout copies), ``resumed_from`` and
+  ``resumed_tokens`` (a rollout ``generate.partial`` carried over from an earlier step: its id
+  there, and the tokens sampled before this step), ``created_step`` (the step that
   generated it: an earlier one than ``step`` for a reused rollout), ``replayed_policy_version``
   (a reused rollout's original's oldest policy version, null for others), ``policy_version_min`` /
   ``_max`` over its tokens (they differ only for rollouts continued across updates; a reused
@@ -60,7 +62,8 @@ SCHEMA = pa.schema([
     ("run_id", pa.string()), ("step", pa.int64()), ("rollout_id", pa.string()), ("group_id", pa.string()),
     ("prompt_id", pa.string()), ("tree_id", pa.string()), ("node_id", pa.string()),
     ("parent_node_id", pa.string()), ("origin", pa.string()), ("replayed_from", pa.string()),
-    ("branch_token_idx", pa.int64()), ("created_step", pa.int64()), ("replayed_policy_version", pa.int64()),
+    ("resumed_from", pa.string()), ("resumed_tokens", pa.int64()), ("branch_token_idx", pa.int64()),
+    ("created_step", pa.int64()), ("replayed_policy_version", pa.int64()),
     ("policy_version_min", pa.int64()), ("policy_version_max", pa.int64()), ("replica", pa.string()),
     ("status", pa.string()), ("finish_reason", pa.string()), ("n_tokens", pa.int64()),
     ("reward", pa.float64()), ("correct", pa.bool_()), ("reward_reason", pa.string()),
@@ -89,7 +92,9 @@ def _row(report: StepReport, group: RolloutGroup, r: Rollout) -> dict[str, Any]:
         "run_id": report.run_id, "step": report.step, "rollout_id": r.rollout_id, "group_id": group.group_id,
         "prompt_id": group.prompt_id, "tree_id": r.tree_id, "node_id": r.node_id,
         "parent_node_id": r.parent_node_id, "origin": str(r.origin), "replayed_from": r.replayed_from,
-        "branch_token_idx": r.branch_token_idx, "created_step": r.created_step, "replayed_policy_version": r.replayed_policy_version,
+        "resumed_from": r.resumed_from, "resumed_tokens": r.resumed_tokens,
+        "branch_token_idx": r.branch_token_idx, "created_step": r.created_step,
+        "replayed_policy_version": r.replayed_policy_version,
         "policy_version_min": int(versions.min()) if len(versions) else None,
         "policy_version_max": int(versions.max()) if len(versions) else None,
         "replica": r.replica, "status": str(r.status), "finish_reason": r.finish_reason, "n_tokens": len(r),

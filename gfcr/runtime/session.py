@@ -221,7 +221,8 @@ class Run:
 def step_record(report: StepReport, result: EvalResult | None, seconds: float) -> dict[str, Any]:
     """The ``metrics.jsonl`` line of one step. Everything that depends on the clock is under
     ``time``; the rest is a deterministic function of the seed."""
-    rollouts = [r for g in report.groups for r in g.generated if not r.reused]  # sampled this step
+    # finished by sampling this step: not reused, not unfinished (half a response), not carried whole
+    rollouts = [r for g in report.groups for r in g.generated if not (r.reused or r.unfinished or r.carried)]
     rewards = [r.reward for r in rollouts if r.reward is not None]
     update = report.update
     record: dict[str, Any] = {

@@ -76,6 +76,13 @@ class GenerationRequest:
     n: int = 1
     params: SamplingParams = SamplingParams()
     prefix: ResponsePrefix | None = None
+    group: str | None = None  # the group its rows belong to, when a group spans several requests
+
+    @property
+    def group_key(self) -> str:
+        """The group its rows count toward (``group``, or the request itself): a resumed group
+        continues each unfinished rollout from its own prefix, one request per row."""
+        return self.group or self.request_id
 
     @property
     def context(self) -> tuple[int, ...]:
@@ -141,15 +148,21 @@ class InFlightView:
 
     decoded: int  # decode steps so far in this call
     rows: tuple[LiveRow, ...]
-    group_sizes: dict[str, int] = field(default_factory=dict)  # request_id -> n
+    group_sizes: dict[str, int] = field(default_factory=dict)  # group key -> rows of it in this call
+    request_groups: dict[str, str] = field(default_factory=dict)  # request_id -> group key, where they differ
+
+    def group_of(self, request_id: str) -> str:
+        return self.request_groups.get(request_id, request_id)
 
     def complete_groups(self) -> list[str]:
-        """Request ids whose ``n`` rows all ended on their own (stop or length), in request order."""
+        """The groups (``GenerationRequest.group_key``: the request id unless a group spans several
+        requests) whose rows in this call all ended on their own (stop or length), in request order."""
         ended: dict[str, int] = {}
         for row in self.rows:
             if row.finish_reason in ENDED_WELL:
-                ended[row.request_id] = ended.get(row.request_id, 0) + 1
-        return [rid for rid, n in self.group_sizes.items() if n > 0 and ended.get(rid, 0) == n]
+                key = self.group_of(row.request_id)
+                ended[key] = ended.get(key, 0) + 1
+        return [key for key, n in self.group_sizes.items() if n > 0 and ended.get(key, 0) == n]
 
 
 @dataclass(frozen=True, slots=True)

@@ -69,10 +69,11 @@ class RolloutChain:
     # a reused rollout's originals, nearest first: the lineage row of the rollout it copies, then
     # that one's if it was itself reused (``replayed_from``), as far as the run's lineage goes
     reused_from: tuple[dict[str, Any], ...] = ()
-    # the Control stages' rows of the control lineage for this prompt at this step, in the order
-    # they ran (gfcr.runtime.lineage.CONTROL_SCHEMA); aliases by stage id in ``aliases``
+    # the Control stages' rows of the control lineage for this prompt at the step that selected it,
+    # in the order they ran (gfcr.runtime.lineage.CONTROL_SCHEMA); aliases by stage id in ``aliases``
     decisions: tuple[dict[str, Any], ...] = ()
     aliases: dict[str, str] = field(default_factory=dict)
+    selected_step: int | None = None  # the step its prompt was selected: an earlier one for a resumed rollout
 
 
 @dataclass(frozen=True)
@@ -109,10 +110,12 @@ def rollout_chain(run_dir: Path, rollout_id: str) -> RolloutChain:
     if not decided:
         notes.append("this run's lineage has no Control decisions (lineage/control-*.parquet): it was written "
                      "by a gfcr that did not record them")
-    decisions = tuple(d for d in decided if d["step"] == row["step"] and d["prompt_id"] == row["prompt_id"])
+    resumed = [r for r in (row, *originals) if r.get("resumed_from")]  # carried by generate.partial
+    selected = originals[len(resumed) - 1]["step"] if resumed else row["step"]
+    decisions = tuple(d for d in decided if d["step"] == selected and d["prompt_id"] == row["prompt_id"])
     return RolloutChain(run_dir=rd.path, row=row, group=_group(siblings), step_metrics=_step_metrics(rd, row["step"]),
                         prompt=prompt, data_source=source, notes=tuple(notes), reused_from=originals,
-                        decisions=decisions, aliases=_aliases(pipeline), **refs)
+                        decisions=decisions, aliases=_aliases(pipeline), selected_step=selected, **refs)
 
 
 def is_prompt(run_dir: Path, some_id: str) -> bool:
@@ -145,12 +148,13 @@ def _aliases(pipeline: CompiledPipeline | None) -> dict[str, str]:
 
 
 def _originals(row: dict[str, Any], rows: list[dict[str, Any]], notes: list[str]) -> tuple[dict[str, Any], ...]:
-    """The rows a reused rollout copies, following ``replayed_from`` back to a generated rollout.
-    The original's row is the first one with its id (the step that generated it)."""
+    """The rows a reused rollout copies, following ``replayed_from`` (or, for a rollout carried over
+    by ``generate.partial``, ``resumed_from``) back to the rollout that started it. The original's
+    row is the first one with its id (the step that generated it)."""
     first: dict[str, dict[str, Any]] = {}
     for r in rows:
         first.setdefault(r["rollout_id"], r)
-    chain, seen, source = [], {row["rollout_id"]}, row.get("replayed_from")
+    chain, seen, source = [], {row["rollout_id"]}, _source(row)
     while source and source not in seen:
         seen.add(source)
         original = first.get(source)
@@ -159,8 +163,12 @@ def _originals(row: dict[str, Any], rows: list[dict[str, Any]], notes: list[str]
                          "another run or a file (a replay pool seeded from them), or its step's lineage file is gone")
             break
         chain.append(original)
-        source = original.get("replayed_from")
+        source = _source(original)
     return tuple(chain)
+
+
+def _source(row: dict[str, Any]) -> str | None:
+    return row.get("replayed_from") or row.get("resumed_from")
 
 
 def _run_dir(path: Path) -> RunDir:

@@ -27,7 +27,9 @@ Off-policy corrections, each its own field, all off by default (``gfcr.stages.up
 ``tis_cap`` (truncated importance sampling), ``decoupled_clip`` (AReaL's decoupled PPO for
 stale tokens; on stale tokens it is also DOTS' clip centred on the stale ratio ``pi_old/mu``,
 which ``replay.rollout_replay`` requires: an upstream stage's ``update_needs`` names the options
-``gfcr validate`` requires on) and ``max_staleness`` (mask tokens too many versions old). With any of them on,
+``gfcr validate`` requires on), ``recompute_old`` (no correction: every ratio against ``pi_old``,
+the recomputed ``old_log_probs`` of APRIL's and SPEC-RL's code) and ``max_staleness`` (mask
+tokens too many versions old). With any of them on,
 the metrics add ``off_policy_token_fraction`` (tokens with staleness > 0, before the
 staleness limit), ``is_weight_mean``, ``is_weight_max`` and ``is_clipped_fraction``.
 
@@ -163,6 +165,8 @@ class GRPOUpdate:
         kl_coef: Annotated[float, Field(ge=0.0, description="weight of the k3 KL to the initial policy")] = 0.0
         tis_cap: Annotated[float, Field(gt=0.0, description="truncated IS: weight tokens by min(pi_old/mu, C)")] | None = None
         decoupled_clip: bool = Field(False, description="stale tokens: clip around pi_old, weight by pi_old/mu (AReaL)")
+        recompute_old: bool = Field(False, description="every token's ratio against pi_old, no weight: stale tokens "
+                                    "treated as on-policy (APRIL, SPEC-RL, RLEP's reference code)")
         max_staleness: Annotated[int, Field(ge=0, description="mask tokens more than K policy versions old")] | None = None
         max_grad_norm: Annotated[float, Field(gt=0.0)] | None = 1.0
         weight_decay: Annotated[float, Field(ge=0.0)] = 0.0
@@ -187,11 +191,16 @@ class GRPOUpdate:
                                  "min(pi_old/mu, C)), so `decoupled_clip` would add nothing; set one of them: "
                                  "`tis_cap` for capped weights on all tokens, `decoupled_clip` for uncapped "
                                  "weights on stale tokens only")
+            if self.recompute_old and (self.tis_cap is not None or self.decoupled_clip):
+                raise ValueError("`recompute_old` takes every token's ratio against pi_old with no weight, which "
+                                 "`tis_cap` and `decoupled_clip` would weight; set one of them: `recompute_old` for "
+                                 "no correction (APRIL, SPEC-RL), `tis_cap` or `decoupled_clip` for a weighted one")
             return self
 
         @property
         def off_policy(self) -> bool:
-            return self.tis_cap is not None or self.decoupled_clip or self.max_staleness is not None
+            return (self.tis_cap is not None or self.decoupled_clip or self.recompute_old
+                    or self.max_staleness is not None)
 
     @staticmethod
     def check_pipeline(config: "GRPOUpdate.Config", view: Any) -> list[Pairing]:
@@ -202,7 +211,7 @@ class GRPOUpdate:
         found += upstream_needs(config, view.upstream)
         loss_cls = config.loss.component_class()
         if not getattr(loss_cls, "token_corrections", True):
-            for key in ("tis_cap", "decoupled_clip"):
+            for key in ("tis_cap", "decoupled_clip", "recompute_old"):
                 if getattr(config, key) not in (None, False):
                     found.append(Pairing((key,), f"loss `{config.loss.use}` has no per-token ratio for `{key}` to "
                                                  "correct", f"remove `{key}`, or use loss `ppo_clip`"))
@@ -323,7 +332,7 @@ class GRPOUpdate:
                 [_ones_if_none(i) for i in chunk], width, device)  # [B, R]
             if cfg.off_policy:
                 stale = padded([i.rollout.staleness(self._policy().version) > 0 for i in chunk], width, device) > 0
-                correction = token_correction(logp, behaviour, stale, cfg.tis_cap, cfg.decoupled_clip)
+                correction = token_correction(logp, behaviour, stale, cfg.tis_cap, cfg.decoupled_clip, cfg.recompute_old)
                 correction_stats.add(correction, weight, cfg.tis_cap)
                 _write_old_logprobs(chunk, logp)
                 log_ratio = logp - correction.proximal

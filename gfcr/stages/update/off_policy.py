@@ -11,6 +11,11 @@ of the update's Config:
   is clipped around the proximal policy ``pi_old`` and the loss is multiplied by the
   detached behaviour weight ``pi_old / mu`` (uncapped); fresh tokens keep the ratio against
   ``mu``. With ``tis_cap`` every token is already decoupled, so the two are not combined.
+- ``recompute_old: true``: every token's ratio is taken against ``pi_old`` with no weight, so
+  a stale token is treated as if the current policy had sampled it. This is the standard PPO
+  ratio against recomputed ``old_log_probs`` that APRIL (slime), SPEC-RL and RLEP's reference
+  code use (seed_methods 6.4: "a known bias; make it configurable"). The diagnostics still
+  report ``pi_old / mu``, which is the weight these methods leave out.
 - ``max_staleness: K``: tokens whose staleness exceeds ``K`` are masked out of the loss and
   of its denominator (verl's ``staleness_threshold``, AReaL's ``max_head_offpolicyness``, but
   per token: a resumed rollout keeps its fresh segments).
@@ -48,16 +53,17 @@ class TokenCorrection:
 
 
 def token_correction(logp: Any, behaviour: Any, stale: Any, tis_cap: float | None,
-                     decoupled_clip: bool) -> TokenCorrection:
+                     decoupled_clip: bool, recompute_old: bool = False) -> TokenCorrection:
     """The ratio and IS weight of every token; ``stale`` is ``[B, R]`` bool (staleness > 0)."""
     import torch
 
     old = logp.detach()  # pi_old: the policy at update start (see the module docstring)
-    decoupled = torch.ones_like(stale) if tis_cap is not None else (stale if decoupled_clip else torch.zeros_like(stale))
+    every = tis_cap is not None or recompute_old
+    decoupled = torch.ones_like(stale) if every else (stale if decoupled_clip else torch.zeros_like(stale))
     proximal = torch.where(decoupled, old, behaviour)
     raw = torch.exp(old - behaviour)
     capped = raw.clamp(max=tis_cap) if tis_cap is not None else raw
-    weight = torch.where(decoupled, capped, torch.ones_like(raw))
+    weight = torch.ones_like(raw) if recompute_old else torch.where(decoupled, capped, torch.ones_like(raw))
     return TokenCorrection(proximal, weight, raw, decoupled)
 
 
