@@ -241,6 +241,25 @@ def test_the_staleness_limit_masks_old_tokens_out_of_the_loss_and_its_denominato
         torch.testing.assert_close(g, w, atol=1e-6, rtol=0)
 
 
+def test_recompute_old_takes_every_ratio_against_pi_old_with_no_weight():
+    """APRIL's and SPEC-RL's rule: stale tokens treated as on-policy (ratio 1 at the update's start)."""
+    stage, policy = stage_and_policy(version=2, recompute_old=True)
+    group = stale_group(policy.model)
+    got, metrics = stage_gradients(stage, RolloutGroups([group]))
+    loss = hand_off_policy_loss(policy.model, group, lambda raw: torch.ones_like(raw), lambda s: torch.ones_like(s))
+    for g, w in zip(got, hand_gradients(policy.model, loss)):
+        torch.testing.assert_close(g, w, atol=1e-6, rtol=0)
+    raw = np.exp(-np.concatenate(DELTAS))  # pi_old / mu: reported, not applied
+    assert metrics["is_weight_max"] == pytest.approx(raw.max(), rel=1e-5)
+    assert metrics["off_policy_token_fraction"] == pytest.approx(5 / 7)
+
+
+@pytest.mark.parametrize("other", [{"tis_cap": 2.0}, {"decoupled_clip": True}])
+def test_recompute_old_is_one_choice_with_the_weighted_corrections(other):
+    with pytest.raises(ValueError, match="set one of them"):
+        GRPOUpdate.Config(recompute_old=True, **other)
+
+
 def test_tis_and_decoupled_clip_are_one_choice():
     with pytest.raises(ValueError, match="set one of them"):
         GRPOUpdate.Config(tis_cap=2.0, decoupled_clip=True)
