@@ -154,6 +154,8 @@ def _generated(chain: Any) -> str:
     if row.get("resumed_from"):
         parts.append(f"resumed from {row['resumed_from']} ({row['resumed_tokens']} tokens sampled before this "
                      f"step, from step {row['created_step']})")
+    if row.get("draft_from"):
+        parts.append(f"draft of {row['draft_from']}: its first {row['draft_tokens']} tokens accepted")
     if row["tree_id"]:
         branched = row.get("branch_token_idx")
         parts.append(f"tree {row['tree_id']} node {row['node_id']} (parent {row['parent_node_id'] or '-'})"

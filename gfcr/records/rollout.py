@@ -105,6 +105,10 @@ class Rollout:
     # and how many of its tokens were sampled there (the rest, this step)
     resumed_from: str | None = None
     resumed_tokens: int = 0
+    # a previous rollout's prefix accepted as a draft (``generate.speculative``, SPEC-RL): the draft's
+    # rollout id and how many of its tokens were accepted (sampled, and counted, when it was made)
+    draft_from: str | None = None
+    draft_tokens: int = 0
     # outcome, written by verifiers
     reward: float | None = None
     reward_components: dict[str, float] = field(default_factory=dict)
@@ -146,15 +150,24 @@ class Rollout:
     def generated_length(self) -> int:
         """The response tokens this rollout sampled itself at this step: all of them, except for a
         tree branch (``generate.tree``), whose first ``branch_token_idx`` tokens were copied from the
-        leaf it branched from and were counted there, and a rollout carried over from an earlier
-        step (``generate.partial``), whose first ``resumed_tokens`` were sampled, and counted, there."""
-        return len(self) - min(max(self.branch_token_idx or 0, self.resumed_tokens), len(self))
+        leaf it branched from and were counted there, a rollout carried over from an earlier
+        step (``generate.partial``), whose first ``resumed_tokens`` were sampled, and counted, there,
+        and one that starts with an accepted draft (``generate.speculative``), whose first
+        ``draft_tokens`` were sampled when the draft was."""
+        copied = max(self.branch_token_idx or 0, self.resumed_tokens, self.draft_tokens)
+        return len(self) - min(copied, len(self))
 
     @property
     def unfinished(self) -> bool:
         """Stopped in flight before its end, to be resumed (status ``aborted_partial``): its reward,
         if a verifier gave it one, is that of half a response."""
         return self.status == RolloutStatus.ABORTED_PARTIAL
+
+    @property
+    def sampled_nothing(self) -> bool:
+        """Made only of tokens sampled at earlier steps (carried whole by ``generate.partial``, or a
+        fully accepted draft of ``generate.speculative``): not counted as generated this step."""
+        return (self.resumed_from is not None or self.draft_from is not None) and self.generated_length == 0
 
     @property
     def carried(self) -> bool:

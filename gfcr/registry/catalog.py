@@ -43,6 +43,7 @@ BUILTIN_STAGES = {
     "generate.sample": "gfcr.stages.generate.sample:Sample",
     "generate.tree": "gfcr.stages.generate.tree:Tree",
     "generate.partial": "gfcr.stages.generate.partial:Partial",
+    "generate.speculative": "gfcr.stages.generate.speculative:Speculative",
     "generate.fake": "gfcr.stages.testing:FakeGenerate",
     "update.grpo": "gfcr.stages.update.grpo:GRPOUpdate",
     "update.fake": "gfcr.stages.testing:FakeUpdate",

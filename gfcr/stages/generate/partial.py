@@ -111,6 +111,7 @@ from gfcr.records import (
     SegmentOrigin, StepContext, group_id, rollout_id,
 )
 from gfcr.stages.engine import InFlightController, ResponsePrefix, SamplingParams
+from gfcr.stages.generate.rollout_state import copy_segment, rollout_from_state, rollout_state, snapshot
 from gfcr.stages.generate.sample import Composed, Sample, step_seed, to_rollout
 from gfcr.stages.resources import Engine, GenerationRequest, Policy, Resources, prompt_tokens
 
@@ -174,7 +175,7 @@ class Partial:
             unfinished = sum(r.status == RolloutStatus.ABORTED_PARTIAL for r in group.rollouts)
             if unfinished:
                 self.buffer.append(BufferedGroup(item.root, group.prompt_id, item.prompt_ids, group.target_size,
-                                                 group.sample_weight, [_snapshot(r) for r in group.rollouts]))
+                                                 group.sample_weight, [snapshot(r) for r in group.rollouts]))
                 group.drop(f"{TO_BUFFER}: {unfinished} of {len(group.rollouts)} rollouts unfinished when "
                            "generation stopped; they resume at the next call")
                 to_buffer += 1
@@ -190,11 +191,11 @@ class Partial:
     def state_dict(self) -> dict[str, Any]:
         return {"buffer": [{"root": b.root, "prompt_id": b.prompt_id, "prompt_token_ids": list(b.prompt_token_ids),
                             "target_size": b.target_size, "sample_weight": b.sample_weight,
-                            "rollouts": [_rollout_state(r) for r in b.rollouts]} for b in self.buffer]}
+                            "rollouts": [rollout_state(r) for r in b.rollouts]} for b in self.buffer]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.buffer = [BufferedGroup(b["root"], b["prompt_id"], tuple(b["prompt_token_ids"]), b["target_size"],
-                                     b["sample_weight"], [_rollout_from_state(r) for r in b["rollouts"]])
+                                     b["sample_weight"], [rollout_from_state(r) for r in b["rollouts"]])
                        for b in state["buffer"]]
 
 
@@ -251,34 +252,6 @@ class _Resume:
 def _carried(r: Rollout, rid: str, gid: str) -> Rollout:
     """A finished rollout carried into its resumed group: its response and outcome of generation,
     no scores (the verifier scores the whole group again)."""
-    return Rollout(rid, gid, r.prompt_id, list(r.response_token_ids), [_copy(s) for s in r.segments],
+    return Rollout(rid, gid, r.prompt_id, list(r.response_token_ids), [copy_segment(s) for s in r.segments],
                    status=r.status, origin=r.origin, finish_reason=r.finish_reason, created_step=r.created_step,
                    text=r.text, replica=r.replica, token_entropy=r.token_entropy)
-
-
-def _copy(s: Segment) -> Segment:
-    return Segment(s.start, s.end, s.policy_version, s.behavior_logprobs.copy(), s.origin)
-
-
-def _snapshot(r: Rollout) -> Rollout:
-    """What the buffer keeps of a rollout: its generation fields, copied (later stages write on the original)."""
-    return _rollout_from_state(_rollout_state(r))
-
-
-def _rollout_state(r: Rollout) -> dict[str, Any]:
-    return {"rollout_id": r.rollout_id, "group_id": r.group_id, "prompt_id": r.prompt_id,
-            "tokens": np.asarray(r.response_token_ids, np.int64), "status": str(r.status), "origin": str(r.origin),
-            "finish_reason": r.finish_reason, "created_step": r.created_step, "text": r.text, "replica": r.replica,
-            "resumed_from": r.resumed_from, "resumed_tokens": r.resumed_tokens,
-            "entropy": r.token_entropy, "segments": [[s.start, s.end, s.policy_version, s.behavior_logprobs,
-                                                      str(s.origin)] for s in r.segments]}
-
-
-def _rollout_from_state(d: dict[str, Any]) -> Rollout:
-    segments = [Segment(int(a), int(b), int(v), np.asarray(lp, np.float32), SegmentOrigin(o))
-                for a, b, v, lp, o in d["segments"]]
-    entropy = None if d["entropy"] is None else np.asarray(d["entropy"], np.float32)
-    return Rollout(d["rollout_id"], d["group_id"], d["prompt_id"], [int(t) for t in d["tokens"]], segments,
-                   status=RolloutStatus(d["status"]), origin=Origin(d["origin"]), finish_reason=d["finish_reason"],
-                   created_step=d["created_step"], text=d["text"], replica=d["replica"],
-                   resumed_from=d["resumed_from"], resumed_tokens=d["resumed_tokens"], token_entropy=entropy)
