@@ -205,7 +205,8 @@ def view(rows: list[Row], requests: Sequence[GenerationRequest], decoded: int) -
     for r in requests:
         sizes[r.group_key] = sizes.get(r.group_key, 0) + r.n
     groups = {r.request_id: r.group for r in requests if r.group is not None}
-    return InFlightView(decoded, tuple(r.live() for r in rows), sizes, groups)
+    return InFlightView(decoded, tuple(r.live() for r in rows), sizes, groups,
+                        {r.request_id: r.context for r in requests})
 
 
 def apply_steer(steer: Steer, rows: list[Row], queue: deque[Row]) -> None:

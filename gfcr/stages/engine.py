@@ -150,6 +150,9 @@ class InFlightView:
     rows: tuple[LiveRow, ...]
     group_sizes: dict[str, int] = field(default_factory=dict)  # group key -> rows of it in this call
     request_groups: dict[str, str] = field(default_factory=dict)  # request_id -> group key, where they differ
+    # request_id -> the context its rows continue (prompt and any prefix: ``GenerationRequest.context``),
+    # for a controller that runs the policy on a partial (``control.early_exit``)
+    contexts: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     def group_of(self, request_id: str) -> str:
         return self.request_groups.get(request_id, request_id)

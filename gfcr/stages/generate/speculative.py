@@ -34,8 +34,8 @@ the acceptance uniforms of row ``i`` come from ``row_seed(seed, "<group>~spec", 
 
 Metrics per step: ``drafts`` (rows with a draft), ``draft_tokens`` (scored), ``accepted_tokens``,
 ``acceptance_rate`` (accepted / draft tokens), ``fully_accepted`` (drafts reused whole),
-``reused_token_fraction`` (accepted tokens over the response tokens of the step's rollouts)
-and ``stored_prompts``.
+``response_tokens`` (of the step's rollouts), ``reused_token_fraction`` (accepted over response
+tokens) and ``stored_prompts``.
 
 Deviations:
 
@@ -249,4 +249,5 @@ def _metrics(plans: list[_Plan], groups: list[RolloutGroup], stored: int) -> dic
     return {"drafts": sum(len(p.drafts) for p in plans), "draft_tokens": draft_tokens, "accepted_tokens": accepted,
             "acceptance_rate": accepted / draft_tokens if draft_tokens else 0.0,
             "fully_accepted": sum(k[0] == "whole" for p in plans for k in p.kinds),
-            "reused_token_fraction": accepted / tokens if tokens else 0.0, "stored_prompts": stored}
+            "response_tokens": tokens, "reused_token_fraction": accepted / tokens if tokens else 0.0,
+            "stored_prompts": stored}
