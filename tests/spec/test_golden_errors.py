@@ -201,6 +201,20 @@ CASES = [
          "provided: pick", "stages.rollout.from.provided",
          "reads input `provided` of type Provided, but `pick` (control.uniform) outputs Allocation",
          "read `provided` from a stage that outputs Provided"),
+    Case("control.early_exit with no filter dropping the pruned rows",
+         edit(BASE, "  rollout: {use: generate.fake, from: budget}",
+              "  prune:   {use: control.early_exit, with: {at_tokens: 2, keep: 2}}\n"
+              "  rollout: {use: generate.fake, from: budget, in_flight: [prune]}"),
+         "keep: 2", "stages.prune.with.keep", "no `filter.finish_reason` drops `pruned` rollouts",
+         "add `gone: {use: filter.finish_reason, from: rollout, with: {reasons: [pruned], action: drop}}`"),
+    Case("control.early_exit keeping as many rows as the allocation gives",
+         edit(edit(BASE, "  rollout: {use: generate.fake, from: budget}",
+                   "  prune:   {use: control.early_exit, with: {at_tokens: 2, keep: 4}}\n"
+                   "  rollout: {use: generate.fake, from: budget, in_flight: [prune]}\n"
+                   "  gone:    {use: filter.finish_reason, from: rollout, with: {reasons: [pruned], action: drop}}"),
+              "filter.nonzero_variance, from: rollout}", "filter.nonzero_variance, from: gone}"),
+         "keep: 4", "stages.prune.with.keep", "`keep: 4` leaves nothing to prune: `budget` (control.fixed_n)",
+         "oversample: set `budget`'s `n` above 4 (ARRoL's 2x: 8), or lower `keep`"),
     Case("replay.rlep with correction tis and no tis_cap in the update",
          edit(BASE, "  keep:    {use: filter.nonzero_variance, from: rollout}",
               "  rlep:    {use: replay.rlep, from: rollout, with: {correction: tis}}\n"
