@@ -101,19 +101,18 @@ YAML:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Annotated, Any, Sequence
+from typing import Annotated, Any
 
-import numpy as np
 from pydantic import Field
 
 from gfcr.records import (
-    Allocation, AllocationEntry, Origin, Rollout, RolloutGroup, RolloutGroups, RolloutStatus, Segment,
-    SegmentOrigin, StepContext, group_id, rollout_id,
+    Allocation, AllocationEntry, Origin, Rollout, RolloutGroup, RolloutGroups, RolloutStatus, StepContext, group_id,
+    rollout_id,
 )
-from gfcr.stages.engine import InFlightController, ResponsePrefix, SamplingParams
+from gfcr.stages.engine import ResponsePrefix, SamplingParams
 from gfcr.stages.generate.rollout_state import copy_segment, rollout_from_state, rollout_state, snapshot
-from gfcr.stages.generate.sample import Composed, Sample, step_seed, to_rollout
-from gfcr.stages.resources import Engine, GenerationRequest, Policy, Resources, prompt_tokens
+from gfcr.stages.generate.sample import Sample, to_rollout
+from gfcr.stages.resources import GenerationRequest, Policy, prompt_tokens
 
 TO_BUFFER = "to the partial buffer"  # the drop reason of a group carried to the next call
 
@@ -130,37 +129,23 @@ class BufferedGroup:
     rollouts: list[Rollout]  # finished ones as they are, aborted ones with their partial response
 
 
-class Partial:
+class Partial(Sample):
     """``generate.sample`` with a partial buffer: unfinished groups resume at the next call."""
+
+    _alias = "generate.partial"
 
     class Config(Sample.Config):
         groups_in_flight: Annotated[int | None, Field(ge=1, description=(
             "groups generated per call, buffered ones first (APRIL's N'); default: the allocation's"))] = None
 
     def __init__(self, config: Config):
-        self.config = config
-        self.policy: Policy | None = None
-        self.engine: Engine | None = None
-        self.controller: InFlightController | None = None
+        super().__init__(config)
         self.buffer: list[BufferedGroup] = []
         self._metrics: dict[str, float] = {}
 
-    def setup(self, resources: Resources) -> None:
-        self.policy = resources.require_policy("generate.partial")
-        self.engine = resources.require_engine("generate.partial")
-
-    def attach_in_flight(self, controllers: Sequence[InFlightController]) -> None:
-        """The in-flight controllers the engine consults while generating (as ``generate.sample``)."""
-        self.controller = Composed(list(controllers)) if controllers else None
-
     def run(self, allocation: Allocation, ctx: StepContext | None = None) -> RolloutGroups:
-        if self.engine is None or self.policy is None:
-            raise RuntimeError("generate.partial was not set up with a policy and engine")
-        ctx = ctx or StepContext("", allocation.step, 0, 0)
-        cfg, round_ = self.config, ctx.round or 0
-        seed = ctx.seed if cfg.seed is None else cfg.seed
-        params = SamplingParams(cfg.temperature, cfg.top_p, cfg.max_new_tokens, tuple(cfg.stop),
-                                step_seed(seed, allocation.step, round_), cfg.entropy)
+        ctx, round_, params = self.sampling(allocation, ctx)
+        cfg = self.config
         entries = allocation.active()
         places = cfg.groups_in_flight or len(entries)
         resumed, self.buffer = self.buffer[:places], self.buffer[places:]

@@ -99,6 +99,8 @@ class Sample:
                               "response after its first token", "remove the empty string from `stop`")
             return stop
 
+    _alias = "generate.sample"  # in set-up errors; the generators that extend this one name themselves
+
     def __init__(self, config: Config):
         self.config = config
         self.policy: Policy | None = None
@@ -106,21 +108,26 @@ class Sample:
         self.controller: InFlightController | None = None
 
     def setup(self, resources: Resources) -> None:
-        self.policy = resources.require_policy("generate.sample")
-        self.engine = resources.require_engine("generate.sample")
+        self.policy = resources.require_policy(self._alias)
+        self.engine = resources.require_engine(self._alias)
 
     def attach_in_flight(self, controllers: Sequence[InFlightController]) -> None:
         """The in-flight controllers the engine consults while generating (composed, see the docstring)."""
         self.controller = Composed(list(controllers)) if controllers else None
 
-    def run(self, allocation: Allocation, ctx: StepContext | None = None) -> RolloutGroups:
+    def sampling(self, allocation: Allocation, ctx: StepContext | None) -> tuple[StepContext, int, SamplingParams]:
+        """The step's context (the runtime passes the current one), loop round and sampling params."""
         if self.engine is None or self.policy is None:
-            raise RuntimeError("generate.sample was not set up with a policy and engine")
-        ctx = ctx or StepContext("", allocation.step, 0, 0)  # the runtime passes the current one
+            raise RuntimeError(f"{self._alias} was not set up with a policy and engine")
+        ctx = ctx or StepContext("", allocation.step, 0, 0)
         cfg, round_ = self.config, ctx.round or 0
         seed = ctx.seed if cfg.seed is None else cfg.seed
-        params = SamplingParams(cfg.temperature, cfg.top_p, cfg.max_new_tokens, tuple(cfg.stop),
-                                step_seed(seed, allocation.step, round_), cfg.entropy)
+        return ctx, round_, SamplingParams(cfg.temperature, cfg.top_p, cfg.max_new_tokens, tuple(cfg.stop),
+                                           step_seed(seed, allocation.step, round_), cfg.entropy)
+
+    def run(self, allocation: Allocation, ctx: StepContext | None = None) -> RolloutGroups:
+        ctx, round_, params = self.sampling(allocation, ctx)
+        cfg = self.config
         entries = allocation.active()
         requests = [GenerationRequest(group_id(e.prompt_id, allocation.step, round_),
                                       tuple(prompt_tokens(self.policy, e.prompt)), e.n_rollouts, params)

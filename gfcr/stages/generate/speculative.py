@@ -74,7 +74,7 @@ YAML:
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Sequence
+from typing import Annotated, Any
 
 import numpy as np
 from pydantic import Field
@@ -83,12 +83,10 @@ from gfcr.records import (
     Allocation, AllocationEntry, Origin, Rollout, RolloutGroup, RolloutGroups, Segment, SegmentOrigin, StepContext,
     group_id, rollout_id,
 )
-from gfcr.stages.engine import (
-    InFlightController, ResponsePrefix, SamplingParams, ScoreRequest, row_seed,
-)
+from gfcr.stages.engine import ResponsePrefix, SamplingParams, ScoreRequest, row_seed
 from gfcr.stages.generate.rollout_state import rollout_from_state, rollout_state, snapshot
-from gfcr.stages.generate.sample import Composed, Sample, step_seed, to_rollout
-from gfcr.stages.resources import Engine, GenerationRequest, Policy, Resources, prompt_tokens
+from gfcr.stages.generate.sample import Sample, to_rollout
+from gfcr.stages.resources import GenerationRequest, prompt_tokens
 
 
 def accepted_length(new_logprobs: np.ndarray, old_logprobs: np.ndarray, lenience: float,
@@ -113,8 +111,10 @@ def accepted_length(new_logprobs: np.ndarray, old_logprobs: np.ndarray, lenience
     return int(rejected[0]) if len(rejected) else len(threshold)
 
 
-class Speculative:
+class Speculative(Sample):
     """Rollouts that start from the accepted prefix of the prompt's previous rollouts (SPEC-RL)."""
+
+    _alias = "generate.speculative"
 
     class Config(Sample.Config):
         lenience: float = Field(0.5, description="log-space lenience l: accept with min(1, e^l pi_new/pi_old)")
@@ -122,28 +122,13 @@ class Speculative:
             "drafts kept per prompt; default: every rollout of its last sampling"))] = None
 
     def __init__(self, config: Config):
-        self.config = config
-        self.policy: Policy | None = None
-        self.engine: Engine | None = None
-        self.controller: InFlightController | None = None
+        super().__init__(config)
         self.drafts: dict[str, list[Rollout]] = {}  # prompt id -> its latest rollouts
         self._metrics: dict[str, float] = {}
 
-    def setup(self, resources: Resources) -> None:
-        self.policy = resources.require_policy("generate.speculative")
-        self.engine = resources.require_engine("generate.speculative")
-
-    def attach_in_flight(self, controllers: Sequence[InFlightController]) -> None:
-        self.controller = Composed(list(controllers)) if controllers else None
-
     def run(self, allocation: Allocation, ctx: StepContext | None = None) -> RolloutGroups:
-        if self.engine is None or self.policy is None:
-            raise RuntimeError("generate.speculative was not set up with a policy and engine")
-        ctx = ctx or StepContext("", allocation.step, 0, 0)
-        cfg, round_ = self.config, ctx.round or 0
-        seed = ctx.seed if cfg.seed is None else cfg.seed
-        params = SamplingParams(cfg.temperature, cfg.top_p, cfg.max_new_tokens, tuple(cfg.stop),
-                                step_seed(seed, allocation.step, round_), cfg.entropy)
+        ctx, round_, params = self.sampling(allocation, ctx)
+        cfg = self.config
         version = self.engine.policy_version
         plans = [_Plan(e, group_id(e.prompt_id, allocation.step, round_), tuple(prompt_tokens(self.policy, e.prompt)),
                        self.drafts.get(e.prompt_id, [])[:e.n_rollouts]) for e in allocation.active()]
