@@ -151,6 +151,8 @@ def _generated(chain: Any) -> str:
              f"{row['status']} (finish reason: {row['finish_reason'] or '-'})"]
     if row["replayed_from"]:
         parts.append(f"replayed from {row['replayed_from']}" + _made(row))
+    if row.get("stop_reason"):
+        parts.append(f"ended in flight: {row['stop_reason']}")
     if row.get("resumed_from"):
         parts.append(f"resumed from {row['resumed_from']} ({row['resumed_tokens']} tokens sampled before this "
                      f"step, from step {row['created_step']})")

@@ -175,6 +175,7 @@ class Steer:
     abort: tuple[tuple[str, int], ...] = ()  # end now as ``aborted`` (kept, resumable)
     prune: tuple[tuple[str, int], ...] = ()  # end now as ``pruned`` (kept, for good)
     stop: bool = False  # end every unfinished (and queued) row as ``aborted``
+    why: dict[tuple[str, int], str] = field(default_factory=dict)  # per aborted or pruned row, for its lineage
 
 
 class InFlightController(Protocol):

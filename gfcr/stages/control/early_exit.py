@@ -179,11 +179,13 @@ class EarlyExit:
             if self.ready:
                 prune += self._choose(live, [by_key[(r.request_id, r.sample_index)][1] for r in live],
                                       slots=max(0, self.config.keep - (len(rows) - len(live))))
+        why = {key: f"control.early_exit: predicted success {by_key[key][1]:.3f} at token {self.config.at_tokens}, "
+                    f"outside the kept highest and lowest predictions of its group" for key in prune}
         self._step["checked"] += len(candidates)
         self._step["pruned"] += len(prune)
         for key in prune:
             self._pending.pop(f"{key[0]}/{key[1]}", None)
-        return Steer(prune=tuple(prune))
+        return Steer(prune=tuple(prune), why=why)
 
     def _choose(self, live: list[LiveRow], p: list[float], slots: int) -> list[tuple[str, int]]:
         """The keys to prune: all but the ``k_pos`` highest-p and ``slots - k_pos`` lowest-p rows."""

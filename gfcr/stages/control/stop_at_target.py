@@ -73,4 +73,8 @@ class StopAtTarget:
         self.every = config.every
 
     def steer(self, view: InFlightView) -> Steer:
-        return Steer(stop=len(view.complete_groups()) >= self.config.groups)
+        complete = len(view.complete_groups())
+        if complete < self.config.groups:
+            return Steer()
+        why = f"control.stop_at_target: {complete} groups complete (target {self.config.groups}), the rest aborted"
+        return Steer(stop=True, why={(r.request_id, r.sample_index): why for r in view.rows if r.finish_reason is None})

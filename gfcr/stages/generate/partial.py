@@ -156,7 +156,7 @@ class Partial(Sample):
         results = iter(self.engine.generate(requests, self.controller, cfg.max_in_flight))
         version, groups, to_buffer = self.engine.policy_version, [], 0
         for item in plan:
-            group = item.group([next(results) for _ in item.pending], version, allocation.step)
+            group = item.group([next(results) for _ in item.pending], version, allocation.step, self.why)
             unfinished = sum(r.status == RolloutStatus.ABORTED_PARTIAL for r in group.rollouts)
             if unfinished:
                 self.buffer.append(BufferedGroup(item.root, group.prompt_id, item.prompt_ids, group.target_size,
@@ -197,9 +197,10 @@ class _Fresh:
         self.request = GenerationRequest(self.root, self.prompt_ids, self.entry.n_rollouts, params)
         return [self.request]
 
-    def group(self, results: list[list[Any]], version: int, step: int) -> RolloutGroup:
+    def group(self, results: list[list[Any]], version: int, step: int, why: Any) -> RolloutGroup:
         e = self.entry
-        rollouts = [to_rollout(self.request, i, e.prompt_id, c, version, step) for i, c in enumerate(results[0])]
+        rollouts = [to_rollout(self.request, i, e.prompt_id, c, version, step, why(self.request, i))
+                    for i, c in enumerate(results[0])]
         return RolloutGroup(self.root, e.prompt_id, step, e.n_rollouts, rollouts, sample_weight=e.sample_weight)
 
 
@@ -220,12 +221,12 @@ class _Resume:
             self.sent[i] = GenerationRequest(rollout_id(self.gid, i), self.prompt_ids, 1, params, prefix, self.gid)
         return list(self.sent.values())
 
-    def group(self, results: list[list[Any]], version: int, step: int) -> RolloutGroup:
+    def group(self, results: list[list[Any]], version: int, step: int, why: Any) -> RolloutGroup:
         b, done = self.buffered, dict(zip(self.pending, results))
         rollouts = []
         for i, old in enumerate(b.rollouts):
             if i in done:
-                new = to_rollout(self.sent[i], 0, b.prompt_id, done[i][0], version, step)
+                new = to_rollout(self.sent[i], 0, b.prompt_id, done[i][0], version, step, why(self.sent[i], 0))
                 new = replace(new, rollout_id=rollout_id(self.gid, i), group_id=self.gid, origin=Origin.RESUMED)
             else:
                 new = _carried(old, rollout_id(self.gid, i), self.gid)

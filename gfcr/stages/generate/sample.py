@@ -115,10 +115,16 @@ class Sample:
         """The in-flight controllers the engine consults while generating (composed, see the docstring)."""
         self.controller = Composed(list(controllers)) if controllers else None
 
+    def why(self, request: GenerationRequest, index: int) -> str:
+        """Why an in-flight controller ended row ``index`` of ``request`` this call ("" if none said)."""
+        return self.controller.why.get((request.request_id, index), "") if self.controller is not None else ""
+
     def sampling(self, allocation: Allocation, ctx: StepContext | None) -> tuple[StepContext, int, SamplingParams]:
         """The step's context (the runtime passes the current one), loop round and sampling params."""
         if self.engine is None or self.policy is None:
             raise RuntimeError(f"{self._alias} was not set up with a policy and engine")
+        if self.controller is not None:
+            self.controller.why.clear()
         ctx = ctx or StepContext("", allocation.step, 0, 0)
         cfg, round_ = self.config, ctx.round or 0
         seed = ctx.seed if cfg.seed is None else cfg.seed
@@ -136,7 +142,7 @@ class Sample:
         version = self.engine.policy_version
         groups = []
         for entry, request, completions in zip(entries, requests, results):
-            rollouts = [to_rollout(request, i, entry.prompt_id, c, version, allocation.step)
+            rollouts = [to_rollout(request, i, entry.prompt_id, c, version, allocation.step, self.why(request, i))
                         for i, c in enumerate(completions)]
             group = RolloutGroup(request.request_id, entry.prompt_id, allocation.step, entry.n_rollouts, rollouts,
                                  sample_weight=entry.sample_weight)
@@ -149,7 +155,7 @@ class Sample:
 
 
 def to_rollout(request: GenerationRequest, index: int, prompt_id: str, c: Completion, version: int,
-               step: int) -> Rollout:
+               step: int, stop_reason: str = "") -> Rollout:
     """A rollout from one completion; a continued prefix's segments are spliced in front."""
     tokens, segments = splice(request.prefix, c, version)
     entropy = None
@@ -157,7 +163,7 @@ def to_rollout(request: GenerationRequest, index: int, prompt_id: str, c: Comple
         entropy = np.concatenate([np.full(len(tokens) - len(c.token_ids), np.nan, np.float32), c.entropy])
     return Rollout(rollout_id(request.request_id, index), request.request_id, prompt_id, tokens, segments,
                    status=STATUS[c.finish_reason], finish_reason=c.finish_reason, created_step=step, text=c.text,
-                   replica=c.replica, token_entropy=entropy)
+                   replica=c.replica, token_entropy=entropy, stop_reason=stop_reason)
 
 
 class Composed:
@@ -166,9 +172,13 @@ class Composed:
     def __init__(self, controllers: list[InFlightController]):
         self.controllers = controllers
         self.every = 1 if len(controllers) != 1 else max(1, controllers[0].every)
+        self.why: dict[tuple[str, int], str] = {}  # why each row was ended, this generate call (the first answer's)
 
     def steer(self, view: InFlightView) -> Steer:
         answers = [c.steer(view) for c in self.controllers
                    if len(self.controllers) == 1 or view.decoded % max(1, c.every) == 0]
+        for a in answers:
+            for key, text in a.why.items():
+                self.why.setdefault(tuple(key), text)
         return Steer(tuple(k for a in answers for k in a.abort), tuple(k for a in answers for k in a.prune),
                      any(a.stop for a in answers))

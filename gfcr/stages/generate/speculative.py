@@ -135,7 +135,8 @@ class Speculative(Sample):
         self._verify(plans, params)
         requests = [req for p in plans for req in p.requests(params, version)]
         results = iter(self.engine.generate(requests, self.controller, cfg.max_in_flight) if requests else [])
-        groups = [p.group([next(results) for _ in range(p.n_requests)], version, allocation.step) for p in plans]
+        groups = [p.group([next(results) for _ in range(p.n_requests)], version, allocation.step, self.why)
+                  for p in plans]
         keep = cfg.max_drafts_per_prompt
         for p, g in zip(plans, groups):
             self.drafts[p.entry.prompt_id] = [snapshot(r) for r in g.rollouts[:keep]]
@@ -198,17 +199,17 @@ class _Plan:
         """The accepted prefix as the current policy's (the reference's recomputed old log-probs)."""
         return Segment(0, cut, version, self.scored[i][:cut], SegmentOrigin.DRAFT_ACCEPTED)
 
-    def group(self, results: list[list[Any]], version: int, step: int) -> RolloutGroup:
+    def group(self, results: list[list[Any]], version: int, step: int, why: Any) -> RolloutGroup:
         e, results = self.entry, iter(results)
         if self.kinds and self.kinds[0][0] == "fresh":
             completions = next(results)
-            rollouts = [to_rollout(self.fresh, i, e.prompt_id, c, version, step)
+            rollouts = [to_rollout(self.fresh, i, e.prompt_id, c, version, step, why(self.fresh, i))
                         for i, c in enumerate(completions)]
         else:
-            rollouts = [self._rollout(i, kind, results, version, step) for i, kind in enumerate(self.kinds)]
+            rollouts = [self._rollout(i, kind, results, version, step, why) for i, kind in enumerate(self.kinds)]
         return RolloutGroup(self.gid, e.prompt_id, step, e.n_rollouts, rollouts, sample_weight=e.sample_weight)
 
-    def _rollout(self, i: int, kind: tuple[str, Any], results: Any, version: int, step: int) -> Rollout:
+    def _rollout(self, i: int, kind: tuple[str, Any], results: Any, version: int, step: int, why: Any) -> Rollout:
         rid = rollout_id(self.gid, i)
         if kind[0] == "whole":
             d, cut = self.drafts[i], len(self.drafts[i])
@@ -217,7 +218,7 @@ class _Plan:
                         created_step=step, text=d.text, replica=d.replica)
         else:
             request = kind[1]
-            r = to_rollout(request, 0, self.entry.prompt_id, next(results)[0], version, step)
+            r = to_rollout(request, 0, self.entry.prompt_id, next(results)[0], version, step, why(request, 0))
             r.rollout_id, r.group_id = rid, self.gid
             cut = len(request.prefix.token_ids) if request.prefix else 0
             if cut:

@@ -110,6 +110,7 @@ def test_a_real_run_prunes_to_keep_rows_per_group_and_resumes_exactly(tmp_path):
     rows = read_lineage(tmp_path / "whole" / "lineage").to_pylist()
     pruned = [r for r in rows if r["finish_reason"] == "pruned"]
     assert pruned and all(not r["in_update"] and r["dropped_by"] == "gone" and r["reward"] is None for r in pruned)
+    assert all(r["stop_reason"].startswith("control.early_exit: predicted success ") for r in pruned)
     pruned_steps = {r["step"] for r in pruned}
     for step in pruned_steps:
         sizes = {}

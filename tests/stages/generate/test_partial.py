@@ -199,6 +199,8 @@ def test_every_rollout_started_in_twenty_steps_is_in_an_update_dropped_with_a_re
     assert any(r["resumed_from"] for r in rows) and in_buffer, "the run must exercise the buffer"
     fates = {"update": 0, "dropped": 0, "buffer": 0}
     for r in rows:
+        if r["status"] == "aborted_partial":  # why it stopped, in the stop's words
+            assert r["stop_reason"].startswith("control.stop_at_target: ")
         if r["rollout_id"] in continued:  # it went on under a new id, accounted for there
             assert r["drop_reason"].startswith(TO_BUFFER) and not r["in_update"]
             assert by_id[continued[r["rollout_id"]]]["resumed_tokens"] == r["n_tokens"]
