@@ -29,10 +29,9 @@ import argparse
 import json
 import statistics
 import tempfile
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from benchmarks.update_catalog import t_interval, tokens_to_target, welch_p
+from benchmarks.update_catalog import eval_curve, run_jobs, t_interval, tokens_to_target, welch_p
 
 REPO = Path(__file__).resolve().parents[1]
 VARIANTS: dict[str, tuple[str, list[str]]] = {
@@ -72,21 +71,12 @@ def one_run(variant: str, seed: int, steps: int, every: int) -> dict:
                  "tracking.mlflow=null", f"run.checkpoint_every={steps}"] + extra
     run_dir = Path(tempfile.mkdtemp(prefix="gfcr-generators-")) / "run"
     summary = Run.start(load_pipeline(REPO / "pipelines" / f"{name}.yaml", overrides), run_dir).train()
-    curve, tokens, seen, scored, rollout_s = {}, {}, 0, 0, []
-    stage_metrics: list[dict] = []
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        if "eval_accuracy" in record:  # evaluated before the step's update: tokens of the steps before
-            curve[record["step"]] = record["eval_accuracy"]
-            tokens[record["step"]] = seen
-        seen += record.get("tokens_generated", 0)
-        scored += record.get("tokens_scored", 0)
-        rollout_s.append(record["time"]["stages_s"].get("rollout", 0.0))
-        stage_metrics.append(record.get("stages", {}))
-    curve[steps], tokens[steps] = summary["eval_accuracy_after"], seen
-    out = {"variant": variant, "seed": seed, "curve": {str(k): v for k, v in curve.items()},
-           "tokens": {str(k): v for k, v in tokens.items()}, "tokens_generated": seen, "tokens_scored": scored,
-           "rollout_s_per_step": statistics.mean(rollout_s)}
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    stage_metrics = [record.get("stages", {}) for record in records]
+    out = {"variant": variant, "seed": seed, **eval_curve(run_dir, steps, summary["eval_accuracy_after"]),
+           "tokens_generated": sum(r.get("tokens_generated", 0) for r in records),
+           "tokens_scored": sum(r.get("tokens_scored", 0) for r in records),
+           "rollout_s_per_step": statistics.mean(r["time"]["stages_s"].get("rollout", 0.0) for r in records)}
     if variant == "spec_rl":
         per_epoch = {}
         for step, m in enumerate(stage_metrics):
@@ -107,11 +97,6 @@ def _calibration(run_dir: Path, steps: int) -> list[list[float]]:
     folder = run_dir / "checkpoints" / f"step-{steps:06d}" / "stages" / "prune"
     bins = read_tree(folder, folder)["calibration"]
     return [[float(c), float(p / c) if c else 0.0, float(y / c) if c else 0.0] for c, p, y in bins.tolist()]
-
-
-def _ints(run: dict) -> dict:
-    return {**run, "curve": {int(k): v for k, v in run["curve"].items()},
-            "tokens": {int(k): v for k, v in run["tokens"].items()}}
 
 
 def table(runs: list[dict], variants: list[str], seeds: list[int], target: float) -> tuple[list[dict], str]:
@@ -153,17 +138,7 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
     jobs = [(v, s) for v in args.variants for s in args.seeds]
-    runs, failed = [], {}
-    with ProcessPoolExecutor(args.jobs) as pool:
-        futures = [pool.submit(cached_run, v, s, args.steps, args.every, args.cache) for v, s in jobs]
-        for (v, s), f in zip(jobs, futures):
-            result = f.result()
-            if "error" in result:
-                failed[v] = result["error"]
-                print(f"{v:14s} seed {s}: FAILED {result['error']}", flush=True)
-                continue
-            runs.append(_ints(result))
-            print(f"{v:14s} seed {s}: final {runs[-1]['curve'][args.steps]:.3f}", flush=True)
+    runs, failed = run_jobs(cached_run, jobs, args.jobs, args.steps, args.every, args.cache)
     variants = [v for v in args.variants if v not in failed]
     rows, markdown = table(runs, variants, args.seeds, args.target)
     extras = {r["variant"] + f"-seed{r['seed']}": {k: r[k] for k in ("reused_fraction_per_epoch", "pruned", "calibration")

@@ -30,6 +30,7 @@ import statistics
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -111,6 +112,11 @@ def one_run(variant: str, seed: int, steps: int, every: int, task: str | None = 
     compiled = load_pipeline(pipeline, overrides)
     run_dir = tmp / "run"
     summary = Run.start(compiled, run_dir).train()
+    return {"variant": variant, "seed": seed, **eval_curve(run_dir, steps, summary["eval_accuracy_after"])}
+
+
+def eval_curve(run_dir: Path, steps: int, final_accuracy: float) -> dict:
+    """The run's eval accuracy by step and the tokens generated before each eval (JSON keys)."""
     curve, tokens, seen = {}, {}, 0
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         record = json.loads(line)
@@ -118,9 +124,26 @@ def one_run(variant: str, seed: int, steps: int, every: int, task: str | None = 
             curve[record["step"]] = record["eval_accuracy"]
             tokens[record["step"]] = seen
         seen += record.get("tokens_generated", 0)
-    curve[steps], tokens[steps] = summary["eval_accuracy_after"], seen
-    return {"variant": variant, "seed": seed, "curve": {str(k): v for k, v in curve.items()},
-            "tokens": {str(k): v for k, v in tokens.items()}}
+    curve[steps], tokens[steps] = final_accuracy, seen
+    return {"curve": {str(k): v for k, v in curve.items()}, "tokens": {str(k): v for k, v in tokens.items()}}
+
+
+def run_jobs(run: Callable[..., dict], jobs: list[tuple[str, int]], n_jobs: int, steps: int,
+             *args: Any) -> tuple[list[dict], dict[str, str]]:
+    """``run(variant, seed, steps, *args)`` for every job, ``n_jobs`` at a time: the finished runs
+    (step keys back to ints) and, per variant, the error of a run that failed."""
+    runs, failed = [], {}
+    with ProcessPoolExecutor(n_jobs) as pool:
+        futures = [pool.submit(run, v, s, steps, *args) for v, s in jobs]
+        for (v, s), f in zip(jobs, futures):
+            result = f.result()
+            if "error" in result:
+                failed[v] = result["error"]
+                print(f"{v:22s} seed {s}: FAILED {result['error']}", flush=True)
+                continue
+            runs.append(_ints(result))
+            print(f"{v:22s} seed {s}: final {runs[-1]['curve'][steps]:.3f}", flush=True)
+    return runs, failed
 
 
 def _ints(run: dict) -> dict:
@@ -191,17 +214,7 @@ def main() -> None:
     task_name = None if args.task is None else Path(args.task).stem
     out = args.out or str(REPO / "benchmarks" / "results" / f"update_catalog{'_' + task_name if task_name else ''}.json")
     jobs = [(v, s) for v in args.variants for s in args.seeds]
-    with ProcessPoolExecutor(args.jobs) as pool:
-        futures = [pool.submit(cached_run, v, s, args.steps, args.every, args.cache, args.task) for v, s in jobs]
-        runs, failed = [], {}
-        for (v, s), f in zip(jobs, futures):
-            result = f.result()
-            if "error" in result:
-                failed[v] = result["error"]
-                print(f"{v:22s} seed {s}: FAILED {result['error']}", flush=True)
-                continue
-            runs.append(_ints(result))
-            print(f"{v:22s} seed {s}: final {runs[-1]['curve'][args.steps]:.3f}", flush=True)
+    runs, failed = run_jobs(cached_run, jobs, args.jobs, args.steps, args.every, args.cache, args.task)
     variants = [v for v in args.variants if v not in failed]
     rows, markdown = table(runs, variants, args.seeds, args.target)
     runs = [r for r in runs if r["variant"] not in failed]

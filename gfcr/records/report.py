@@ -93,7 +93,8 @@ class StepReport:
         """Rollouts sampled this step, plus those a stage generated and charged itself (a
         profiling pass); rollouts reused from earlier steps (``Rollout.reused``: replayed
         groups, cached correct responses) are not generated again, so not counted."""
-        return sum(1 for g in self.groups for r in g.generated if not (r.reused or r.sampled_nothing)) + self.rollouts_charged
+        sampled = sum(1 for g in self.groups for r in g.generated if not (r.reused or r.sampled_nothing))
+        return sampled + self.rollouts_charged
 
     @property
     def tokens_generated(self) -> int:

@@ -112,7 +112,7 @@ from gfcr.records import (
 from gfcr.stages.engine import ResponsePrefix, SamplingParams
 from gfcr.stages.generate.rollout_state import copy_segment, rollout_from_state, rollout_state, snapshot
 from gfcr.stages.generate.sample import Sample, to_rollout
-from gfcr.stages.resources import GenerationRequest, Policy, prompt_tokens
+from gfcr.stages.resources import GenerationRequest
 
 TO_BUFFER = "to the partial buffer"  # the drop reason of a group carried to the next call
 
@@ -152,11 +152,11 @@ class Partial(Sample):
         fresh = entries[:max(0, places - len(resumed))]
         suffix = f"~p{allocation.step}" + (f".r{round_}" if round_ else "")
         plan = [_Resume(b, b.root + suffix) for b in resumed] + [_Fresh(e, allocation.step, round_) for e in fresh]
-        requests = [req for item in plan for req in item.requests(self.policy, params)]
+        requests = [req for item in plan for req in item.requests(self, params)]
         results = iter(self.engine.generate(requests, self.controller, cfg.max_in_flight))
         version, groups, to_buffer = self.engine.policy_version, [], 0
         for item in plan:
-            group = item.group([next(results) for _ in item.pending], version, allocation.step, self.why)
+            group = item.group([next(results) for _ in item.pending], version, allocation.step, self)
             unfinished = sum(r.status == RolloutStatus.ABORTED_PARTIAL for r in group.rollouts)
             if unfinished:
                 self.buffer.append(BufferedGroup(item.root, group.prompt_id, item.prompt_ids, group.target_size,
@@ -185,23 +185,20 @@ class Partial(Sample):
 
 
 class _Fresh:
-    """A new group of an allocation entry: one request of ``n`` rows (as ``generate.sample``)."""
+    """A new group of an allocation entry: one request of ``n`` rows, as ``generate.sample`` makes it."""
 
     def __init__(self, entry: AllocationEntry, step: int, round_: int):
-        self.entry, self.root = entry, group_id(entry.prompt_id, step, round_)
+        self.entry, self.step, self.round = entry, step, round_
+        self.root = group_id(entry.prompt_id, step, round_)
         self.pending = [0]  # one request
-        self.prompt_ids: tuple[int, ...] = ()
 
-    def requests(self, policy: Policy, params: SamplingParams) -> list[GenerationRequest]:
-        self.prompt_ids = tuple(prompt_tokens(policy, self.entry.prompt))
-        self.request = GenerationRequest(self.root, self.prompt_ids, self.entry.n_rollouts, params)
+    def requests(self, stage: Sample, params: SamplingParams) -> list[GenerationRequest]:
+        self.request = stage.request(self.entry, self.step, self.round, params)
+        self.prompt_ids = self.request.prompt_token_ids
         return [self.request]
 
-    def group(self, results: list[list[Any]], version: int, step: int, why: Any) -> RolloutGroup:
-        e = self.entry
-        rollouts = [to_rollout(self.request, i, e.prompt_id, c, version, step, why(self.request, i))
-                    for i, c in enumerate(results[0])]
-        return RolloutGroup(self.root, e.prompt_id, step, e.n_rollouts, rollouts, sample_weight=e.sample_weight)
+    def group(self, results: list[list[Any]], version: int, step: int, stage: Sample) -> RolloutGroup:
+        return stage.group(self.entry, self.request, results[0], version, step)
 
 
 class _Resume:
@@ -212,7 +209,7 @@ class _Resume:
         self.prompt_ids = buffered.prompt_token_ids
         self.pending = [i for i, r in enumerate(buffered.rollouts) if r.status == RolloutStatus.ABORTED_PARTIAL]
 
-    def requests(self, policy: Policy, params: SamplingParams) -> list[GenerationRequest]:
+    def requests(self, stage: Sample, params: SamplingParams) -> list[GenerationRequest]:
         self.sent = {}
         for i in self.pending:
             r = self.buffered.rollouts[i]
@@ -221,12 +218,12 @@ class _Resume:
             self.sent[i] = GenerationRequest(rollout_id(self.gid, i), self.prompt_ids, 1, params, prefix, self.gid)
         return list(self.sent.values())
 
-    def group(self, results: list[list[Any]], version: int, step: int, why: Any) -> RolloutGroup:
+    def group(self, results: list[list[Any]], version: int, step: int, stage: Sample) -> RolloutGroup:
         b, done = self.buffered, dict(zip(self.pending, results))
         rollouts = []
         for i, old in enumerate(b.rollouts):
             if i in done:
-                new = to_rollout(self.sent[i], 0, b.prompt_id, done[i][0], version, step, why(self.sent[i], 0))
+                new = to_rollout(self.sent[i], 0, b.prompt_id, done[i][0], version, step, stage.why(self.sent[i], 0))
                 new = replace(new, rollout_id=rollout_id(self.gid, i), group_id=self.gid, origin=Origin.RESUMED)
             else:
                 new = _carried(old, rollout_id(self.gid, i), self.gid)

@@ -60,7 +60,8 @@ import numpy as np
 from pydantic import Field, field_validator
 
 from gfcr.records import (
-    Allocation, Rollout, RolloutGroup, RolloutGroups, RolloutStatus, StepContext, group_id, rollout_id,
+    Allocation, AllocationEntry, Rollout, RolloutGroup, RolloutGroups, RolloutStatus, StepContext, group_id,
+    rollout_id,
 )
 from gfcr.registry import Seed, StageConfig
 from gfcr.spec.problems import fixable
@@ -120,7 +121,8 @@ class Sample:
         return self.controller.why.get((request.request_id, index), "") if self.controller is not None else ""
 
     def sampling(self, allocation: Allocation, ctx: StepContext | None) -> tuple[StepContext, int, SamplingParams]:
-        """The step's context (the runtime passes the current one), loop round and sampling params."""
+        """The step's context (the runtime passes the current one), loop round and sampling params;
+        the controllers' stop reasons of the last call are forgotten (a call starts here)."""
         if self.engine is None or self.policy is None:
             raise RuntimeError(f"{self._alias} was not set up with a policy and engine")
         if self.controller is not None:
@@ -133,25 +135,32 @@ class Sample:
 
     def run(self, allocation: Allocation, ctx: StepContext | None = None) -> RolloutGroups:
         ctx, round_, params = self.sampling(allocation, ctx)
-        cfg = self.config
         entries = allocation.active()
-        requests = [GenerationRequest(group_id(e.prompt_id, allocation.step, round_),
-                                      tuple(prompt_tokens(self.policy, e.prompt)), e.n_rollouts, params)
-                    for e in entries]
-        results = self.engine.generate(requests, self.controller, cfg.max_in_flight)
+        requests = [self.request(e, allocation.step, round_, params) for e in entries]
+        results = self.engine.generate(requests, self.controller, self.config.max_in_flight)
         version = self.engine.policy_version
         groups = []
         for entry, request, completions in zip(entries, requests, results):
-            rollouts = [to_rollout(request, i, entry.prompt_id, c, version, allocation.step, self.why(request, i))
-                        for i, c in enumerate(completions)]
-            group = RolloutGroup(request.request_id, entry.prompt_id, allocation.step, entry.n_rollouts, rollouts,
-                                 sample_weight=entry.sample_weight)
-            stopped = sum(r.status == RolloutStatus.ABORTED_PARTIAL for r in rollouts)
+            group = self.group(entry, request, completions, version, allocation.step)
+            stopped = sum(r.status == RolloutStatus.ABORTED_PARTIAL for r in group.rollouts)
             if stopped:
-                group.drop(f"stopped in flight: {stopped} of {len(rollouts)} rollouts "
+                group.drop(f"stopped in flight: {stopped} of {len(group.rollouts)} rollouts "
                                 "unfinished (partial kept)")
             groups.append(group)
         return RolloutGroups(groups)
+
+    def request(self, entry: AllocationEntry, step: int, round_: int, params: SamplingParams) -> GenerationRequest:
+        """An allocation entry's one request of ``n`` rows, under its group id."""
+        prompt = tuple(prompt_tokens(self.policy, entry.prompt))
+        return GenerationRequest(group_id(entry.prompt_id, step, round_), prompt, entry.n_rollouts, params)
+
+    def group(self, entry: AllocationEntry, request: GenerationRequest, completions: Sequence[Completion],
+              version: int, step: int) -> RolloutGroup:
+        """An entry's group from its request's completions, each row with its stop reason."""
+        rollouts = [to_rollout(request, i, entry.prompt_id, c, version, step, self.why(request, i))
+                    for i, c in enumerate(completions)]
+        return RolloutGroup(request.request_id, entry.prompt_id, step, entry.n_rollouts, rollouts,
+                            sample_weight=entry.sample_weight)
 
 
 def to_rollout(request: GenerationRequest, index: int, prompt_id: str, c: Completion, version: int,

@@ -135,7 +135,7 @@ class Speculative(Sample):
         self._verify(plans, params)
         requests = [req for p in plans for req in p.requests(params, version)]
         results = iter(self.engine.generate(requests, self.controller, cfg.max_in_flight) if requests else [])
-        groups = [p.group([next(results) for _ in range(p.n_requests)], version, allocation.step, self.why)
+        groups = [p.group([next(results) for _ in range(p.n_requests)], version, allocation.step, self)
                   for p in plans]
         keep = cfg.max_drafts_per_prompt
         for p, g in zip(plans, groups):
@@ -170,12 +170,12 @@ class _Plan:
         self.entry, self.gid, self.prompt_ids, self.drafts = entry, gid, prompt_ids, drafts
         self.cuts: dict[int, int] = {}
         self.scored: dict[int, np.ndarray] = {}
-        self.kinds: list[tuple[str, Any]] = []  # per row: ("whole", draft) | ("request", request, prefix)
+        self.kinds: list[tuple[str, Any]] = []  # per row: ("fresh", i) | ("whole", i) | ("request", its request)
         self.n_requests = 0
 
     def requests(self, params: SamplingParams, version: int) -> list[GenerationRequest]:
         n = self.entry.n_rollouts
-        if not self.cuts:  # no draft: generate.sample's request, so a first sampling is the same
+        if not self.cuts:  # no draft: generate.sample's request (Sample.request), so a first sampling is the same
             self.kinds = [("fresh", i) for i in range(n)]
             self.n_requests = 1
             self.fresh = GenerationRequest(self.gid, self.prompt_ids, n, params)
@@ -199,17 +199,14 @@ class _Plan:
         """The accepted prefix as the current policy's (the reference's recomputed old log-probs)."""
         return Segment(0, cut, version, self.scored[i][:cut], SegmentOrigin.DRAFT_ACCEPTED)
 
-    def group(self, results: list[list[Any]], version: int, step: int, why: Any) -> RolloutGroup:
+    def group(self, results: list[list[Any]], version: int, step: int, stage: Sample) -> RolloutGroup:
         e, results = self.entry, iter(results)
         if self.kinds and self.kinds[0][0] == "fresh":
-            completions = next(results)
-            rollouts = [to_rollout(self.fresh, i, e.prompt_id, c, version, step, why(self.fresh, i))
-                        for i, c in enumerate(completions)]
-        else:
-            rollouts = [self._rollout(i, kind, results, version, step, why) for i, kind in enumerate(self.kinds)]
+            return stage.group(e, self.fresh, next(results), version, step)
+        rollouts = [self._rollout(i, kind, results, version, step, stage) for i, kind in enumerate(self.kinds)]
         return RolloutGroup(self.gid, e.prompt_id, step, e.n_rollouts, rollouts, sample_weight=e.sample_weight)
 
-    def _rollout(self, i: int, kind: tuple[str, Any], results: Any, version: int, step: int, why: Any) -> Rollout:
+    def _rollout(self, i: int, kind: tuple[str, Any], results: Any, version: int, step: int, stage: Sample) -> Rollout:
         rid = rollout_id(self.gid, i)
         if kind[0] == "whole":
             d, cut = self.drafts[i], len(self.drafts[i])
@@ -218,13 +215,11 @@ class _Plan:
                         created_step=step, text=d.text, replica=d.replica)
         else:
             request = kind[1]
-            r = to_rollout(request, 0, self.entry.prompt_id, next(results)[0], version, step, why(request, 0))
+            r = to_rollout(request, 0, self.entry.prompt_id, next(results)[0], version, step, stage.why(request, 0))
             r.rollout_id, r.group_id = rid, self.gid
-            cut = len(request.prefix.token_ids) if request.prefix else 0
-            if cut:
-                r.origin = Origin.DRAFT_ACCEPTED
-        if i < len(self.drafts) and (cut := self.cuts.get(i, 0)) > 0:
-            r.draft_from, r.draft_tokens = self.drafts[i].rollout_id, cut
+        cut = self.cuts.get(i, 0)  # > 0 exactly when the row starts with an accepted prefix of draft i
+        if cut:
+            r.origin, r.draft_from, r.draft_tokens = Origin.DRAFT_ACCEPTED, self.drafts[i].rollout_id, cut
         return r
 
 
