@@ -158,6 +158,8 @@ def _generated(chain: Any) -> str:
                      f"step, from step {row['created_step']})")
     if row.get("draft_from"):
         parts.append(f"draft of {row['draft_from']}: its first {row['draft_tokens']} tokens accepted")
+    if row.get("forced_tokens"):
+        parts.append(f"its last {row['forced_tokens']} tokens appended by the controller, not sampled")
     if row["tree_id"]:
         branched = row.get("branch_token_idx")
         parts.append(f"tree {row['tree_id']} node {row['node_id']} (parent {row['parent_node_id'] or '-'})"

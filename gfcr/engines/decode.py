@@ -14,7 +14,8 @@ row, ``keep`` drops the rows that ended so they stop costing compute. ``decode_r
   response, so a sample depends neither on the batch, nor on aborts, nor on resumption;
 - ends: the end-of-sequence token (kept), a stop string (the response is cut at the shortest
   prefix whose text contains one, as before), ``max_new_tokens`` for the whole response
-  (prefix included), or a controller's ``Steer`` (aborted, pruned, stop all).
+  (prefix included), or a controller's ``Steer`` (aborted, pruned, stop all, or ``exit``: cut back
+  and answered with the controller's own tokens, ``exited``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import numpy as np
 import torch
 
 from gfcr.stages.engine import (
-    Completion, GenerationRequest, InFlightController, InFlightView, LiveRow, Steer, row_seed,
+    Completion, Exit, GenerationRequest, InFlightController, InFlightView, LiveRow, Steer, row_seed,
 )
 
 Decode = Callable[[Sequence[int]], str]
@@ -58,6 +59,7 @@ class Row:
     logprobs: list[float] = field(default_factory=list)
     entropy: list[float] = field(default_factory=list)
     finish: str | None = None
+    forced: int = 0  # trailing tokens a controller appended (``Steer.exit``)
 
     @property
     def prefix(self) -> tuple[int, ...]:
@@ -74,7 +76,18 @@ class Row:
     def completion(self, decode: Decode, replica: str) -> Completion:
         ent = np.array(self.entropy, np.float32) if self.request.params.entropy else None
         return Completion(tuple(self.tokens), np.array(self.logprobs, np.float32), self.finish or "aborted",
-                          decode(self.response()), replica, ent)
+                          decode(self.response()), replica, ent, self.forced)
+
+    def exit(self, ex: Exit) -> None:
+        """End as ``exited``: keep the first ``ex.cut`` new tokens, then the controller's own."""
+        keep = min(ex.cut, len(self.tokens))
+        ent = ex.entropy if ex.entropy is not None else np.full(len(ex.token_ids), np.nan, np.float32)
+        del self.tokens[keep:], self.logprobs[keep:], self.entropy[keep:]
+        self.tokens += list(ex.token_ids)
+        self.logprobs += [float(x) for x in ex.logprobs]
+        if self.request.params.entropy:
+            self.entropy += [float(x) for x in ent]
+        self.forced, self.finish = len(ex.token_ids), "exited"
 
 
 def make_rows(requests: Sequence[GenerationRequest]) -> list[Row]:
@@ -206,7 +219,9 @@ def view(rows: list[Row], requests: Sequence[GenerationRequest], decoded: int) -
         sizes[r.group_key] = sizes.get(r.group_key, 0) + r.n
     groups = {r.request_id: r.group for r in requests if r.group is not None}
     return InFlightView(decoded, tuple(r.live() for r in rows), sizes, groups,
-                        {r.request_id: r.context for r in requests})
+                        {r.request_id: r.context for r in requests}, {r.request_id: r.params for r in requests},
+                        {r.request_id: r.params.max_new_tokens - len(r.prefix.token_ids if r.prefix else ())
+                         for r in requests})
 
 
 def apply_steer(steer: Steer, rows: list[Row], queue: deque[Row]) -> None:
@@ -215,6 +230,10 @@ def apply_steer(steer: Steer, rows: list[Row], queue: deque[Row]) -> None:
     ends = [(key, "aborted") for key in steer.abort] + [(key, "pruned") for key in steer.prune]
     if steer.stop:
         ends += [(key, "aborted") for key, r in by_key.items() if r.finish is None]
+    for key, ex in steer.exit.items():
+        row = by_key.get(tuple(key))
+        if row is not None and row.finish is None:
+            row.exit(ex)
     for key, reason in ends:
         row = by_key.get(tuple(key))
         if row is not None and row.finish is None:

@@ -36,7 +36,9 @@ from gfcr.engines.policy import HFPolicy
 from gfcr.stages.engine import Completion, GenerationRequest, InFlightController, Scored, ScoreRequest
 
 SCORE_LOGITS = 2**27  # floats of [rows, T, V] logits one score forward may hold (512 MiB)
-_GENERATING = threading.Lock()  # one model forward at a time across threads of one process
+# one model forward at a time across threads of one process; re-entrant, so an in-flight controller
+# may call the engine from inside a generate call (``control.truncate_steps``' trial answers)
+_GENERATING = threading.RLock()
 
 
 class TransformersEngine:

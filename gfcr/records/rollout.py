@@ -50,6 +50,7 @@ class SegmentOrigin(StrEnum):
     DRAFT_ACCEPTED = "draft_accepted"
     REPLAYED_TEXT = "replayed_text"
     SEEDED_CONTEXT = "seeded_context"
+    FORCED = "forced"  # appended by an in-flight controller, not sampled (``control.truncate_steps``)
 
 
 @dataclass(slots=True)
@@ -157,6 +158,12 @@ class Rollout:
         ``draft_tokens`` were sampled when the draft was."""
         copied = max(self.branch_token_idx or 0, self.resumed_tokens, self.draft_tokens)
         return len(self) - min(copied, len(self))
+
+    @property
+    def forced_tokens(self) -> int:
+        """The response tokens an in-flight controller appended instead of sampling them (segment
+        origin ``forced``: ``control.truncate_steps``'s answer after a step boundary)."""
+        return sum(len(s) for s in self.segments if s.origin == SegmentOrigin.FORCED)
 
     @property
     def unfinished(self) -> bool:

@@ -26,6 +26,7 @@ BUILTIN_STAGES = {
     "control.coba": "gfcr.stages.control.coba:Coba",
     "control.stop_at_target": "gfcr.stages.control.stop_at_target:StopAtTarget",
     "control.early_exit": "gfcr.stages.control.early_exit:EarlyExit",
+    "control.truncate_steps": "gfcr.stages.control.truncate_steps:TruncateSteps",
     "control.pilot_commit": "gfcr.stages.control.pilot_commit:PilotCommit",
     "control.ar3po": "gfcr.stages.control.ar3po:Ar3po",
     "control.mc_grpo": "gfcr.stages.control.mc_grpo:McGrpo",

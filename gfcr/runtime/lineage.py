@@ -12,7 +12,8 @@ A row follows a rollout from its prompt to the update:
   ``resumed_tokens`` (a rollout ``generate.partial`` carried over from an earlier step: its id
   there, and the tokens sampled before this step), ``draft_from`` and ``draft_tokens`` (a
   rollout of ``generate.speculative`` that starts with an accepted draft: the draft's rollout id
-  and the accepted prefix length), ``created_step`` (the step that
+  and the accepted prefix length), ``forced_tokens`` (the tokens at its end that an in-flight
+  controller appended rather than sampled: ``control.truncate_steps``'s answer), ``created_step`` (the step that
   generated it: an earlier one than ``step`` for a reused rollout), ``replayed_policy_version``
   (a reused rollout's original's oldest policy version, null for others), ``policy_version_min`` /
   ``_max`` over its tokens (they differ only for rollouts continued across updates; a reused
@@ -66,7 +67,7 @@ SCHEMA = pa.schema([
     ("prompt_id", pa.string()), ("tree_id", pa.string()), ("node_id", pa.string()),
     ("parent_node_id", pa.string()), ("origin", pa.string()), ("replayed_from", pa.string()),
     ("resumed_from", pa.string()), ("resumed_tokens", pa.int64()), ("draft_from", pa.string()),
-    ("draft_tokens", pa.int64()), ("branch_token_idx", pa.int64()),
+    ("draft_tokens", pa.int64()), ("forced_tokens", pa.int64()), ("branch_token_idx", pa.int64()),
     ("created_step", pa.int64()), ("replayed_policy_version", pa.int64()),
     ("policy_version_min", pa.int64()), ("policy_version_max", pa.int64()), ("replica", pa.string()),
     ("status", pa.string()), ("finish_reason", pa.string()), ("stop_reason", pa.string()), ("n_tokens", pa.int64()),
@@ -97,7 +98,7 @@ def _row(report: StepReport, group: RolloutGroup, r: Rollout) -> dict[str, Any]:
         "prompt_id": group.prompt_id, "tree_id": r.tree_id, "node_id": r.node_id,
         "parent_node_id": r.parent_node_id, "origin": str(r.origin), "replayed_from": r.replayed_from,
         "resumed_from": r.resumed_from, "resumed_tokens": r.resumed_tokens,
-        "draft_from": r.draft_from, "draft_tokens": r.draft_tokens,
+        "draft_from": r.draft_from, "draft_tokens": r.draft_tokens, "forced_tokens": r.forced_tokens,
         "branch_token_idx": r.branch_token_idx, "created_step": r.created_step,
         "replayed_policy_version": r.replayed_policy_version,
         "policy_version_min": int(versions.min()) if len(versions) else None,

@@ -5,12 +5,14 @@ its own ``SamplingParams``, optionally continuing a response (``ResponsePrefix``
 ids and the segments that tile them). Each completion holds only the NEW tokens, their
 behaviour log-probabilities (the tempered, untruncated distribution; greedy: untempered),
 optionally their entropies, and a finish reason (``stop``, ``length``, ``aborted``,
-``pruned``). The stage splices the prefix's segments and a new one, so a resumed rollout
+``pruned``, ``exited``). The stage splices the prefix's segments and a new one, so a resumed rollout
 keeps the behaviour log-probs of every token it ever sampled.
 
 In-flight control: an ``InFlightController`` (a Control stage attached to a Generate stage)
 sees an ``InFlightView`` of every row every ``every`` decode steps and answers a ``Steer``:
-rows to abort (kept, resumable), rows to prune (kept, for good), or stop everything.
+rows to abort (kept, resumable), rows to prune (kept, for good), rows to end now with tokens
+of its own appended (``Exit``: cut back to a step boundary and answered, ``exited``), or stop
+everything.
 ``max_in_flight`` caps the rows decoded at once; a freed slot is refilled from the queue.
 
 Seeding: row ``i`` of request ``r`` draws from its own stream seeded by
@@ -29,10 +31,11 @@ from typing import Literal, Protocol, Sequence
 
 import numpy as np
 
-from gfcr.records import Segment
+from gfcr.records import Segment, SegmentOrigin
 
-FinishReason = Literal["stop", "length", "aborted", "pruned"]
-ENDED_WELL = ("stop", "length")  # a row that ended on its own, not by a controller
+FinishReason = Literal["stop", "length", "aborted", "pruned", "exited"]
+# a row that ended with a whole response: on its own, or answered by a controller (``exited``)
+ENDED_WELL = ("stop", "length", "exited")
 
 
 def row_seed(seed: int, request_id: str, sample_index: int) -> int:
@@ -100,18 +103,24 @@ class Completion:
     text: str  # the text of the whole response (prefix + new tokens), decoded together
     replica: str = "0"
     entropy: np.ndarray | None = None  # [T] float32, when params.entropy
+    forced: int = 0  # the last ``forced`` tokens were appended by a controller (``Exit``), not sampled
 
 
 def splice(prefix: ResponsePrefix | None, completion: Completion,
            policy_version: int) -> tuple[list[int], list[Segment]]:
     """The whole response of a completion and its segments: the prefix's own, then one new
-    segment of the new tokens at ``policy_version`` (CoPRIS-style spliced behaviour log-probs)."""
+    segment of the new tokens at ``policy_version`` (CoPRIS-style spliced behaviour log-probs);
+    tokens a controller appended (``completion.forced``) get a segment of their own, origin
+    ``forced``."""
     head = list(prefix.token_ids) if prefix else []
     segments = [Segment(s.start, s.end, s.policy_version, s.behavior_logprobs, s.origin)
                 for s in (prefix.segments if prefix else ())]
-    if completion.token_ids or not segments:
-        segments.append(Segment(len(head), len(head) + len(completion.token_ids), policy_version,
-                                completion.logprobs))
+    sampled = len(completion.token_ids) - completion.forced
+    if sampled or not (segments or completion.forced):
+        segments.append(Segment(len(head), len(head) + sampled, policy_version, completion.logprobs[:sampled]))
+    if completion.forced:
+        segments.append(Segment(len(head) + sampled, len(head) + len(completion.token_ids), policy_version,
+                                completion.logprobs[sampled:], SegmentOrigin.FORCED))
     return head + list(completion.token_ids), segments
 
 
@@ -153,6 +162,9 @@ class InFlightView:
     # request_id -> the context its rows continue (prompt and any prefix: ``GenerationRequest.context``),
     # for a controller that runs the policy on a partial (``control.early_exit``)
     contexts: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    params: dict[str, SamplingParams] = field(default_factory=dict)  # request_id -> its sampling params
+    # request_id -> the new tokens each of its rows may have (``max_new_tokens`` less the prefix)
+    budgets: dict[str, int] = field(default_factory=dict)
 
     def group_of(self, request_id: str) -> str:
         return self.request_groups.get(request_id, request_id)
@@ -169,13 +181,32 @@ class InFlightView:
 
 
 @dataclass(frozen=True, slots=True)
+class Exit:
+    """End a row now as ``exited``: keep its first ``cut`` new tokens, then append ``token_ids``
+    (not sampled: chosen by the controller) with their log-probs (and entropies, when the row
+    records them) under the row's sampling distribution (``control.truncate_steps``: a step
+    boundary, then an answer)."""
+
+    cut: int
+    token_ids: tuple[int, ...]
+    logprobs: np.ndarray  # [len(token_ids)]
+    entropy: np.ndarray | None = None  # [len(token_ids)]
+
+    def __post_init__(self) -> None:
+        if self.cut < 0 or len(self.logprobs) != len(self.token_ids):
+            raise ValueError(f"an Exit keeps {self.cut} tokens and appends {len(self.token_ids)} with "
+                             f"{len(self.logprobs)} log-probs: cut must be >= 0, one log-prob per token")
+
+
+@dataclass(frozen=True, slots=True)
 class Steer:
     """A controller's answer. Rows are ``(request_id, sample_index)``."""
 
     abort: tuple[tuple[str, int], ...] = ()  # end now as ``aborted`` (kept, resumable)
     prune: tuple[tuple[str, int], ...] = ()  # end now as ``pruned`` (kept, for good)
     stop: bool = False  # end every unfinished (and queued) row as ``aborted``
-    why: dict[tuple[str, int], str] = field(default_factory=dict)  # per aborted or pruned row, for its lineage
+    why: dict[tuple[str, int], str] = field(default_factory=dict)  # per ended row, for its lineage
+    exit: dict[tuple[str, int], Exit] = field(default_factory=dict)  # end now as ``exited``, tokens appended
 
 
 class InFlightController(Protocol):

@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 import torch
 
-from gfcr.records import Prompt, Rollout, Segment
+from gfcr.records import Prompt, Rollout, Segment, SegmentOrigin
 from gfcr.stages.control.stop_at_target import StopAtTarget
 from gfcr.stages.engine import (
-    GenerationRequest, InFlightView, ResponsePrefix, SamplingParams, ScoreRequest, Steer, splice,
+    Exit, GenerationRequest, InFlightView, ResponsePrefix, SamplingParams, ScoreRequest, Steer, splice,
 )
 
 HAS_GPU_VLLM = importlib.util.find_spec("vllm") is not None and torch.cuda.is_available()
@@ -141,6 +141,49 @@ def test_an_aborted_row_keeps_the_uninterrupted_prefix_and_its_segments_tile_it(
             prefix = ResponsePrefix((7,), (Segment(0, 1, 0, np.array([-0.5])),))
             tokens, segments = splice(prefix, c, 1)
             Rollout("r", "g", "p", tokens, segments).check_segments()  # raises unless they tile
+
+
+class ExitAt:
+    """A test controller: after ``k`` decode steps, end every running row keeping its first ``cut``
+    tokens and appending ``tokens``, their log-probs scored by the engine from inside its own
+    generate call (as ``control.truncate_steps`` does)."""
+
+    def __init__(self, engine, k: int, cut: int, tokens: tuple[int, ...]):
+        self.engine, self.every, self.cut, self.tokens = engine, k, cut, tokens
+
+    def steer(self, view: InFlightView) -> Steer:
+        rows = [r for r in view.rows if r.finish_reason is None]
+        scored = self.engine.score([ScoreRequest(view.contexts[r.request_id] + r.token_ids[:self.cut], self.tokens,
+                                                 view.params[r.request_id].temperature) for r in rows])
+        return Steer(exit={(r.request_id, r.sample_index): Exit(self.cut, self.tokens, s.logprobs, s.entropy)
+                           for r, s in zip(rows, scored)})
+
+
+def test_an_exited_row_keeps_the_uninterrupted_tokens_before_its_cut_then_the_appended_ones(subject):
+    if not subject.in_flight:
+        pytest.skip("this engine has no in-flight control yet")
+    params = SamplingParams(temperature=1.0, max_new_tokens=subject.max_new_tokens, seed=5, entropy=True)
+    appended = tuple(subject.prompts[0][:2])
+    whole = subject.engine.generate(_requests(subject, params, 2))
+    ended = subject.engine.generate(_requests(subject, params, 2), controller=ExitAt(subject.engine, 3, 1, appended))
+    exited = 0
+    for i, (w_group, e_group) in enumerate(zip(whole, ended)):
+        for w, e in zip(w_group, e_group):
+            if len(w.token_ids) <= 3:  # ended on its own before the controller spoke
+                assert e.token_ids == w.token_ids and e.finish_reason == w.finish_reason and e.forced == 0
+                continue
+            exited += 1
+            assert e.finish_reason == "exited" and e.forced == 2
+            assert e.token_ids == w.token_ids[:1] + appended
+            np.testing.assert_allclose(e.logprobs[:1], w.logprobs[:1], atol=subject.tol)
+            (direct,) = subject.engine.score([ScoreRequest(subject.prompts[i] + w.token_ids[:1], appended, 1.0)])
+            np.testing.assert_allclose(e.logprobs[1:], direct.logprobs, atol=subject.tol)
+            np.testing.assert_allclose(e.entropy[1:], direct.entropy, atol=1e-4)
+            tokens, segments = splice(None, e, 4)
+            Rollout("r", "g", "p", tokens, segments).check_segments()  # raises unless they tile
+            assert [(s.start, s.end, s.origin) for s in segments] == [(0, 1, SegmentOrigin.SAMPLED),
+                                                                      (1, 3, SegmentOrigin.FORCED)]
+    assert exited, "no row ran past the controller's step"
 
 
 def test_per_request_params_are_honoured_in_one_mixed_batch(subject):

@@ -66,12 +66,13 @@ from gfcr.records import (
 from gfcr.registry import Seed, StageConfig
 from gfcr.spec.problems import fixable
 from gfcr.stages.engine import (
-    Completion, InFlightController, InFlightView, SamplingParams, Steer, splice,
+    Completion, Exit, InFlightController, InFlightView, SamplingParams, Steer, splice,
 )
 from gfcr.stages.resources import Engine, GenerationRequest, Policy, Resources, prompt_tokens
 
 STATUS = {"stop": RolloutStatus.COMPLETED, "length": RolloutStatus.TRUNCATED,
-          "aborted": RolloutStatus.ABORTED_PARTIAL, "pruned": RolloutStatus.PRUNED}
+          "aborted": RolloutStatus.ABORTED_PARTIAL, "pruned": RolloutStatus.PRUNED,
+          "exited": RolloutStatus.COMPLETED}  # exited: cut at a step and answered by a controller
 
 
 def step_seed(*parts: object) -> int:
@@ -189,5 +190,9 @@ class Composed:
         for a in answers:
             for key, text in a.why.items():
                 self.why.setdefault(tuple(key), text)
+        exits: dict[tuple[str, int], Exit] = {}
+        for a in answers:
+            for key, ex in a.exit.items():
+                exits.setdefault(tuple(key), ex)
         return Steer(tuple(k for a in answers for k in a.abort), tuple(k for a in answers for k in a.prune),
-                     any(a.stop for a in answers))
+                     any(a.stop for a in answers), exit=exits)
