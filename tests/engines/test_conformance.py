@@ -65,6 +65,8 @@ def _hf(model: str) -> Subject:
     # SmolLM2 (30 float32 layers): a KV-cached decode step and a full forward, or batches of
     # different sizes, sum in different orders; their log-probs were measured 1.5e-5 apart at
     # most (tokens identical), so the 1e-5 holds for tiny-arith and the fake engine only.
+    # (Feeding the response through the KV-cached step path instead of one forward reproduces the
+    # sampled log-probs exactly, measured 0.0 on 2026-12-02, at one forward step per token.)
     tiny = model.startswith("tiny-arith")  # tiny-arith and tiny-arith-mix: the same 2-layer model
     return Subject(TransformersEngine(policy), prompts, logits, tol=1e-5 if tiny else 5e-5, max_new_tokens=12 if tiny else 16)
 
