@@ -21,7 +21,7 @@ row, ``keep`` drops the rows that ended so they stop costing compute. ``decode_r
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Protocol, Sequence
 
 import numpy as np
@@ -109,6 +109,7 @@ def decode_requests(requests: Sequence[GenerationRequest], batch: Batch, *, eos:
     live: list[Row] = []
     logits: torch.Tensor | None = None  # [len(live), V]
     decoded = 0
+    fixed = call_view(requests) if controller is not None else None
     while True:
         if queue and len(live) < cap:
             new = [queue.popleft() for _ in range(min(cap - len(live), len(queue)))]
@@ -122,7 +123,8 @@ def decode_requests(requests: Sequence[GenerationRequest], batch: Batch, *, eos:
             row.finish = end_of(row, eos, decode)
         decoded += 1
         if controller is not None and decoded % max(1, controller.every) == 0:
-            apply_steer(controller.steer(view(rows, requests, decoded)), rows, queue)
+            now = replace(fixed, decoded=decoded, rows=tuple(r.live() for r in rows))
+            apply_steer(controller.steer(now), rows, queue)
         kept = [i for i, r in enumerate(live) if r.finish is None]
         if len(kept) < len(live):
             batch.keep(kept)
@@ -213,12 +215,14 @@ def first_stop(ids: Sequence[int], stop: tuple[str, ...], decode: Decode, start:
     return None
 
 
-def view(rows: list[Row], requests: Sequence[GenerationRequest], decoded: int) -> InFlightView:
+def call_view(requests: Sequence[GenerationRequest]) -> InFlightView:
+    """What a controller's view holds that is fixed for the whole call (no rows yet): group sizes,
+    groups, contexts, params and budgets, built once and shared by every ``steer``."""
     sizes: dict[str, int] = {}
     for r in requests:
         sizes[r.group_key] = sizes.get(r.group_key, 0) + r.n
     groups = {r.request_id: r.group for r in requests if r.group is not None}
-    return InFlightView(decoded, tuple(r.live() for r in rows), sizes, groups,
+    return InFlightView(0, (), sizes, groups,
                         {r.request_id: r.context for r in requests}, {r.request_id: r.params for r in requests},
                         {r.request_id: r.params.max_new_tokens - len(r.prefix.token_ids if r.prefix else ())
                          for r in requests})

@@ -89,7 +89,7 @@ class Rollout:
     status: RolloutStatus = RolloutStatus.COMPLETED
     origin: Origin = Origin.FRESH
     finish_reason: str = ""
-    stop_reason: str = ""  # why an in-flight controller ended it (aborted or pruned), in its own words
+    stop_reason: str = ""  # why an in-flight controller ended it (aborted, pruned or exited), in its own words
     created_step: int = 0  # the step that generated it (a reused rollout keeps its original's)
     text: str | None = None  # decoded response, for verifiers and reading; never re-tokenized
     context_token_ids: list[int] | None = None  # set only when the context differs from the prompt's

@@ -196,7 +196,7 @@ class TruncateSteps:
             group = view.group_of(row.request_id)
             self._confidences.append(conf)
             self._step["probe_tokens"] += len(answer.token_ids)
-            fits = cut + len(forced) <= view.budgets.get(row.request_id, cut + len(forced))
+            fits = cut + len(forced) <= view.budgets[row.request_id]
             if conf > self.config.threshold and fits and not self._capped(group):
                 self._exits[group] = self._exits.get(group, 0) + 1
                 exits.append((row, cut, forced))

@@ -187,11 +187,10 @@ class Composed:
     def steer(self, view: InFlightView) -> Steer:
         answers = [c.steer(view) for c in self.controllers
                    if len(self.controllers) == 1 or view.decoded % max(1, c.every) == 0]
+        exits: dict[tuple[str, int], Exit] = {}
         for a in answers:
             for key, text in a.why.items():
                 self.why.setdefault(tuple(key), text)
-        exits: dict[tuple[str, int], Exit] = {}
-        for a in answers:
             for key, ex in a.exit.items():
                 exits.setdefault(tuple(key), ex)
         return Steer(tuple(k for a in answers for k in a.abort), tuple(k for a in answers for k in a.prune),
