@@ -16,6 +16,12 @@ row, ``keep`` drops the rows that ended so they stop costing compute. ``decode_r
   prefix whose text contains one, as before), ``max_new_tokens`` for the whole response
   (prefix included), or a controller's ``Steer`` (aborted, pruned, stop all, or ``exit``: cut back
   and answered with the controller's own tokens, ``exited``).
+
+``score_requests`` runs given responses through the same loop, teacher-forced: each row takes
+its response's next token instead of drawing one and records that token's log-prob and
+entropy. A batch scored in the order it was sampled meets the same prefills, steps and
+departures as its sampling did, so its scores are its sampling log-probs bit for bit (a full
+forward pass sums in another order: ~1e-5 apart on SmolLM2's 30 float32 layers).
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ import numpy as np
 import torch
 
 from gfcr.stages.engine import (
-    Completion, Exit, GenerationRequest, InFlightController, InFlightView, LiveRow, Steer, row_seed,
+    Completion, Exit, GenerationRequest, InFlightController, InFlightView, LiveRow, SamplingParams, Scored,
+    ScoreRequest, Steer, row_seed,
 )
 
 Decode = Callable[[Sequence[int]], str]
@@ -60,6 +67,7 @@ class Row:
     entropy: list[float] = field(default_factory=list)
     finish: str | None = None
     forced: int = 0  # trailing tokens a controller appended (``Steer.exit``)
+    given: tuple[int, ...] | None = None  # teacher-forced response (``score_requests``): taken, not drawn
 
     @property
     def prefix(self) -> tuple[int, ...]:
@@ -104,12 +112,39 @@ def decode_requests(requests: Sequence[GenerationRequest], batch: Batch, *, eos:
                     replica: str = "0") -> list[list[Completion]]:
     """Generate every request's completions through ``batch`` (see the module docstring)."""
     rows = make_rows(requests)
+    fixed = call_view(requests) if controller is not None else None
+    run_rows(rows, batch, eos=eos, decode=decode, controller=controller, fixed=fixed, max_in_flight=max_in_flight)
+    out, i = [], 0
+    for r in requests:
+        out.append([row.completion(decode, replica) for row in rows[i:i + r.n]])
+        i += r.n
+    return out
+
+
+def score_requests(requests: Sequence[ScoreRequest], batch: Batch, *, eos: int, decode: Decode,
+                   max_in_flight: int | None = None) -> list[Scored]:
+    """Each response's per-token log-probs and entropies, teacher-forced through ``batch`` by the
+    decode loop itself (see the module docstring), at most ``max_in_flight`` rows at once."""
+    rows = [Row(GenerationRequest(f"score{i}", r.prompt_token_ids, 1, scoring_params(r)), 0,
+                torch.zeros(0, dtype=torch.float64), given=tuple(r.response_token_ids))
+            for i, r in enumerate(requests)]
+    run_rows(rows, batch, eos=eos, decode=decode, max_in_flight=max_in_flight)
+    return [Scored(np.array(r.logprobs, np.float32), np.array(r.entropy, np.float32)) for r in rows]
+
+
+def scoring_params(r: ScoreRequest) -> SamplingParams:
+    """The params of a teacher-forced row: the request's temperature, room for its response, entropy."""
+    return SamplingParams(temperature=r.temperature, max_new_tokens=max(1, len(r.response_token_ids)), entropy=True)
+
+
+def run_rows(rows: list[Row], batch: Batch, *, eos: int, decode: Decode, controller: InFlightController | None = None,
+             fixed: InFlightView | None = None, max_in_flight: int | None = None) -> None:
+    """Decode ``rows`` to their ends through ``batch``: refill, choose, end, steer, leave, step."""
     queue = deque(r for r in rows if not _out_of_budget(r))
     cap = max(1, max_in_flight or len(rows) or 1)
     live: list[Row] = []
     logits: torch.Tensor | None = None  # [len(live), V]
     decoded = 0
-    fixed = call_view(requests) if controller is not None else None
     while True:
         if queue and len(live) < cap:
             new = [queue.popleft() for _ in range(min(cap - len(live), len(queue)))]
@@ -122,7 +157,7 @@ def decode_requests(requests: Sequence[GenerationRequest], batch: Batch, *, eos:
         for row, token in zip(live, tokens):
             row.finish = end_of(row, eos, decode)
         decoded += 1
-        if controller is not None and decoded % max(1, controller.every) == 0:
+        if controller is not None and fixed is not None and decoded % max(1, controller.every) == 0:
             now = replace(fixed, decoded=decoded, rows=tuple(r.live() for r in rows))
             apply_steer(controller.steer(now), rows, queue)
         kept = [i for i, r in enumerate(live) if r.finish is None]
@@ -130,16 +165,12 @@ def decode_requests(requests: Sequence[GenerationRequest], batch: Batch, *, eos:
             batch.keep(kept)
             tokens, live = [tokens[i] for i in kept], [live[i] for i in kept]
         logits = batch.step(torch.tensor(tokens, dtype=torch.long)).float() if live else None
-    out, i = [], 0
-    for r in requests:
-        out.append([row.completion(decode, replica) for row in rows[i:i + r.n]])
-        i += r.n
-    return out
 
 
 def _out_of_budget(row: Row) -> bool:
-    """A prefix that already fills ``max_new_tokens`` ends at once, with no new token."""
-    if len(row.prefix) >= row.request.params.max_new_tokens:
+    """A prefix that already fills ``max_new_tokens`` ends at once, with no new token (so does an
+    empty response to score)."""
+    if len(row.prefix) >= row.request.params.max_new_tokens or row.given == ():
         row.finish = "length"
         return True
     return False
@@ -153,8 +184,12 @@ def choose(logits: torch.Tensor, rows: list[Row]) -> list[int]:
     tokens = []
     for b, row in enumerate(rows):
         p = row.request.params
-        token = int(torch.argmax(logp[b])) if p.temperature == 0 else draw(
-            logp[b], p.top_p, float(row.uniforms[len(row.prefix) + len(row.tokens)]))
+        if row.given is not None:
+            token = row.given[len(row.tokens)]
+        elif p.temperature == 0:
+            token = int(torch.argmax(logp[b]))
+        else:
+            token = draw(logp[b], p.top_p, float(row.uniforms[len(row.prefix) + len(row.tokens)]))
         row.tokens.append(token)
         row.logprobs.append(float(logp[b, token]))
         if entropy is not None:
@@ -182,7 +217,10 @@ def draw(logp: torch.Tensor, top_p: float, u: float) -> int:
 
 
 def end_of(row: Row, eos: int, decode: Decode) -> str | None:
-    """Why the row ends after its newest token, or None. A stop string cuts the row."""
+    """Why the row ends after its newest token, or None. A stop string cuts the row; a
+    teacher-forced row ends with its response, whatever tokens it holds."""
+    if row.given is not None:
+        return "length" if len(row.tokens) == len(row.given) else None
     p = row.request.params
     if p.stop and _tail_has_stop(row, decode):
         cut = first_stop(row.response(), p.stop, decode, start=len(row.prefix) + 1)

@@ -178,7 +178,7 @@ class EngineReplica:
 
         torch.set_num_threads(threads)
         self.policy = load_policy(policy)
-        self.engine = TransformersEngine(self.policy, replica=replica_name(index))
+        self.engine = TransformersEngine(self.policy, replica=replica_name(index), score_path=policy.score_path)
 
     def ready(self) -> str:
         return self.engine.replica
@@ -204,8 +204,8 @@ class RayEngineGroup:
     (a resumed run loads a checkpoint into the driver only) syncs them first.
     """
 
-    def __init__(self, policy: Policy, replicas: list[Any]):
-        self.policy, self.replicas = policy, replicas
+    def __init__(self, policy: Policy, replicas: list[Any], score_path: str = "forward"):
+        self.policy, self.replicas, self.score_path = policy, replicas, score_path
         self._version = 0
 
     @classmethod
@@ -213,7 +213,7 @@ class RayEngineGroup:
         actor = ray.remote(EngineReplica).options(num_cpus=placement.cpus, num_gpus=placement.gpus)
         threads = max(1, int(placement.cpus))
         replicas = [actor.remote(spec, i, threads) for i in range(placement.replicas)]
-        group = cls(policy, replicas)
+        group = cls(policy, replicas, spec.score_path)
         try:
             ray.get([r.ready.remote() for r in replicas], timeout=READY_TIMEOUT_S)
         except BaseException as exc:  # a replica failed to load, or never started: stop them all
@@ -251,7 +251,7 @@ class RayEngineGroup:
         """Scored in the driver's policy (the one being trained), in one process."""
         from gfcr.engines.hf import TransformersEngine
 
-        return TransformersEngine(self.policy).score(requests)  # type: ignore[arg-type]
+        return TransformersEngine(self.policy, score_path=self.score_path).score(requests)  # type: ignore[arg-type]
 
     def sync_weights(self, policy_version: int) -> None:
         """Push the driver's weights to every replica: one ``ray.put``, one load per replica."""

@@ -52,7 +52,7 @@ def build_resources(spec: PipelineSpec) -> Resources:
         engine = VLLMEngine(policy, spec.policy.vllm_settings(), seed=spec.run.seed)
         return Resources(policy, engine, closers=[engine.close])
     policy = load_policy(spec.policy)
-    return Resources(policy, TransformersEngine(policy))
+    return Resources(policy, TransformersEngine(policy, score_path=spec.policy.score_path))
 
 
 class Run:

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
+from gfcr.spec.problems import fixable
 from gfcr.spec.yaml_source import SourceMap
 
 NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -113,12 +114,19 @@ class PolicySpec(StrictModel):
     engine: Literal["hf", "vllm"] = "hf"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     vllm: VLLMSpec | None = Field(None, description="vLLM engine settings; only with `engine: vllm`")
+    score_path: Literal["forward", "decode"] = Field(
+        "forward", description="how the transformers engine scores responses (SPEC-RL drafts, replay ratios, "
+        "entropies): `forward`, one forward pass per batch; `decode`, teacher-forced through the decode loop, "
+        "a step per token, giving exactly the log-probs the responses were sampled with")
 
     @model_validator(mode="after")
     def _vllm_only_with_vllm(self) -> "PolicySpec":
         if self.vllm is not None and self.engine != "vllm":
             raise ValueError(f"`policy.vllm` configures the vLLM engine, but `policy.engine` is `{self.engine}`; "
                              "set `engine: vllm`, or remove the `vllm` block")
+        if self.score_path != "forward" and self.engine != "hf":
+            raise fixable(f"`policy.score_path: {self.score_path}` is the transformers engine's; vLLM scores "
+                          "with its prompt log-probs", "remove `score_path`, or set `engine: hf`")
         return self
 
     def vllm_settings(self) -> VLLMSpec:

@@ -4,7 +4,8 @@ the transformers engine on tiny-arith and tiny-arith-mix, on SmolLM2 (``slow``),
 Every engine must: continue a response from a prefix exactly as an uninterrupted run would
 (tokens, and spliced log-probs within 1e-5); honour per-request params in one mixed batch;
 return aborted completions whose spliced segments tile their tokens; score sampled tokens
-at their sampling log-probs (1e-5); record entropies equal to a direct computation; sample
+at their sampling log-probs (1e-5; bit for bit on the transformers engine's ``decode`` score
+path); record entropies equal to a direct computation; sample
 the same with a bounded, refilled batch as with an unbounded one; and stop at a target
 number of complete groups with the rest aborted.
 """
@@ -32,14 +33,21 @@ FAKE_TEXTS = ["12+30=", "95-17=", "4+8=", "7+7="]
 
 @dataclasses.dataclass
 class Subject:
-    """An engine under test, how to tokenize a prompt, and its logits for a context (direct)."""
+    """An engine under test, how to tokenize a prompt, and its logits for a context (direct).
+
+    ``tol`` bounds log-prob gaps between the same rows decoded along two paths (a continued
+    prefix against the uninterrupted run); ``forward_tol`` those against a full forward pass
+    or another batch arrangement (a bounded batch, rows scored alone), which sum in another
+    order. ``exact_scorer`` scores through the decode loop itself (``score_path: decode``)."""
 
     engine: object
     prompts: list[tuple[int, ...]]
     logits: Callable[[tuple[int, ...]], torch.Tensor]  # [V] next-token logits, computed directly
     tol: float = 1e-5
+    forward_tol: float = 1e-5
     in_flight: bool = True
     max_new_tokens: int = 12
+    exact_scorer: object | None = None
 
 
 def _fake() -> Subject:
@@ -63,12 +71,12 @@ def _hf(model: str) -> Subject:
 
     prompts = [tuple(policy.encode(Prompt(f"q:{i}", text=t))) for i, t in enumerate(TEXTS)]
     # SmolLM2 (30 float32 layers): a KV-cached decode step and a full forward, or batches of
-    # different sizes, sum in different orders; their log-probs were measured 1.5e-5 apart at
-    # most (tokens identical), so the issue's 1e-5 holds for tiny-arith and the fake engine only.
-    # (Feeding the response through the KV-cached step path instead of one forward reproduces the
-    # sampled log-probs exactly, measured 0.0 on 2026-12-02, at one forward step per token.)
+    # different sizes, sum in different orders; measured on 2026-12-02 (1 and 2 threads): a full
+    # forward's score 2.1e-5 from the sampling log-probs at most, a bounded batch 1.1e-5, a
+    # continued prefix 4.8e-6; the `decode` score path 0.0. So `forward_tol` is 5e-5 there.
     tiny = model.startswith("tiny-arith")  # tiny-arith and tiny-arith-mix: the same 2-layer model
-    return Subject(TransformersEngine(policy), prompts, logits, tol=1e-5 if tiny else 5e-5, max_new_tokens=12 if tiny else 16)
+    return Subject(TransformersEngine(policy), prompts, logits, forward_tol=1e-5 if tiny else 5e-5,
+                   max_new_tokens=12 if tiny else 16, exact_scorer=TransformersEngine(policy, score_path="decode"))
 
 
 def _vllm() -> Subject:
@@ -84,7 +92,7 @@ def _vllm() -> Subject:
     def logits(ctx: tuple[int, ...]) -> torch.Tensor:
         return policy.model(input_ids=torch.tensor([list(ctx)], device="cuda")).logits[0, -1].float().cpu()
 
-    return Subject(VLLMEngine(policy, settings), prompts, logits, tol=2e-3, in_flight=False)
+    return Subject(VLLMEngine(policy, settings), prompts, logits, tol=2e-3, forward_tol=2e-3, in_flight=False)
 
 
 @pytest.fixture(scope="module", params=[
@@ -179,7 +187,7 @@ def test_an_exited_row_keeps_the_uninterrupted_tokens_before_its_cut_then_the_ap
             assert e.token_ids == w.token_ids[:1] + appended
             np.testing.assert_allclose(e.logprobs[:1], w.logprobs[:1], atol=subject.tol)
             (direct,) = subject.engine.score([ScoreRequest(subject.prompts[i] + w.token_ids[:1], appended, 1.0)])
-            np.testing.assert_allclose(e.logprobs[1:], direct.logprobs, atol=subject.tol)
+            np.testing.assert_allclose(e.logprobs[1:], direct.logprobs, atol=subject.forward_tol)
             np.testing.assert_allclose(e.entropy[1:], direct.entropy, atol=1e-4)
             tokens, segments = splice(None, e, 4)
             Rollout("r", "g", "p", tokens, segments).check_segments()  # raises unless they tile
@@ -211,7 +219,27 @@ def test_score_of_sampled_tokens_equals_their_sampling_logprobs(subject, tempera
     completions = [(r, c) for r, g in zip(requests, subject.engine.generate(requests)) for c in g]
     scored = subject.engine.score([ScoreRequest(r.prompt_token_ids, c.token_ids, temperature) for r, c in completions])
     for (_, c), s in zip(completions, scored):
-        np.testing.assert_allclose(s.logprobs, c.logprobs, atol=subject.tol)
+        np.testing.assert_allclose(s.logprobs, c.logprobs, atol=subject.forward_tol)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0])
+def test_the_decode_score_path_gives_the_sampling_logprobs_bit_for_bit(subject, temperature):
+    """Scored in the order they were sampled, teacher-forced through the decode loop, responses
+    meet the same prefills, steps and departures as their sampling: equal, not merely close."""
+    if subject.exact_scorer is None:
+        pytest.skip("this engine has no decode score path")
+    params = SamplingParams(temperature=temperature, max_new_tokens=subject.max_new_tokens, seed=1, entropy=True)
+    requests = _requests(subject, params, 2)
+    completions = [(r, c) for r, g in zip(requests, subject.engine.generate(requests)) for c in g]
+    scored = subject.exact_scorer.score([ScoreRequest(r.prompt_token_ids, c.token_ids, temperature)
+                                         for r, c in completions])
+    for (_, c), s in zip(completions, scored):
+        np.testing.assert_array_equal(s.logprobs, c.logprobs)
+        np.testing.assert_array_equal(s.entropy, c.entropy)
+    alone = [subject.exact_scorer.score([ScoreRequest(r.prompt_token_ids, c.token_ids, temperature)])[0]
+             for r, c in completions]  # another arrangement: close, not equal
+    for (_, c), s in zip(completions, alone):
+        np.testing.assert_allclose(s.logprobs, c.logprobs, atol=subject.forward_tol)
 
 
 def test_entropy_matches_a_direct_computation(subject):
@@ -233,7 +261,7 @@ def test_a_bounded_refilled_batch_samples_what_an_unbounded_one_does(subject):
     assert [[c.token_ids for c in g] for g in bounded] == [[c.token_ids for c in g] for g in unbounded]
     for g, h in zip(bounded, unbounded):
         for c, d in zip(g, h):
-            np.testing.assert_allclose(c.logprobs, d.logprobs, atol=subject.tol)
+            np.testing.assert_allclose(c.logprobs, d.logprobs, atol=subject.forward_tol)
 
 
 def test_stop_at_target_ends_with_enough_complete_groups_and_the_rest_aborted(subject):

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from gfcr.engines.decode import decode_requests
+from gfcr.engines.decode import decode_requests, score_requests
 from gfcr.engines.fake import FakeEngine, HashBatch
 from gfcr.records import Allocation, AllocationEntry, Prompt, RolloutStatus
 from gfcr.stages.control.stop_at_target import StopAtTarget
-from gfcr.stages.engine import GenerationRequest, SamplingParams
+from gfcr.stages.engine import GenerationRequest, SamplingParams, ScoreRequest
 from gfcr.stages.generate.sample import Sample
 from gfcr.stages.resources import Resources
 
@@ -118,3 +118,37 @@ def test_sample_is_the_same_whatever_the_in_flight_cap():
     b = _stage(max_new_tokens=20, max_in_flight=2).run(_allocation())
     assert [[r.response_token_ids for r in g.rollouts] for g in a] == [[r.response_token_ids for r in g.rollouts]
                                                                        for g in b]
+
+
+def test_score_requests_teacher_forces_each_response_through_the_loop():
+    """Responses of different lengths (one empty, one holding the end-of-sequence token before
+    its end, one with a stop string's text) are scored at the logits of their own contexts, as
+    the fake engine's direct ``score`` computes them, with at most two rows in the batch; each
+    row leaves once its response is fed, so the batch computes exactly one step per token."""
+    engine = FakeEngine()
+    prompt = engine.encode("12+30=")
+    responses = [engine.encode("42"), (), engine.encode("4") + (0,) + engine.encode("2x"), engine.encode("abcdefg")]
+    requests = [ScoreRequest(prompt, r, t) for r, t in zip(responses, [1.0, 0.7, 0.0, 0.5])]
+    batch = CountingBatch(len(engine.ALPHABET))
+    scored = score_requests(requests, batch, eos=0, decode=engine.decode, max_in_flight=2)
+    for s, direct, r in zip(scored, engine.score(requests), responses):
+        assert len(s.logprobs) == len(s.entropy) == len(r)
+        np.testing.assert_array_equal(s.logprobs, direct.logprobs)
+        np.testing.assert_allclose(s.entropy, direct.entropy, atol=1e-6)
+    assert batch.most == 2
+    assert batch.row_steps == sum(max(len(r) - 1, 0) for r in responses)  # the last token's logits are never needed
+
+
+def test_the_decode_score_path_scores_a_batch_as_it_was_sampled():
+    """On the fake engine's model, scoring the sampled rows through the loop returns their
+    sampling log-probs and entropies exactly, refilled batch and stop strings included."""
+    engine = FakeEngine()
+    params = SamplingParams(temperature=0.9, max_new_tokens=20, seed=2, stop=("z",), entropy=True)
+    requests = [GenerationRequest(f"r{i}", engine.encode(t), 3, params) for i, t in enumerate(["1+2=", "9-4=", "7+7="])]
+    completions = [(r, c) for r, g in zip(requests, engine.generate(requests, max_in_flight=4)) for c in g]
+    scored = score_requests([ScoreRequest(r.prompt_token_ids, c.token_ids, 0.9) for r, c in completions],
+                            HashBatch(len(engine.ALPHABET)), eos=0, decode=engine.decode, max_in_flight=4)
+    assert len({len(c.token_ids) for _, c in completions}) > 1
+    for (_, c), s in zip(completions, scored):
+        np.testing.assert_array_equal(s.logprobs, c.logprobs)
+        np.testing.assert_array_equal(s.entropy, c.entropy)
