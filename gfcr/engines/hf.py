@@ -30,6 +30,7 @@ module's forward and its train/eval switch are not thread-safe.
 
 from __future__ import annotations
 
+import inspect
 import threading
 from typing import Literal, Sequence
 
@@ -111,6 +112,7 @@ class KVBatch:
     def __init__(self, model: torch.nn.Module, pad_id: int):
         self.model, self.pad_id = model, pad_id
         self.device = next(model.parameters()).device
+        self.cache_kw = cache_keyword(model)
         self.cache: DynamicCache | None = None
         self.mask: torch.Tensor | None = None  # [B, L] long
 
@@ -118,8 +120,8 @@ class KVBatch:
         ids, mask = left_pad(contexts, self.pad_id)
         ids, mask = ids.to(self.device), mask.to(self.device)
         cache = DynamicCache()
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), cache=cache,
-                         use_cache=True, logits_to_keep=1)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=True,
+                         logits_to_keep=1, **{self.cache_kw: cache})
         self._merge(cache, mask)  # the forward pass filled ``cache`` in place
         return out.logits[:, -1].float().cpu()  # [k, V]
 
@@ -128,7 +130,7 @@ class KVBatch:
         position = self.mask.sum(-1, keepdim=True)  # [B, 1]: real tokens so far
         self.mask = torch.cat([self.mask, torch.ones_like(self.mask[:, :1])], dim=1)
         out = self.model(input_ids=tokens[:, None].to(self.device), attention_mask=self.mask, position_ids=position,
-                         cache=self.cache, use_cache=True, logits_to_keep=1)
+                         use_cache=True, logits_to_keep=1, **{self.cache_kw: self.cache})
         return out.logits[:, -1].float().cpu()  # [B, V]
 
     def keep(self, indices: list[int]) -> None:
@@ -154,6 +156,13 @@ class KVBatch:
         for mine, theirs in zip(self.cache.layers, cache.layers):
             mine.keys = torch.cat([pad_left(mine.keys, width, dim=2), pad_left(theirs.keys, width, dim=2)])
             mine.values = torch.cat([pad_left(mine.values, width, dim=2), pad_left(theirs.values, width, dim=2)])
+
+
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The forward argument that takes the KV cache: ``cache`` since transformers renamed it,
+    ``past_key_values`` before. Passing the other name is no error there: it would be swallowed
+    by ``**kwargs`` and every step would run without its context."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def pad_left(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
