@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -43,13 +44,14 @@ from gfcr.stages.control.stop_at_target import StopAtTarget
 from gfcr.stages.engine import GenerationRequest, SamplingParams
 
 REPO = Path(__file__).resolve().parents[1]
-GSM8K = [REPO.parent / "shared" / "data" / "gsm8k" / "train.jsonl", Path("/work/shared/data/gsm8k/train.jsonl")]
+GSM8K = [Path(os.environ.get("GFCR_GSM8K_DIR", "/nonexistent")) / "train.jsonl",
+         REPO.parent / "shared" / "data" / "gsm8k" / "train.jsonl", Path("/work/shared/data/gsm8k/train.jsonl")]
 
 
 def old_generate(policy: Any, rows: list[tuple[int, ...]], params: SamplingParams) -> list[tuple[int, ...]]:
     """The v1 engine's batch (gfcr.engines.hf before contract v2), trimmed to what it computed."""
     tok, model = policy.tokenizer, policy.model
-    input_ids, attention = left_pad(rows, tok.pad_token_id)
+    input_ids, attention = (t.to(policy.device) for t in left_pad(rows, tok.pad_token_id))
     torch.manual_seed(params.seed)
     out = model.generate(input_ids=input_ids, attention_mask=attention, do_sample=True,
                          max_new_tokens=params.max_new_tokens, eos_token_id=policy.eos_token_id,
@@ -64,7 +66,7 @@ def old_generate(policy: Any, rows: list[tuple[int, ...]], params: SamplingParam
 def peer_generate(policy: Any, rows: list[tuple[int, ...]], params: SamplingParams) -> list[tuple[int, ...]]:
     """hand_grpo.py's generation call on the same token ids (its prompts, left-padded)."""
     tok, model = policy.tokenizer, policy.model
-    input_ids, attention = left_pad(rows, tok.pad_token_id)
+    input_ids, attention = (t.to(policy.device) for t in left_pad(rows, tok.pad_token_id))
     torch.manual_seed(params.seed)
     out = model.generate(input_ids=input_ids, attention_mask=attention, do_sample=True, temperature=1.0, top_k=0,
                          top_p=1.0, max_new_tokens=params.max_new_tokens, pad_token_id=tok.pad_token_id,
@@ -102,6 +104,7 @@ def load_questions(count: int) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the policy runs (policy.device)")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=256)
@@ -111,7 +114,7 @@ def main() -> None:
     args = ap.parse_args()
 
     start = time.perf_counter()
-    policy = load_policy(PolicySpec(model=args.model))
+    policy = load_policy(PolicySpec(model=args.model, device=args.device))
     print(f"loaded {args.model}: {time.perf_counter() - start:.1f}s", file=sys.stderr, flush=True)
     policy.model.eval()
     questions = load_questions(2 * args.prompts)
@@ -123,7 +126,8 @@ def main() -> None:
     rows = [p for p in prompts[:args.prompts] for _ in range(args.samples)]
     results: dict[str, Any] = dict(model=args.model, prompts=args.prompts, samples=args.samples,
                                    max_new_tokens=args.max_new_tokens, threads=torch.get_num_threads(),
-                                   machine=platform.processor() or platform.machine())
+                                   machine=platform.processor() or platform.machine(), device=args.device,
+                                   gpu=torch.cuda.get_device_name(0) if args.device == "cuda" else None)
 
     def new_loop(reqs, **kw):
         out = engine.generate(reqs, **kw)

