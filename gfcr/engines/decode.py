@@ -157,7 +157,8 @@ def run_rows(rows: list[Row], batch: Batch, *, eos: int, decode: Decode, control
         for row, token in zip(live, tokens):
             row.finish = end_of(row, eos, decode)
         decoded += 1
-        if controller is not None and fixed is not None and decoded % max(1, controller.every) == 0:
+        if controller is not None and decoded % max(1, controller.every) == 0:
+            assert fixed is not None, "a controller needs the call's fixed view (call_view)"
             now = replace(fixed, decoded=decoded, rows=tuple(r.live() for r in rows))
             apply_steer(controller.steer(now), rows, queue)
         kept = [i for i, r in enumerate(live) if r.finish is None]

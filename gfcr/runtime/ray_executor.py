@@ -40,7 +40,7 @@ import logging
 import math
 import os
 import threading
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 from gfcr.errors import GfcrError
 
@@ -204,7 +204,7 @@ class RayEngineGroup:
     (a resumed run loads a checkpoint into the driver only) syncs them first.
     """
 
-    def __init__(self, policy: Policy, replicas: list[Any], score_path: str = "forward"):
+    def __init__(self, policy: Policy, replicas: list[Any], score_path: Literal["forward", "decode"] = "forward"):
         self.policy, self.replicas, self.score_path = policy, replicas, score_path
         self._version = 0
 

@@ -123,7 +123,7 @@ class PolicySpec(StrictModel):
         "a step per token, giving exactly the log-probs the responses were sampled with")
 
     @model_validator(mode="after")
-    def _vllm_only_with_vllm(self) -> "PolicySpec":
+    def _settings_fit_the_engine(self) -> "PolicySpec":
         if self.vllm is not None and self.engine != "vllm":
             raise ValueError(f"`policy.vllm` configures the vLLM engine, but `policy.engine` is `{self.engine}`; "
                              "set `engine: vllm`, or remove the `vllm` block")
