@@ -33,7 +33,7 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 test: $(STAMP) sysdeps testdeps lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 # Every shipped pipeline is validated; its data files and model too where the data is here
 # (GSM8K lives in ../shared/data/gsm8k or $$GFCR_GSM8K_DIR; without it, the spec alone).
