@@ -52,12 +52,27 @@ class Subject:
     exact_scorer: object | None = None
 
 
+class FakeDecodeScorer:
+    """TEST/FAKE: the fake engine's model scored through the decode loop (``score_requests`` over a
+    ``HashBatch``), as the transformers engine's ``score_path: decode`` does."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def score(self, requests):
+        from gfcr.engines.decode import score_requests
+        from gfcr.engines.fake import HashBatch
+
+        return score_requests(requests, HashBatch(len(self.engine.ALPHABET)), eos=self.engine.eos_token_id,
+                              decode=self.engine.decode, max_in_flight=self.engine.max_batch)
+
+
 def _fake() -> Subject:
     from gfcr.engines.fake import FakeEngine, fake_logits
 
     e = FakeEngine()
     return Subject(e, [e.encode(t) for t in FAKE_TEXTS], lambda ctx: fake_logits(ctx, len(e.ALPHABET)),
-                   max_new_tokens=24)
+                   max_new_tokens=24, exact_scorer=FakeDecodeScorer(e))
 
 
 def _hf(model: str, device: str = "cpu") -> Subject:
