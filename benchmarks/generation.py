@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import sys
 import time
@@ -41,10 +40,11 @@ from gfcr.engines.hf import left_pad
 from gfcr.records import Prompt
 from gfcr.spec import PolicySpec
 from gfcr.stages.control.stop_at_target import StopAtTarget
+from gfcr.stages.data.gsm8k import default_path
 from gfcr.stages.engine import GenerationRequest, SamplingParams
 
 REPO = Path(__file__).resolve().parents[1]
-GSM8K = [Path(os.environ.get("GFCR_GSM8K_DIR", "/nonexistent")) / "train.jsonl",
+GSM8K = [default_path("train"),  # $GFCR_GSM8K_DIR, else ../shared beside the working directory
          REPO.parent / "shared" / "data" / "gsm8k" / "train.jsonl", Path("/work/shared/data/gsm8k/train.jsonl")]
 
 
