@@ -33,9 +33,21 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, Sequence, runtime_checkable
 
 from gfcr.errors import RegistryError
+
+
+@dataclass(frozen=True)
+class PipelineProblem:
+    """One requirement a stage (or an update component) puts on the pipeline around it that
+    the pipeline does not meet: the key path under the stage's ``with`` it is about, what is
+    wrong, and how to fix it. ``gfcr validate`` reports it with the file and line of that key."""
+
+    key: tuple[str, ...]
+    message: str
+    fix: str
 
 
 @runtime_checkable
@@ -103,10 +115,10 @@ class HostsInFlight(Protocol):
 class ChecksPipeline(Protocol):
     """A staticmethod ``check_pipeline(config, view) -> [problem]``: requirements the stage's
     Config puts on the rest of the pipeline (``view`` is ``gfcr.graph.model.PipelineView``;
-    each problem has ``key`` (under the stage's ``with``), ``message`` and ``fix``)."""
+    each problem a ``PipelineProblem``)."""
 
     @staticmethod
-    def check_pipeline(config: Any, view: Any) -> Sequence[Any]: ...
+    def check_pipeline(config: Any, view: Any) -> Sequence[PipelineProblem]: ...
 
 
 ROLES: tuple[type, ...] = (Stage, SetsUp, BeforeStep, Observes, ReportsMetrics, Stateful, OwnsFiles, EndsLoop,

@@ -36,6 +36,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from gfcr.errors import RegistryError, did_you_mean, known
+from gfcr.registry.lifecycle import PipelineProblem
 from gfcr.spec.problems import BOUNDS, FIXABLE, fixable
 
 
@@ -63,14 +64,7 @@ class PairingContext:
     upstream: tuple[tuple[str, str], ...] = ()
 
 
-@dataclass(frozen=True)
-class Pairing:
-    """One unmet requirement: the key under the update's ``with`` it is about, what is wrong
-    and how to fix it."""
-
-    key: tuple[str, ...]
-    message: str
-    fix: str
+Pairing = PipelineProblem  # the update's name for it, until the callers import PipelineProblem
 
 
 @dataclass(frozen=True)
