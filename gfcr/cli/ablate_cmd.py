@@ -9,11 +9,10 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
-from gfcr.cli.main import ExecutorOption, SetOption, _fail, app, err, out
+from gfcr.cli.common import ExecutorOption, SetOption, err, fail, out
 from gfcr.errors import GfcrError
 
 
-@app.command()
 def ablate(file: Path,
            vary: Annotated[list[str], typer.Option("--vary", metavar="KEY=V1,V2",
                                                    help="a spec key and its values; repeat to cross keys")],
@@ -37,7 +36,7 @@ def ablate(file: Path,
         ablation = run_ablation(file, grid, seed_list, base=base, parallel=parallel, out_dir=out_dir,
                                 on_cell=_print_cell)
     except GfcrError as exc:
-        _fail(exc)
+        fail(exc)
         raise typer.Exit(2) from None
     out.print(f"MLflow parent run {ablation.parent_run_id} (experiment `{escape(ablation.experiment)}`) "
               f"in {escape(ablation.tracking_uri)}")

@@ -8,11 +8,10 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
-from gfcr.cli.main import ExecutorOption, SetOption, _fail, app, err, out
+from gfcr.cli.common import ExecutorOption, SetOption, err, fail, out
 from gfcr.errors import GfcrError
 
 
-@app.command()
 def compare(files: Annotated[list[Path], typer.Argument(help="pipeline YAML files; the first is the baseline")],
             task: Annotated[Optional[str], typer.Option(help="a shipped task (arith-mix, gsm8k-smollm2) or a task "
                                                         "file; default: each pipeline keeps its own")] = None,
@@ -43,7 +42,7 @@ def compare(files: Annotated[list[Path], typer.Argument(help="pipeline YAML file
                   f"({len(plan.cells)} cells, {parallel} at a time) in {escape(str(plan.root))}")
         done = run_comparison(plan, parallel=parallel, baseline=baseline, target=target, on_cell=_print_cell)
     except GfcrError as exc:
-        _fail(exc)
+        fail(exc)
         raise typer.Exit(2) from None
     out.print(f"MLflow parent run {done.parent_run_id} (experiment `{escape(done.experiment)}`) "
               f"in {escape(done.tracking_uri)}")

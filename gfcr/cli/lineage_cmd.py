@@ -30,11 +30,10 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from gfcr.cli.main import _fail, app, out
+from gfcr.cli.common import fail, out
 from gfcr.errors import GfcrError
 
 
-@app.command()
 def lineage(run_dir: Annotated[Path, typer.Argument(help="a run directory made by `gfcr run`")],
             rollout_id: Annotated[str, typer.Argument(help=(
                 "a rollout id, e.g. arithmetic:train-0:443@s1/0, or a prompt id for its Control decisions"))],
@@ -48,7 +47,7 @@ def lineage(run_dir: Annotated[Path, typer.Argument(help="a run directory made b
         chain = prompt_history(run_dir, rollout_id) if is_prompt(run_dir, rollout_id) else \
             rollout_chain(run_dir, rollout_id)
     except GfcrError as exc:
-        _fail(exc)
+        fail(exc)
         raise typer.Exit(2) from None
     if as_json:
         out.print_json(json.dumps(asdict(chain), default=str))

@@ -23,7 +23,7 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
-from gfcr.cli.main import SetOption, _compile, _fail, app, err, out
+from gfcr.cli.common import SetOption, compile_file, err, fail, out
 from gfcr.errors import GfcrError
 
 
@@ -39,7 +39,6 @@ def _deployment(flow_name: str, name: str, parameters: dict, interval: float | N
         description=description, entrypoint_type=EntrypointType.MODULE_PATH)
 
 
-@app.command()
 def deploy(file: Path, name: Annotated[str, typer.Option("--name", help="the deployment's name")],
            cron: Annotated[Optional[str], typer.Option(help="schedule, e.g. '0 3 * * *'")] = None,
            interval: Annotated[Optional[float], typer.Option(help="schedule: every N seconds")] = None,
@@ -49,14 +48,14 @@ def deploy(file: Path, name: Annotated[str, typer.Option("--name", help="the dep
         err.print("[red]error:[/] give --cron or --interval, not both", markup=True)
         raise typer.Exit(2)
     try:
-        pipeline = _compile(file, set_)
+        pipeline = compile_file(file, set_)
         if cron is not None:
             _check_cron(cron)
         if interval is not None and not (0 < interval < float("inf")):
             raise GfcrError(f"--interval {interval:g} is not a positive number of seconds",
                             "give the time between runs in seconds, e.g. --interval 3600 (hourly)")
     except GfcrError as exc:
-        _fail(exc)
+        fail(exc)
         raise typer.Exit(2) from None
     parameters = {"file": str(file.resolve()), "overrides": list(set_ or [])}
     deployment = _deployment(pipeline.spec.name, name, parameters, interval, cron,
@@ -89,7 +88,6 @@ def _gfcr_deployments() -> list:
         return [(client.read_flow(d.flow_id).name, d) for d in found]
 
 
-@app.command()
 def serve(limit: Annotated[Optional[int], typer.Option(help="most flow runs at once")] = 1) -> None:
     """Execute gfcr deployments (scheduled or started from the UI) until interrupted."""
     from gfcr.runtime.prefect_runner import configure_prefect
@@ -110,7 +108,6 @@ def serve(limit: Annotated[Optional[int], typer.Option(help="most flow runs at o
     prefect_serve(*deployments, limit=limit, print_starting_message=False)
 
 
-@app.command()
 def ui(prefect_port: Annotated[int, typer.Option(help="Prefect UI port")] = 4200,
        mlflow_port: Annotated[int, typer.Option(help="MLflow UI port")] = 5000,
        mlflow_uri: Annotated[Optional[str], typer.Option(help="MLflow store (default: as `gfcr run` tracks)")] = None

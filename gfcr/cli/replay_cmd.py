@@ -17,12 +17,10 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from gfcr.cli.main import _fail, out
-from gfcr.cli.main import app as main_app
+from gfcr.cli.common import fail, out
 from gfcr.errors import GfcrError
 
-replay_app = typer.Typer(no_args_is_help=True, help="Look inside the replay stores of a run.")
-main_app.add_typer(replay_app, name="replay")
+replay_app = typer.Typer(no_args_is_help=True, help="Look inside the replay stores of a run.")  # `gfcr replay`
 
 
 @replay_app.command()
@@ -40,7 +38,7 @@ def inspect(run_dir: Annotated[Path, typer.Argument(help="a run directory made b
         summary = summarize(opened.store, opened.policy_version, top)
         hits = _neighbours(opened.store, query, k) if query is not None else None
     except GfcrError as exc:
-        _fail(exc)
+        fail(exc)
         raise typer.Exit(2) from None
     _print_summary(opened, summary)
     if hits is not None:

@@ -1,7 +1,6 @@
 """``gfcr report``: an HTML page, PNG plots and a markdown table comparing runs.
 
-Registered on ``gfcr.cli.main.app`` by an import at the bottom of that module; matplotlib
-and MLflow are imported only when the command runs.
+Matplotlib and MLflow are imported only when the command runs.
 """
 
 from __future__ import annotations
@@ -11,11 +10,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from gfcr.cli.main import _fail, app, err, out
+from gfcr.cli.common import err, fail, out
 from gfcr.errors import GfcrError
 
 
-@app.command()
 def report(
     run_dirs: Annotated[Optional[list[Path]], typer.Argument(help="run directories made by `gfcr run`")] = None,
     experiment: Annotated[Optional[str], typer.Option(help="report on the runs of this MLflow experiment")] = None,
@@ -49,7 +47,7 @@ def report(
         title = f"gfcr report: experiment {experiment}" if experiment else None
         paths = write_report(runs, out_dir or default_out_dir(runs), target, title=title)
     except GfcrError as exc:
-        _fail(exc)
+        fail(exc)
         raise typer.Exit(2) from None
     for path in (paths.html, paths.markdown, paths.json, *paths.plots.values()):
         out.print(f"wrote {path}", markup=False)

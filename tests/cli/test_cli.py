@@ -55,6 +55,25 @@ def test_validate_imports_no_heavy_dependency(write_spec):
     assert out.stdout.strip().endswith("[]")
 
 
+def test_validate_imports_no_other_command(write_spec):
+    """Commands are imported when they run: `gfcr validate` loads its own module, not run's or report's."""
+    code = (
+        "import sys\n"
+        "from gfcr.cli.main import app\n"
+        "sys.argv = ['gfcr', 'validate', sys.argv[1]]\n"
+        "try:\n"
+        "    app()\n"
+        "except SystemExit as e:\n"
+        "    assert e.code in (0, None), e.code\n"
+        "print(sorted(m for m in sys.modules if m.startswith('gfcr.cli.')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(write_spec(DAPO))], capture_output=True, text=True,
+                         cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == str(["gfcr.cli.app", "gfcr.cli.common", "gfcr.cli.main",
+                                                        "gfcr.cli.validate_cmd"])
+
+
 def test_stages_json_lists_every_stage_with_schema():
     result = cli.invoke(app, ["stages", "--json"])
     assert result.exit_code == 0
@@ -81,7 +100,7 @@ def test_stages_table_shows_defaults_and_allowed_values_readably():
 
 
 def test_a_config_field_reads_as_a_user_writes_it():
-    from gfcr.cli.main import _field_text
+    from gfcr.cli.stages_cmd import _field_text
     from gfcr.stages.control.sgpo import Sgpo
     from gfcr.stages.filter.finish_reason import FinishReasonFilter
 
