@@ -16,9 +16,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import gfcr
 from gfcr.graph.model import DataBinding
 from gfcr.records import PromptPool
+from gfcr.runtime.rundir import gfcr_version
 from gfcr.tracking.mlflow_values import MAX_TAG_VALUE, fit_value, mlflow_key
 
 CONTEXT_TAG = "mlflow.data.context"  # mlflow.utils.mlflow_tags.MLFLOW_DATASET_CONTEXT
@@ -55,7 +55,7 @@ def run_tags(run: Any) -> dict[str, str]:
     spec = run.spec
     tags = {
         "mlflow.runName": run.dir.path.name, "mlflow.source.type": "LOCAL", "mlflow.source.name": "gfcr",
-        "gfcr.pipeline": spec.name, "gfcr.version": gfcr.__version__,
+        "gfcr.pipeline": spec.name, "gfcr.version": gfcr_version(),  # as run.json records it
         "gfcr.run_dir": str(run.dir.path.resolve()), "gfcr.seed": str(spec.run.seed),
     }
     tags.update({mlflow_key(f"gfcr.stage.{sid}"): node.info.alias for sid, node in run.pipeline.nodes.items()})
