@@ -31,6 +31,7 @@ testdeps:
 
 lint: $(STAMP)
 	$(BIN)/lint-imports
+	$(BIN)/python scripts/import_cycles.py
 
 test: $(STAMP) sysdeps testdeps lint
 	$(BIN)/python -m pytest -q --durations=15
