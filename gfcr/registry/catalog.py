@@ -1,11 +1,13 @@
 """The registries gfcr ships: stages (entry-point group ``gfcr.stages``), data sources
 (``gfcr.data``), and the update's components: advantage estimators (``gfcr.advantages``), losses
 (``gfcr.losses``) and aggregations (``gfcr.aggregations``), with the built-ins registered
-lazily by ``module:attr``."""
+lazily by ``module:attr``. A component class is checked against the declared extension points
+(``gfcr.registry.components``) when it is registered, or first looked up if registered lazily."""
 
 from __future__ import annotations
 
 from gfcr.errors import RegistryError
+from gfcr.registry.components import check_component_names
 from gfcr.registry.contract import StageInfo, describe_stage
 from gfcr.registry.core import Registry
 
@@ -123,8 +125,12 @@ def make_data_registry() -> Registry[type]:
 
 def make_component_registry(kind: str, group: str, builtins: dict[str, str]) -> Registry[type]:
     """A registry of the update's components of one ``kind`` (``update.with.<key>.use``): the
-    built-ins, lazily, and third parties' through the entry-point ``group``."""
-    registry: Registry[type] = Registry(kind, group)
+    built-ins, lazily, and third parties' through the entry-point ``group``; a class whose public
+    name nearly matches an extension point is refused (``check_component_names``)."""
+    def check(name: str, cls: type, origin: str) -> None:
+        check_component_names(kind, name, cls)
+
+    registry: Registry[type] = Registry(kind, group, check=check, check_lazy=True)
     for name, target in builtins.items():
         registry.register_lazy(name, target, origin="gfcr")
     return registry

@@ -21,8 +21,10 @@ its own with its own Config under ``with``:
 A spec is checked when it is built: an unknown alias gets a did-you-mean, a key its Config
 does not have is an error naming the keys it does have, never a silent default. A component
 whose meaning depends on another one (Dr.GRPO's estimator on its aggregation, MC-GRPO on a
-Control stage allocating ``G + 1``) says so in ``pairing_problems``, which ``gfcr validate``
-reports with the file and line of the update.
+Control stage allocating ``G + 1``) says so in ``requires`` or ``pairing_problems``, which
+``gfcr validate`` reports with the file and line of the update. What the update reads on a
+component beyond its kind's required methods is declared in ``gfcr.registry.components``, and
+registration refuses a near miss of those names.
 
 This module imports no torch: ``gfcr validate`` builds every spec.
 """
@@ -36,6 +38,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from gfcr.errors import RegistryError, did_you_mean, known
+from gfcr.registry.components import ChecksPairing, declared, provides
 from gfcr.registry.lifecycle import PipelineProblem
 from gfcr.spec.problems import BOUNDS, FIXABLE, fixable
 
@@ -192,9 +195,8 @@ class ComponentSpec(BaseModel):
         ``with``)."""
         cls, config = self.component_class(), self.config()
         found: list[Pairing] = []
-        for req in getattr(cls, "requires", ()):
+        for req in declared(cls, "requires"):
             found += Requirement(req.kind, req.allowed, req.why, (self.key, self.use)).check(ctx)
-        check = getattr(cls, "pairing_problems", None)
-        if check is not None:
-            found += list(check(config, ctx))
+        if provides(cls, ChecksPairing):
+            found += list(cls.pairing_problems(config, ctx))
         return found

@@ -8,7 +8,8 @@ anyone editing a list:
   parentheses that cite arXiv ids (the ``paper`` column has the first of them);
 - ``defaults``: every Config field as ``name=value`` (YAML values), or ``name (required)``;
 - ``requires``: the class's ``requires`` Requirements, and whether it has a pipeline check
-  (``pairing_problems``) that ``gfcr validate`` runs.
+  (``pairing_problems``) that ``gfcr validate`` runs, both read through
+  ``gfcr.registry.components``.
 
 Example:
 
@@ -28,6 +29,7 @@ from pydantic_core import to_jsonable_python
 
 from gfcr.errors import RegistryError
 from gfcr.registry import catalog
+from gfcr.registry.components import ChecksPairing, declared, provides
 
 KINDS = {"advantage": "ADVANTAGE_ESTIMATORS", "loss": "LOSSES", "aggregation": "AGGREGATIONS"}
 COLUMNS = ("kind", "alias", "paper", "what it changes", "defaults", "requires")
@@ -88,8 +90,8 @@ def defaults(config: type) -> str:
 
 
 def requirements(cls: type) -> str:
-    needs = [f"{r.kind} {' or '.join(r.allowed)}" for r in getattr(cls, "requires", ())]
-    if getattr(cls, "pairing_problems", None) is not None:
+    needs = [f"{r.kind} {' or '.join(r.allowed)}" for r in declared(cls, "requires")]
+    if provides(cls, ChecksPairing):
         needs.append("pipeline checks (gfcr validate)")
     return "; ".join(needs) or "-"
 

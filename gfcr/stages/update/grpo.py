@@ -97,7 +97,8 @@ import numpy as np
 from pydantic import Field, field_validator, model_validator
 
 from gfcr.records import PromptPool, Rollout, RolloutGroup, RolloutGroups, UpdateReport
-from gfcr.registry import StageConfig
+from gfcr.registry import StageConfig, Stateful
+from gfcr.registry.components import AddsBatchTerm, LearnsParameters, ReportsStepMetrics, declared, provides
 from gfcr.spec.problems import fixable
 from gfcr.stages.resources import Policy, Resources, prompt_tokens
 from gfcr.stages.update.advantage import AdvantageSpec, estimate_all
@@ -210,7 +211,7 @@ class GRPOUpdate:
         found = [p for spec in (config.advantage, config.loss, config.aggregation) for p in spec.pairing_problems(ctx)]
         found += upstream_needs(config, view.upstream)
         loss_cls = config.loss.component_class()
-        if not getattr(loss_cls, "token_corrections", True):
+        if not declared(loss_cls, "token_corrections"):
             for key in ("tis_cap", "decoupled_clip", "recompute_old"):
                 if getattr(config, key) not in (None, False):
                     found.append(Pairing((key,), f"loss `{config.loss.use}` has no per-token ratio for `{key}` to "
@@ -234,9 +235,8 @@ class GRPOUpdate:
         self.resources = resources
         self.policy = resources.require_policy("update.grpo")
         groups = [{"params": list(self.policy.model.parameters())}]
-        learnable = getattr(self.aggregation, "parameters", None)
-        if learnable is not None:
-            groups += learnable(next(self.policy.model.parameters()).device)  # param groups: [{"params": [...], "lr": ...}]
+        if provides(self.aggregation, LearnsParameters):  # param groups: [{"params": [...], "lr": ...}]
+            groups += self.aggregation.parameters(next(self.policy.model.parameters()).device)
         self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_eps,
                                            weight_decay=cfg.weight_decay)
         if cfg.kl_coef > 0:
@@ -338,7 +338,7 @@ class GRPOUpdate:
                 log_ratio = logp - correction.proximal
             else:
                 log_ratio = logp - behaviour
-            extra = {"logprobs": logp.detach()} if getattr(self.loss, "needs_logprobs", False) else {}
+            extra = {"logprobs": logp.detach()} if declared(self.loss, "needs_logprobs") else {}
             terms = self.loss.terms(log_ratio, adv.expand_as(logp), weight, **extra)
             per_token = terms.per_token if not cfg.off_policy else terms.per_token * correction.weight
             if self.reference is not None:
@@ -355,8 +355,7 @@ class GRPOUpdate:
                 clipped += float((terms.clipped.to(mask.dtype) * counted_mask).sum())
                 ratio_sum += float((terms.ratio * counted_mask).sum())
                 counted += int(counted_mask.sum())
-        extra = getattr(self.aggregation, "batch_term", None)
-        term = extra(plan) if extra is not None else None
+        term = self.aggregation.batch_term(plan) if provides(self.aggregation, AddsBatchTerm) else None
         if term is not None:
             term.backward()
             total += float(term.detach())
@@ -366,9 +365,8 @@ class GRPOUpdate:
             stats["kl"] = kl_sum / max(counted, 1)
         if cfg.off_policy:
             stats.update(correction_stats.metrics())
-        component_metrics = getattr(self.aggregation, "metrics", None)
-        if component_metrics is not None:
-            stats.update(component_metrics())
+        if provides(self.aggregation, ReportsStepMetrics):
+            stats.update(self.aggregation.metrics())
         return total, stats
 
     def _clip_gradients(self) -> float:
@@ -384,12 +382,12 @@ class GRPOUpdate:
 
     def state_dict(self) -> dict[str, Any]:
         state = {"optimizer": self.optimizer.state_dict() if self.optimizer is not None else None}
-        if hasattr(self.aggregation, "state_dict"):
+        if isinstance(self.aggregation, Stateful):
             state["aggregation"] = self.aggregation.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("aggregation") is not None and hasattr(self.aggregation, "load_state_dict"):
+        if state.get("aggregation") is not None and isinstance(self.aggregation, Stateful):
             self.aggregation.load_state_dict(state["aggregation"])
         if state.get("optimizer") is not None:
             self.optimizer.load_state_dict(state["optimizer"])
