@@ -1,8 +1,9 @@
 """The registries gfcr ships: stages (entry-point group ``gfcr.stages``), data sources
 (``gfcr.data``), and the update's components: advantage estimators (``gfcr.advantages``), losses
-(``gfcr.losses``) and aggregations (``gfcr.aggregations``), with the built-ins registered
-lazily by ``module:attr``. A component class is checked against the declared extension points
-(``gfcr.registry.components``) when it is registered, or first looked up if registered lazily."""
+(``gfcr.losses``), aggregations (``gfcr.aggregations``) and off-policy corrections
+(``gfcr.corrections``), with the built-ins registered lazily by ``module:attr``. A component
+class is checked against the declared extension points (``gfcr.registry.components``) when it
+is registered, or first looked up if registered lazily."""
 
 from __future__ import annotations
 
@@ -98,6 +99,14 @@ BUILTIN_AGGREGATIONS = {
     "lambda_grpo": "gfcr.stages.update.aggregation.lambda_grpo:LambdaGRPO",
 }
 
+BUILTIN_CORRECTIONS = {
+    "none": "gfcr.stages.update.correction.none:NoCorrection",
+    "tis": "gfcr.stages.update.correction.tis:TIS",
+    "decoupled_clip": "gfcr.stages.update.correction.decoupled_clip:DecoupledClip",
+    "recompute_old": "gfcr.stages.update.correction.recompute_old:RecomputeOld",
+    "staleness": "gfcr.stages.update.correction.staleness:Staleness",
+}
+
 BUILTIN_DATA_SOURCES = {
     "arithmetic": "gfcr.stages.data.arithmetic:ArithmeticSource",
     "arithmetic_mix": "gfcr.stages.data.arithmetic_mix:ArithmeticMixSource",
@@ -141,6 +150,7 @@ DATA_SOURCES = make_data_registry()
 ADVANTAGE_ESTIMATORS = make_component_registry("advantage estimator", "gfcr.advantages", BUILTIN_ADVANTAGE_ESTIMATORS)
 LOSSES = make_component_registry("loss", "gfcr.losses", BUILTIN_LOSSES)
 AGGREGATIONS = make_component_registry("aggregation", "gfcr.aggregations", BUILTIN_AGGREGATIONS)
+CORRECTIONS = make_component_registry("off-policy correction", "gfcr.corrections", BUILTIN_CORRECTIONS)
 
 
 def stage_info(alias: str, registry: Registry[type] = STAGES) -> StageInfo:

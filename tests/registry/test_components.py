@@ -12,8 +12,9 @@ import pytest
 
 from gfcr.errors import RegistryError
 from gfcr.registry import Stateful
-from gfcr.registry.catalog import ADVANTAGE_ESTIMATORS, AGGREGATIONS, LOSSES, make_component_registry
-from gfcr.registry.components import AddsBatchTerm, ChecksPairing, EstimatesBatch, check_component_names, declared, provides
+from gfcr.registry.catalog import (ADVANTAGE_ESTIMATORS, AGGREGATIONS, CORRECTIONS, LOSSES, make_component_registry)
+from gfcr.registry.components import (AddsBatchTerm, ChecksPairing, CorrectsTokens, EstimatesBatch, LimitsStaleness,
+                                      check_component_names, declared, provides)
 from gfcr.stages.update.component import ComponentConfig
 
 
@@ -74,7 +75,7 @@ def test_a_lazily_registered_misspelt_component_is_refused_at_its_first_lookup(m
 
 
 def test_every_builtin_component_passes_the_check():
-    for registry in (ADVANTAGE_ESTIMATORS, LOSSES, AGGREGATIONS):
+    for registry in (ADVANTAGE_ESTIMATORS, LOSSES, AGGREGATIONS, CORRECTIONS):
         for alias in registry.names():
             check_component_names(registry.kind, alias, registry.get(alias))
 
@@ -93,3 +94,6 @@ def test_roles_are_read_from_the_declared_protocols():
     daro = AGGREGATIONS.get("daro")
     assert provides(daro, AddsBatchTerm) and provides(daro, Stateful)
     assert not provides(AGGREGATIONS.get("token_mean"), AddsBatchTerm)
+    tis, none = CORRECTIONS.get("tis"), CORRECTIONS.get("none")
+    assert provides(tis, CorrectsTokens) and provides(tis, LimitsStaleness)
+    assert not provides(none, CorrectsTokens) and not provides(none, LimitsStaleness)

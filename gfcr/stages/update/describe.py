@@ -1,6 +1,6 @@
 """The update's components as ``gfcr stages --components`` and ``docs/update-catalog.md`` list
-them, read from the registries (``ADVANTAGE_ESTIMATORS``, ``LOSSES``, ``AGGREGATIONS``) and
-from each component's own module docstring and Config, so a new component shows up without
+them, read from the registries (``ADVANTAGE_ESTIMATORS``, ``LOSSES``, ``AGGREGATIONS``,
+``CORRECTIONS``) and from each component's own module docstring and Config, so a new component shows up without
 anyone editing a list:
 
 - ``paper``: the first arXiv id in the module docstring, or ``-``;
@@ -31,7 +31,8 @@ from gfcr.errors import RegistryError
 from gfcr.registry import catalog
 from gfcr.registry.components import ChecksPairing, declared, provides
 
-KINDS = {"advantage": "ADVANTAGE_ESTIMATORS", "loss": "LOSSES", "aggregation": "AGGREGATIONS"}
+KINDS = {"advantage": "ADVANTAGE_ESTIMATORS", "loss": "LOSSES", "aggregation": "AGGREGATIONS",
+         "correction": "CORRECTIONS"}
 COLUMNS = ("kind", "alias", "paper", "what it changes", "defaults", "requires")
 
 _ARXIV = re.compile(r"arXiv[:\s]+(\d{4}\.\d{4,5})")
@@ -42,7 +43,7 @@ _SENTENCE_END = re.compile(r"(?<=[^\s.]{3})\.(?:\s|$)")  # not after "Dr." or "e
 
 @dataclass(frozen=True)
 class ComponentInfo:
-    kind: str  # the update's key: advantage, loss or aggregation
+    kind: str  # the update's key: advantage, loss, aggregation or correction
     alias: str
     paper: str
     changes: str
