@@ -24,7 +24,7 @@ from pydantic import BaseModel, ValidationError
 from gfcr.errors import GraphError, Problem, RegistryError, did_you_mean, known
 from gfcr.graph.model import Binding, CompiledPipeline, DataBinding, LoopBlock, Node, PipelineView, PlanItem
 from gfcr.records import StepOutputs
-from gfcr.registry import DATA_SOURCES, STAGES, Port, Registry, StageInfo, stage_info
+from gfcr.registry import DATA_SOURCES, STAGES, NeedsOfUpdate, Port, Registry, StageInfo, UpdateNeed, has_role, stage_info
 from gfcr.spec import UPDATE_ID, PipelineSpec, SourceMap, StageSpec, load_spec
 from gfcr.spec.loader import check_references
 from gfcr.spec.models import ALIAS
@@ -40,6 +40,13 @@ IN_FLIGHT_EXAMPLE = ("e.g. `stop: {use: control.stop_at_target, with: {groups: 8
 def _stage_path(sid: str) -> tuple:
     """Key path of a node in the spec: ``stages.<id>``, or ``update``."""
     return (UPDATE_ID,) if sid == UPDATE_ID else ("stages", sid)
+
+
+def _update_needs(upstream: list[str], infos: dict[str, StageInfo],
+                  configs: dict[str, BaseModel | None]) -> tuple[tuple[str, UpdateNeed], ...]:
+    """What the ``upstream`` stages (ids, nearest first) declare they need of the update."""
+    return tuple((u, need) for u in upstream if configs.get(u) is not None and has_role(infos[u].cls, NeedsOfUpdate)
+                 for need in infos[u].cls.update_needs(configs[u]))
 
 
 class _Checker:
@@ -311,7 +318,8 @@ class _Compiler:
         fixed = next((u for u in upstream if getattr(configs.get(u), "rollouts_per_prompt", None) is not None), None)
         return PipelineView(tuple((u, infos[u].alias) for u in upstream),
                             getattr(configs[fixed], "rollouts_per_prompt") if fixed else None, fixed,
-                            {s: info.alias for s, info in infos.items()}, dict(configs))
+                            {s: info.alias for s, info in infos.items()}, dict(configs),
+                            _update_needs(upstream, infos, configs))
 
     def plan(self, graph: nx.MultiDiGraph, infos: dict[str, StageInfo]) -> tuple[PlanItem, ...] | None:
         """Units (stages, loop blocks) in dependency order, ties in the author's order; an ingest

@@ -8,7 +8,7 @@ from typing import Any, Literal, Mapping
 import networkx as nx
 from pydantic import BaseModel
 
-from gfcr.registry import Port, StageInfo
+from gfcr.registry import Port, StageInfo, UpdateNeed
 from gfcr.spec import PipelineSpec, StageSpec
 
 
@@ -32,14 +32,17 @@ class PipelineView:
     by the nearest upstream stage whose Config exposes ``rollouts_per_prompt`` (``control.fixed_n``),
     None when none does, and ``rollouts_from`` that stage's id; ``aliases`` and ``configs``: every
     stage's alias and validated Config by id, the update's under ``update`` (a Config is None
-    where it did not validate), for a pairing with a stage that is not upstream (``replay.rlep``
-    with ``correction: tis`` needs the update's ``tis_cap``)."""
+    where it did not validate), for a pairing with a stage that is not upstream;
+    ``update_needs``: what the upstream stages declare they need of the update (the
+    ``NeedsOfUpdate`` role, ``replay.rollout_replay``'s ``decoupled_clip`` correction), as
+    ``(id, need)``, nearest first, which the update's own check reads."""
 
     upstream: tuple[tuple[str, str], ...]
     rollouts_per_prompt: int | None
     rollouts_from: str | None
     aliases: Mapping[str, str] = field(default_factory=dict)
     configs: Mapping[str, Any] = field(default_factory=dict)
+    update_needs: tuple[tuple[str, UpdateNeed], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -7,14 +7,14 @@ from gfcr.registry.catalog import (
 from gfcr.registry.contract import FAMILIES, Port, Seed, StageConfig, StageInfo, describe_stage
 from gfcr.registry.core import Registry
 from gfcr.registry.lifecycle import (
-    BeforeStep, EndsLoop, HostsInFlight, InFlightController, Observes, OwnsFiles, PipelineProblem, ReportsMetrics, SetsUp,
-    Stage, Stateful, has_role,
+    BeforeStep, EndsLoop, HostsInFlight, InFlightController, NeedsOfUpdate, Observes, OwnsFiles, PipelineProblem,
+    ReportsMetrics, SetsUp, Stage, Stateful, UpdateNeed, has_role,
 )
 
 __all__ = [
-    "BeforeStep", "EndsLoop", "HostsInFlight", "InFlightController", "Observes", "OwnsFiles", "PipelineProblem",
-    "ReportsMetrics", "SetsUp",
-    "Stage", "Stateful", "has_role",
+    "BeforeStep", "EndsLoop", "HostsInFlight", "InFlightController", "NeedsOfUpdate", "Observes", "OwnsFiles",
+    "PipelineProblem", "ReportsMetrics", "SetsUp",
+    "Stage", "Stateful", "UpdateNeed", "has_role",
     "BUILTIN_DATA_SOURCES", "BUILTIN_STAGES", "DATA_SOURCES", "FAMILIES", "Port", "Registry", "STAGES",
     "Seed", "StageConfig", "StageInfo", "describe_stage", "make_data_registry", "make_stage_registry",
     "stage_info", "stage_infos",

@@ -1,11 +1,14 @@
 """The registries gfcr ships: stages (entry-point group ``gfcr.stages``), data sources
 (``gfcr.data``), and the update's components: advantage estimators (``gfcr.advantages``), losses
-(``gfcr.losses``) and aggregations (``gfcr.aggregations``), with the built-ins registered
-lazily by ``module:attr``."""
+(``gfcr.losses``), aggregations (``gfcr.aggregations``) and off-policy corrections
+(``gfcr.corrections``), with the built-ins registered lazily by ``module:attr``. A component
+class is checked against the declared extension points (``gfcr.registry.components``) when it
+is registered, or first looked up if registered lazily."""
 
 from __future__ import annotations
 
 from gfcr.errors import RegistryError
+from gfcr.registry.components import check_component_names
 from gfcr.registry.contract import StageInfo, describe_stage
 from gfcr.registry.core import Registry
 
@@ -96,6 +99,14 @@ BUILTIN_AGGREGATIONS = {
     "lambda_grpo": "gfcr.stages.update.aggregation.lambda_grpo:LambdaGRPO",
 }
 
+BUILTIN_CORRECTIONS = {
+    "none": "gfcr.stages.update.correction.none:NoCorrection",
+    "tis": "gfcr.stages.update.correction.tis:TIS",
+    "decoupled_clip": "gfcr.stages.update.correction.decoupled_clip:DecoupledClip",
+    "recompute_old": "gfcr.stages.update.correction.recompute_old:RecomputeOld",
+    "staleness": "gfcr.stages.update.correction.staleness:Staleness",
+}
+
 BUILTIN_DATA_SOURCES = {
     "arithmetic": "gfcr.stages.data.arithmetic:ArithmeticSource",
     "arithmetic_mix": "gfcr.stages.data.arithmetic_mix:ArithmeticMixSource",
@@ -123,8 +134,12 @@ def make_data_registry() -> Registry[type]:
 
 def make_component_registry(kind: str, group: str, builtins: dict[str, str]) -> Registry[type]:
     """A registry of the update's components of one ``kind`` (``update.with.<key>.use``): the
-    built-ins, lazily, and third parties' through the entry-point ``group``."""
-    registry: Registry[type] = Registry(kind, group)
+    built-ins, lazily, and third parties' through the entry-point ``group``; a class whose public
+    name nearly matches an extension point is refused (``check_component_names``)."""
+    def check(name: str, cls: type, origin: str) -> None:
+        check_component_names(kind, name, cls)
+
+    registry: Registry[type] = Registry(kind, group, check=check, check_lazy=True)
     for name, target in builtins.items():
         registry.register_lazy(name, target, origin="gfcr")
     return registry
@@ -135,6 +150,7 @@ DATA_SOURCES = make_data_registry()
 ADVANTAGE_ESTIMATORS = make_component_registry("advantage estimator", "gfcr.advantages", BUILTIN_ADVANTAGE_ESTIMATORS)
 LOSSES = make_component_registry("loss", "gfcr.losses", BUILTIN_LOSSES)
 AGGREGATIONS = make_component_registry("aggregation", "gfcr.aggregations", BUILTIN_AGGREGATIONS)
+CORRECTIONS = make_component_registry("off-policy correction", "gfcr.corrections", BUILTIN_CORRECTIONS)
 
 
 def stage_info(alias: str, registry: Registry[type] = STAGES) -> StageInfo:

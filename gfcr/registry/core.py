@@ -33,10 +33,11 @@ class Registry(Generic[T]):
     """Names of one kind (``stage``, ``data source``, ...) mapped to objects of type ``T``."""
 
     def __init__(self, kind: str, entry_point_group: str | None = None,
-                 check: Callable[[str, T, str], object] | None = None):
+                 check: Callable[[str, T, str], object] | None = None, check_lazy: bool = False):
         self.kind = kind
         self.entry_point_group = entry_point_group
         self.check = check  # called as check(name, obj, origin) on eager registration; raises RegistryError
+        self.check_lazy = check_lazy  # and on a lazy entry's first lookup, once it is imported
         self._entries: dict[str, _Entry[T]] = {}
         self._entry_points_loaded = entry_point_group is None
         self._entry_point_error: RegistryError | None = None
@@ -117,7 +118,10 @@ class Registry(Generic[T]):
             raise RegistryError(f"unknown {self.kind} `{name}`",
                                 did_you_mean(name, self._entries) or f"known {self.kind}s: {known(self._entries)}")
         if entry.obj is None:
-            entry.obj = self._import(name, entry.target)
+            obj = self._import(name, entry.target)
+            if self.check is not None and self.check_lazy:
+                self.check(name, obj, entry.origin)
+            entry.obj = obj
         return entry.obj
 
     def _import(self, name: str, target: str) -> T:

@@ -16,6 +16,7 @@ EndsLoop            ``done() -> bool``                        after each round, 
 InFlightController  ``every``, ``steer(view) -> Steer``       by the engine, every ``every`` decode steps
 HostsInFlight       ``attach_in_flight(controllers)``         once, before setup, with its ``in_flight`` stages
 ChecksPipeline      ``check_pipeline(config, view)``          by the compiler (``gfcr validate``), static
+NeedsOfUpdate       ``update_needs(config) -> [UpdateNeed]``  by the compiler, for the update's check, static
 ==================  ========================================  ===========================================
 
 An in-flight controller is a Control-family stage without ``run``: it never runs as a node
@@ -121,14 +122,36 @@ class ChecksPipeline(Protocol):
     def check_pipeline(config: Any, view: Any) -> Sequence[PipelineProblem]: ...
 
 
+@dataclass(frozen=True)
+class UpdateNeed:
+    """What a stage's Config needs of the update downstream of it: the update's component ``key``
+    (``correction``) must be one of ``allowed``, because the stage ``why`` (a clause: "replays
+    groups sampled by earlier policies")."""
+
+    key: str
+    allowed: tuple[str, ...]
+    why: str
+
+
+@runtime_checkable
+class NeedsOfUpdate(Protocol):
+    """A staticmethod ``update_needs(config) -> [UpdateNeed]``: what the stage, configured so,
+    needs of the update (``replay.rollout_replay``: the ``decoupled_clip`` correction). The
+    compiler hands the upstream stages' needs to the update's ``check_pipeline``
+    (``PipelineView.update_needs``), which reports those its components do not meet."""
+
+    @staticmethod
+    def update_needs(config: Any) -> Sequence[UpdateNeed]: ...
+
+
 ROLES: tuple[type, ...] = (Stage, SetsUp, BeforeStep, Observes, ReportsMetrics, Stateful, OwnsFiles, EndsLoop,
-                           InFlightController, HostsInFlight, ChecksPipeline)
+                           InFlightController, HostsInFlight, ChecksPipeline, NeedsOfUpdate)
 METHODS: dict[type, tuple[str, ...]] = {
     Stage: ("run",), SetsUp: ("setup",), BeforeStep: ("before_step",), Observes: ("observe",),
     ReportsMetrics: ("step_metrics",),
     Stateful: ("state_dict", "load_state_dict"), OwnsFiles: ("save_files", "load_files"),
     EndsLoop: ("done",), InFlightController: ("steer",), HostsInFlight: ("attach_in_flight",),
-    ChecksPipeline: ("check_pipeline",),
+    ChecksPipeline: ("check_pipeline",), NeedsOfUpdate: ("update_needs",),
 }
 LIFECYCLE_NAMES: frozenset[str] = frozenset(m for names in METHODS.values() for m in names)
 NEAR_MISS_RATIO = 0.8  # observer/observe 0.93, load_state/load_state_dict 0.8, observe_groups/observe 0.67

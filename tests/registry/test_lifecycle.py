@@ -45,7 +45,7 @@ def with_method(name: str) -> type:
 @pytest.mark.parametrize("name, meant", [
     ("observer", "observe"), ("load_state", "load_state_dict"), ("setup_", "setup"),
     ("state_dicts", "state_dict"), ("before_steps", "before_step"), ("don", "done"),
-    ("save_file", "save_files"), ("attach_inflight", "attach_in_flight"),
+    ("save_file", "save_files"), ("attach_inflight", "attach_in_flight"), ("update_need", "update_needs"),
 ])
 def test_near_miss_lifecycle_name_fails_registration(name, meant):
     with pytest.raises(RegistryError) as info:

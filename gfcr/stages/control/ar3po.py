@@ -54,7 +54,7 @@ Deviations (abstract-only, every rule a choice):
 - "correct" is the verifier's ``Rollout.correct``; a group dropped by a filter inside the loop
   gets no more rollouts;
 - response reuse is ``replay.correct_cache``'s (appended, not swapped for a wrong response;
-  stale tokens under ``update.grpo``'s ``decoupled_clip``; see that stage's deviations);
+  stale tokens under ``update.grpo``'s correction ``decoupled_clip``; see that stage's deviations);
 - the rollouts of all stages form one group per prompt (``filter.merge_rounds``), so the
   update's group baseline is taken over all of a prompt's rollouts, whatever their stage.
 

@@ -45,7 +45,7 @@ Off-policy pilots: a committed prompt's pilots were sampled by a policy up to ``
 current policy and takes the plain PPO ratio against them, with no importance weight: stale
 pilots are treated as on-policy. ``update.grpo`` takes its ratio against the stored behaviour
 log-probs ``mu``, which would clip a stale pilot's tokens to no gradient once the policy moved
-more than ``eps``; so ``replay.pilot_join`` requires the update's ``decoupled_clip`` (ratio
+more than ``eps``; so ``replay.pilot_join`` requires the update's correction ``decoupled_clip`` (ratio
 against ``pi_old`` clipped around 1, as the reference, and the loss weighted by ``pi_old / mu``,
 which the reference does not apply). The buffer and the evicted prompts are the stage's
 checkpoint state (the pilots in ``files/entries.parquet``).
@@ -99,7 +99,7 @@ YAML:
     rollout: {use: generate.sample, from: plan}
     reward: {use: filter.verify, from: rollout}
     join:   {use: replay.pilot_join, from: {groups: reward, allocation: plan}}
-    update: {use: update.grpo, from: join, with: {decoupled_clip: true}}
+    update: {use: update.grpo, from: join, with: {correction: {use: decoupled_clip}}}
 """
 
 from __future__ import annotations

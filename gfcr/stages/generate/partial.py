@@ -32,7 +32,7 @@ The two methods, both as ``generate.partial`` plus ``control.stop_at_target`` (s
   ``sglang_example.py``): the control stage allocates ``N'`` groups (README: 64 for 32), every
   row is in flight at once, ``stop_at_target`` aborts all at ``N`` complete groups, the partials
   resume next step from the buffer (``pop_first``), and the update takes no IS correction
-  (``update.grpo`` ``recompute_old: true``: the ratio against recomputed ``pi_old``).
+  (``update.grpo`` ``correction: {use: recompute_old}``: the ratio against recomputed ``pi_old``).
 - **CoPRIS** (Qu et al., arXiv 2511.05589; ``777pomingzi/CoPRIS``): a fixed concurrency ``C``
   of rows (``max_in_flight``), a freed slot refilled at once from the queue, stop at ``B``
   groups, the cancelled rows re-queued at the front (the buffer drained first), and the PPO
@@ -55,7 +55,7 @@ Deviations:
   tokens in its group's buffer entry and starts afresh (its own seed) next call;
 - a resumed row draws from its own seeded stream (its new request id), not the stream the
   aborted row was using; seeds still depend only on (seed, step, round, group, row);
-- the buffer has no age limit (neither reference has one); ``update.grpo``'s
+- the buffer has no age limit (neither reference has one); an ``update.grpo`` correction's
   ``max_staleness`` masks tokens that are too old.
 
 Metrics per step: ``buffered`` (groups in the buffer after the call), ``resumed_groups``,

@@ -21,7 +21,7 @@ rule is this stage's choice, listed under Deviations):
 A joined response is a new rollout at the end of the group (``origin: cached_correct``,
 ``replayed_from`` the original id, ``created_step`` its step, its segments and reward kept), so
 the group has ``n + join`` rollouts and the advantage estimator sees one correct among wrong
-ones. Its tokens are stale: the shipped pipelines turn on ``update.grpo``'s ``decoupled_clip``
+ones. Its tokens are stale: the shipped pipelines use ``update.grpo``'s correction ``decoupled_clip``
 (ratio against ``pi_old``, weighted by ``pi_old / mu``); against the stale ``mu`` alone, a
 response the policy has since made likelier than ``1 + eps`` times would be clipped to no
 gradient. Put the stage after the verifier and before a zero-variance filter (DAPO, GRESO's
@@ -59,7 +59,7 @@ YAML:
 
     reward: {use: filter.verify, from: rollout}
     cache:  {use: replay.correct_cache, from: reward, with: {per_prompt: 1, max_staleness: 16, max_prompts: 4096}}
-    update: {use: update.grpo, from: cache, with: {decoupled_clip: true}}
+    update: {use: update.grpo, from: cache, with: {correction: {use: decoupled_clip}}}
 """
 
 from __future__ import annotations

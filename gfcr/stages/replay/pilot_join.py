@@ -16,7 +16,7 @@ rollouts to each candidate prompt (``stage_index`` 0) and ``n_commit`` to each c
   the group, ``n_commit + n_pilot_effective`` rollouts, shares one baseline.
 
 The pilots are stale (up to ``max_off_steps + 1`` policy versions): ``gfcr validate`` requires
-the update's ``decoupled_clip`` (their ratio against ``pi_old``, as the reference's recomputed
+the update's correction ``decoupled_clip`` (their ratio against ``pi_old``, as the reference's recomputed
 ``old_log_probs``; see ``control.pilot_commit``). They count as replayed, not generated, in this
 step (they were counted as generated on their own step). Metrics per step (``stages.<id>``):
 ``pilot_groups_dropped``, ``commit_groups``, ``pilots_joined``, ``pilot_tokens_joined``,
@@ -56,12 +56,11 @@ YAML:
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import ClassVar
 
 import numpy as np
 
 from gfcr.records import Allocation, Origin, Rollout, RolloutGroup, RolloutGroups, StepContext, rollout_id
-from gfcr.registry import StageConfig
+from gfcr.registry import StageConfig, UpdateNeed
 
 PILOT_REASON = "pilot: judged after the step by control.pilot_commit; trained on when committed"
 
@@ -69,9 +68,11 @@ PILOT_REASON = "pilot: judged after the step by control.pilot_commit; trained on
 class PilotJoin:
     """Pilot-Commit's update groups: drop pilot groups, append the stored pilots to commit groups."""
 
-    update_needs: ClassVar[dict[str, str]] = {
-        "decoupled_clip": "joins pilot rollouts sampled by earlier policies, whose ratio must be taken against "
-                          "pi_old (the reference recomputes old log-probs), which is the update's `decoupled_clip`"}
+    @staticmethod
+    def update_needs(config: "PilotJoin.Config") -> list[UpdateNeed]:
+        return [UpdateNeed("correction", ("decoupled_clip",), "joins pilot rollouts sampled by earlier policies, "
+                           "whose ratio must be taken against pi_old (the reference recomputes old log-probs), which "
+                           "is the update's correction `decoupled_clip`")]
 
     class Config(StageConfig):
         pass

@@ -29,8 +29,8 @@ under the current policy (one ``score`` forward pass, counted in ``tokens_scored
 that its behaviour log-probs, at the current policy version (one ``replayed_text`` segment): the PPO ratio is 1 at the update's
 start, as when the reference code recomputes ``old_log_probs``. ``tis`` keeps the stored behaviour
 log-probs and policy versions, so the update's truncated importance sampling weights the
-replayed tokens by ``min(pi_old / mu, C)``: the update must set ``tis_cap`` (``gfcr validate``
-checks it).
+replayed tokens by ``min(pi_old / mu, C)``: the update must use ``correction: {use: tis}``
+(``update_needs``; ``gfcr validate`` checks it).
 
 Metrics per step (``stages.<id>`` in ``metrics.jsonl`` and MLflow): ``rollouts_replayed``,
 ``tokens_replayed``, ``groups_short`` (groups that got fewer than ``M``: their prompt had fewer
@@ -79,7 +79,7 @@ With the stored behaviour log-probs and truncated importance sampling in the upd
 .. code-block:: yaml
 
     rlep:   {use: replay.rlep, from: reward, with: {correction: tis, seed_from: {run_dir: runs/seed-policy}}}
-    update: {use: update.grpo, from: rlep, with: {tis_cap: 2.0}}
+    update: {use: update.grpo, from: rlep, with: {correction: {use: tis, with: {cap: 2.0}}}}
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ from gfcr.records import (
 )
 from gfcr.records.group import FINISHED
 from gfcr.records.rollout import REUSED_ORIGINS
-from gfcr.registry import StageConfig
+from gfcr.registry import StageConfig, UpdateNeed
 from gfcr.stages.replay.experience_pool import ExperiencePool, seed_jsonl, seed_run_dir
 from gfcr.stages.replay.stored import StoredRollout
 from gfcr.stages.resources import Engine, Policy, Resources, ScoreRequest, prompt_tokens
@@ -143,7 +143,7 @@ class RLEP:
             "M: pool successes appended to each group (drawn at random, without replacement)"))] = 2
         correction: Annotated[Literal["none", "tis"], Field(description=(
             "none: rescore replayed responses under the current policy (the paper: ratio 1 at the update's "
-            "start); tis: keep their stored behaviour log-probs for the update's `tis_cap`"))] = "none"
+            "start); tis: keep their stored behaviour log-probs for the update's correction `tis`"))] = "none"
         online: Annotated[bool, Field(description=(
             "add the run's own verified successes of earlier steps to the pool (from `store`, or the stage's "
             "own pool); false keeps the seeded pool static, as the paper"))] = True
@@ -170,7 +170,7 @@ class RLEP:
 
     @staticmethod
     def check_pipeline(config: "RLEP.Config", view: Any) -> list[Unmet]:
-        """``store`` names a ``replay.store`` upstream; ``correction: tis`` needs the update's ``tis_cap``."""
+        """``store`` names a ``replay.store`` upstream."""
         found = []
         if config.store is not None and dict(view.upstream).get(config.store) != "replay.store":
             stores = [sid for sid, alias in view.aliases.items() if alias == "replay.store"]
@@ -180,13 +180,15 @@ class RLEP:
             found.append(Unmet(("store",), "`store`: " + what.format(config.store),
                                f"read from the store (`from: {stores[0]}`) and set `store: {stores[0]}`" if stores
                                else "add a `replay.store` stage before this one, or remove `store`"))
-        update = view.configs.get("update")
-        if config.correction == "tis" and getattr(update, "tis_cap", None) is None:
-            found.append(Unmet(("correction",), "`correction: tis` keeps the replayed rollouts' stored behaviour "
-                               "log-probs, and the update has no `tis_cap` to correct for them",
-                               "set the update's `tis_cap` (`--set update.with.tis_cap=2.0`), or use `correction: "
-                               "none`"))
         return found
+
+    @staticmethod
+    def update_needs(config: "RLEP.Config") -> list[UpdateNeed]:
+        """``correction: tis`` keeps the stored behaviour log-probs: the update must correct for them."""
+        if config.correction != "tis":
+            return []
+        return [UpdateNeed("correction", ("tis",), "keeps the replayed rollouts' stored behaviour log-probs "
+                           "(`correction: tis`), which the update's correction `tis` weights by min(pi_old/mu, C)")]
 
     def __init__(self, config: Config):
         self.config = config

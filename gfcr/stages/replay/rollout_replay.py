@@ -22,10 +22,10 @@ log-probs stored at generation and ``pi_old`` recomputed: ``r = pi_theta / mu``,
 ``r_old = pi_old / mu``, ``L = -E[min(A r, A clip(r, r_old (1 - eps), r_old (1 + eps)))]``. As
 ``r_old > 0``, ``clip(r, r_old (1 - eps), r_old (1 + eps)) = r_old clip(r / r_old, 1 - eps,
 1 + eps)``, so ``L = -E[r_old min(A rho, A clip(rho, 1 - eps, 1 + eps))]`` with ``rho = pi_theta /
-pi_old`` and ``r_old`` detached: exactly ``update.grpo``'s ``decoupled_clip`` on stale tokens
+pi_old`` and ``r_old`` detached: exactly ``update.grpo``'s correction ``decoupled_clip`` on stale tokens
 (ratio against ``pi_old``, clipped around 1, loss weighted by ``pi_old / mu``). Replayed tokens
 are stale (their segments keep their policy versions), so ``gfcr validate`` requires
-``decoupled_clip: true`` on the update.
+``correction: {use: decoupled_clip}`` on the update (``update_needs``).
 
 Replayed rollouts are new rollouts (``origin: replayed``, ``replayed_from`` the original id,
 ``created_step`` its step, segments with their original policy versions), in new groups
@@ -69,20 +69,20 @@ YAML:
 
     pick:   {use: control.uniform, with: {batch_size: 8}}     # sigma * B fresh prompts
     replay: {use: replay.rollout_replay, from: reward, with: {fresh_fraction: 0.5, buffer_size: 512}}
-    update: {use: update.grpo, from: replay, with: {decoupled_clip: true}}
+    update: {use: update.grpo, from: replay, with: {correction: {use: decoupled_clip}}}
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any
 
 import numpy as np
 from pydantic import Field
 
 from gfcr.records import Origin, RolloutGroup, RolloutGroups, StepContext, rollout_id
-from gfcr.registry import StageConfig
+from gfcr.registry import StageConfig, UpdateNeed
 from gfcr.stages.replay.reuse import keep, load_entries, reuse, save_entries
 from gfcr.stages.replay.stored import StoredRollout
 
@@ -109,9 +109,11 @@ class BufferedGroup:
 class RolloutReplay:
     """DOTS rollout replay: fill (1 - sigma) of the update batch with groups from a FIFO buffer."""
 
-    update_needs: ClassVar[dict[str, str]] = {
-        "decoupled_clip": "replays groups sampled by earlier policies, and DOTS clips their ratio around the stale "
-                          "ratio pi_old/mu, which is the update's `decoupled_clip`"}
+    @staticmethod
+    def update_needs(config: "RolloutReplay.Config") -> list[UpdateNeed]:
+        return [UpdateNeed("correction", ("decoupled_clip",), "replays groups sampled by earlier policies, and DOTS "
+                           "clips their ratio around the stale ratio pi_old/mu, which is the update's correction "
+                           "`decoupled_clip`")]
 
     class Config(StageConfig):
         fresh_fraction: Annotated[float, Field(gt=0.0, le=1.0, description=(

@@ -6,7 +6,9 @@ its own with its own Config under ``with``:
 - ``loss``: the per-token policy loss and its ratio (``gfcr.stages.update.loss``; ``LOSSES``,
   ``gfcr.losses``);
 - ``aggregation``: how per-token losses become one scalar (``gfcr.stages.update.aggregation``;
-  ``AGGREGATIONS``, ``gfcr.aggregations``).
+  ``AGGREGATIONS``, ``gfcr.aggregations``);
+- ``correction``: the off-policy correction of stale tokens' ratios and weights
+  (``gfcr.stages.update.correction``; ``CORRECTIONS``, ``gfcr.corrections``).
 
 .. code-block:: yaml
 
@@ -17,12 +19,15 @@ its own with its own Config under ``with``:
         advantage: {use: rloo}
         loss: {use: ppo_clip, with: {clip: [0.2, 0.28]}}
         aggregation: {use: token_mean}
+        correction: {use: tis, with: {cap: 2.0}}
 
 A spec is checked when it is built: an unknown alias gets a did-you-mean, a key its Config
 does not have is an error naming the keys it does have, never a silent default. A component
 whose meaning depends on another one (Dr.GRPO's estimator on its aggregation, MC-GRPO on a
-Control stage allocating ``G + 1``) says so in ``pairing_problems``, which ``gfcr validate``
-reports with the file and line of the update.
+Control stage allocating ``G + 1``) says so in ``requires`` or ``pairing_problems``, which
+``gfcr validate`` reports with the file and line of the update. What the update reads on a
+component beyond its kind's required methods is declared in ``gfcr.registry.components``, and
+registration refuses a near miss of those names.
 
 This module imports no torch: ``gfcr validate`` builds every spec.
 """
@@ -36,6 +41,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from gfcr.errors import RegistryError, did_you_mean, known
+from gfcr.registry.components import ChecksPairing, declared, provides
 from gfcr.registry.lifecycle import PipelineProblem
 from gfcr.spec.problems import BOUNDS, FIXABLE, fixable
 
@@ -51,7 +57,8 @@ class ComponentConfig(BaseModel):
 class PairingContext:
     """What a component may ask about the rest of the pipeline when it is checked.
 
-    ``advantage``, ``loss`` and ``aggregation`` are the update's chosen aliases;
+    ``advantage``, ``loss``, ``aggregation`` and ``correction`` are the update's chosen aliases;
+    ``token_corrections`` is what the chosen loss declares (it has a per-token ratio);
     ``rollouts_per_prompt`` is the fixed group size the nearest upstream Control stage
     allocates (a stage Config exposing ``rollouts_per_prompt``), None when no stage fixes it;
     ``upstream`` lists the update's upstream stages as ``(id, alias)``, nearest first."""
@@ -62,27 +69,34 @@ class PairingContext:
     rollouts_per_prompt: int | None = None
     rollouts_from: str | None = None  # the id of the stage that fixes it
     upstream: tuple[tuple[str, str], ...] = ()
+    correction: str = "none"
+    token_corrections: bool = True
+
+    def chosen(self, kind: str) -> str:
+        """The alias the update chose for its component ``kind`` ("advantage", "loss", ...)."""
+        return {"advantage": self.advantage, "loss": self.loss, "aggregation": self.aggregation,
+                "correction": self.correction}[kind]
 
 
-Pairing = PipelineProblem  # the update's name for it, until the callers import PipelineProblem
+Pairing = PipelineProblem  # the old name, until the control and filter stages import PipelineProblem
 
 
 @dataclass(frozen=True)
 class Requirement:
-    """A declarative pairing: component ``kind`` ("loss" or "aggregation") must be one of
-    ``allowed``, because ``why``."""
+    """A declarative pairing: component ``kind`` ("advantage", "loss", "aggregation" or
+    "correction") must be one of ``allowed``, because ``why``."""
 
     kind: str
     allowed: tuple[str, ...]
     why: str
     own: tuple[str, ...] = field(default=())  # the key path of the component that requires it
 
-    def check(self, ctx: PairingContext) -> list[Pairing]:
-        chosen = getattr(ctx, self.kind)
+    def check(self, ctx: PairingContext) -> list[PipelineProblem]:
+        chosen = ctx.chosen(self.kind)
         if chosen in self.allowed:
             return []
         choice = " or ".join(f"`{a}`" for a in self.allowed)
-        return [Pairing((self.kind, "use"), f"{self.why}, so it needs {self.kind} {choice}, not `{chosen}`",
+        return [PipelineProblem((self.kind, "use"), f"{self.why}, so it needs {self.kind} {choice}, not `{chosen}`",
                         f"set `{self.kind}: {{use: {self.allowed[0]}}}` (--set update.with.{self.kind}.use="
                         f"{self.allowed[0]})" + (f", or another {self.own[0]} than `{self.own[1]}`" if self.own else ""))]
 
@@ -186,15 +200,14 @@ class ComponentSpec(BaseModel):
         cls = self.component_class()
         return cls(_validated(cls.Config, self.with_))
 
-    def pairing_problems(self, ctx: PairingContext) -> list[Pairing]:
+    def pairing_problems(self, ctx: PairingContext) -> list[PipelineProblem]:
         """This component's unmet pairings: its class's ``requires`` (Requirements) and its
         ``pairing_problems(config, ctx)`` staticmethod, if any (keys relative to the update's
         ``with``)."""
         cls, config = self.component_class(), self.config()
-        found: list[Pairing] = []
-        for req in getattr(cls, "requires", ()):
+        found: list[PipelineProblem] = []
+        for req in declared(cls, "requires"):
             found += Requirement(req.kind, req.allowed, req.why, (self.key, self.use)).check(ctx)
-        check = getattr(cls, "pairing_problems", None)
-        if check is not None:
-            found += list(check(config, ctx))
+        if provides(cls, ChecksPairing):
+            found += list(cls.pairing_problems(config, ctx))
         return found

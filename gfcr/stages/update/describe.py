@@ -1,6 +1,6 @@
 """The update's components as ``gfcr stages --components`` and ``docs/update-catalog.md`` list
-them, read from the registries (``ADVANTAGE_ESTIMATORS``, ``LOSSES``, ``AGGREGATIONS``) and
-from each component's own module docstring and Config, so a new component shows up without
+them, read from the registries (``ADVANTAGE_ESTIMATORS``, ``LOSSES``, ``AGGREGATIONS``,
+``CORRECTIONS``) and from each component's own module docstring and Config, so a new component shows up without
 anyone editing a list:
 
 - ``paper``: the first arXiv id in the module docstring, or ``-``;
@@ -8,7 +8,8 @@ anyone editing a list:
   parentheses that cite arXiv ids (the ``paper`` column has the first of them);
 - ``defaults``: every Config field as ``name=value`` (YAML values), or ``name (required)``;
 - ``requires``: the class's ``requires`` Requirements, and whether it has a pipeline check
-  (``pairing_problems``) that ``gfcr validate`` runs.
+  (``pairing_problems``) that ``gfcr validate`` runs, both read through
+  ``gfcr.registry.components``.
 
 Example:
 
@@ -28,8 +29,10 @@ from pydantic_core import to_jsonable_python
 
 from gfcr.errors import RegistryError
 from gfcr.registry import catalog
+from gfcr.registry.components import ChecksPairing, declared, provides
 
-KINDS = {"advantage": "ADVANTAGE_ESTIMATORS", "loss": "LOSSES", "aggregation": "AGGREGATIONS"}
+KINDS = {"advantage": "ADVANTAGE_ESTIMATORS", "loss": "LOSSES", "aggregation": "AGGREGATIONS",
+         "correction": "CORRECTIONS"}
 COLUMNS = ("kind", "alias", "paper", "what it changes", "defaults", "requires")
 
 _ARXIV = re.compile(r"arXiv[:\s]+(\d{4}\.\d{4,5})")
@@ -40,7 +43,7 @@ _SENTENCE_END = re.compile(r"(?<=[^\s.]{3})\.(?:\s|$)")  # not after "Dr." or "e
 
 @dataclass(frozen=True)
 class ComponentInfo:
-    kind: str  # the update's key: advantage, loss or aggregation
+    kind: str  # the update's key: advantage, loss, aggregation or correction
     alias: str
     paper: str
     changes: str
@@ -88,8 +91,8 @@ def defaults(config: type) -> str:
 
 
 def requirements(cls: type) -> str:
-    needs = [f"{r.kind} {' or '.join(r.allowed)}" for r in getattr(cls, "requires", ())]
-    if getattr(cls, "pairing_problems", None) is not None:
+    needs = [f"{r.kind} {' or '.join(r.allowed)}" for r in declared(cls, "requires")]
+    if provides(cls, ChecksPairing):
         needs.append("pipeline checks (gfcr validate)")
     return "; ".join(needs) or "-"
 

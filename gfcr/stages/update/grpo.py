@@ -1,4 +1,4 @@
-"""update.grpo: the GRPO-family policy update, assembled from three registered components.
+"""update.grpo: the GRPO-family policy update, assembled from four registered components.
 
 For every included group, an advantage estimator (``advantage: {use: ..., with: {...}}``;
 ``gfcr.stages.update.advantage``) gives one advantage per rollout, a scalar or a ``[T]``
@@ -13,8 +13,8 @@ default, ``ppo_clip``, is the clipped surrogate
 
 and an optional KL to a frozen copy of the initial policy (the k3 estimator, as GRPO) is
 added, ``+ kl_coef * KL_t``. Every token has a weight ``w_t``: the product of the rollout's
-``loss_mask`` (a Filter stage's), the estimator's loss mask, the staleness limit and, in a
-tree group, the shared-prefix weight (``1/k`` on a position that ``k`` leaves share:
+``loss_mask`` (a Filter stage's), the estimator's loss mask, the correction's staleness limit
+and, in a tree group, the shared-prefix weight (``1/k`` on a position that ``k`` leaves share:
 ``gfcr.stages.update.tree_weights``). An aggregation (``aggregation: {use: ...}``;
 ``gfcr.stages.update.aggregation``) makes one scalar of the weighted per-token losses:
 ``token_mean`` by default (DAPO: every token of the batch weighs the same, a shared prefix
@@ -23,15 +23,17 @@ One AdamW step per call, with gradient-norm clipping, over micro-batches whose g
 accumulate. ``gfcr validate`` checks the components against each other and the pipeline
 (for example, Dr.GRPO's estimator needs its aggregation).
 
-Off-policy corrections, each its own field, all off by default (``gfcr.stages.update.off_policy``):
-``tis_cap`` (truncated importance sampling), ``decoupled_clip`` (AReaL's decoupled PPO for
-stale tokens; on stale tokens it is also DOTS' clip centred on the stale ratio ``pi_old/mu``,
-which ``replay.rollout_replay`` requires: an upstream stage's ``update_needs`` names the options
-``gfcr validate`` requires on), ``recompute_old`` (no correction: every ratio against ``pi_old``,
-the recomputed ``old_log_probs`` of APRIL's and SPEC-RL's code) and ``max_staleness`` (mask
-tokens too many versions old). With any of them on,
-the metrics add ``off_policy_token_fraction`` (tokens with staleness > 0, before the
-staleness limit), ``is_weight_mean``, ``is_weight_max`` and ``is_clipped_fraction``.
+An off-policy correction (``correction: {use: ...}``; ``gfcr.stages.update.correction``),
+``none`` by default, says how stale tokens (replayed, cached or resumed rollouts) are taken:
+``tis`` (truncated importance sampling, ``with: {cap: 2.0}``), ``decoupled_clip`` (AReaL's
+decoupled PPO for stale tokens, which is also DOTS' clip centred on the stale ratio
+``pi_old/mu``), ``recompute_old`` (every ratio against ``pi_old``, no weight: the recomputed
+``old_log_probs`` of APRIL's and SPEC-RL's code) or ``staleness`` (mask tokens more than
+``max_staleness`` versions old; the other three take a ``max_staleness`` too). An upstream stage
+that replays old rollouts declares the correction it needs (``update_needs``:
+``replay.rollout_replay`` needs ``decoupled_clip``), and ``gfcr validate`` checks it. With any
+correction but ``none``, the metrics add ``off_policy_token_fraction`` (tokens with staleness >
+0, before the staleness limit), ``is_weight_mean``, ``is_weight_max`` and ``is_clipped_fraction``.
 
 Logits are computed only at response positions (``logits_to_keep``), and rollouts whose
 advantage is zero on every counted token (with no KL term) never enter the forward or
@@ -42,7 +44,7 @@ too (the reason is reported) and the run goes on.
 
 Deviations:
 - one optimizer step per batch (no PPO epochs or mini-batches yet), so on fresh rollouts
-  the ratio is 1 up to numerics; without an off-policy option the ratio is taken against
+  the ratio is 1 up to numerics; under the correction ``none`` the ratio is taken against
   the engine's behaviour log-probabilities, not against recomputed ``pi_old``;
 - the sample weights of Prompt-GDRO-style stages multiply the advantage;
 - position ids follow the attention mask (left-padded prompts), as generation does; TRL
@@ -84,7 +86,7 @@ resumed rollouts:
 
 .. code-block:: yaml
 
-    update: {use: update.grpo, from: keep, with: {advantage: {use: gapo, with: {fraction: 0.5}}, tis_cap: 2.0, max_staleness: 4}}
+    update: {use: update.grpo, from: keep, with: {advantage: {use: gapo, with: {fraction: 0.5}}, correction: {use: tis, with: {cap: 2.0, max_staleness: 4}}}}
 """
 
 from __future__ import annotations
@@ -94,18 +96,20 @@ from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
 from gfcr.records import PromptPool, Rollout, RolloutGroup, RolloutGroups, UpdateReport
-from gfcr.registry import StageConfig
+from gfcr.registry import PipelineProblem, StageConfig, Stateful
+from gfcr.registry.components import (AddsBatchTerm, CorrectsTokens, LearnsParameters, LimitsStaleness,
+                                      ReportsStepMetrics, declared, provides)
 from gfcr.spec.problems import fixable
 from gfcr.stages.resources import Policy, Resources, prompt_tokens
 from gfcr.stages.update.advantage import AdvantageSpec, estimate_all
 from gfcr.stages.update.aggregation import AggregationSpec, Row
-from gfcr.stages.update.component import Pairing, PairingContext
+from gfcr.stages.update.component import PairingContext
+from gfcr.stages.update.correction import CorrectionSpec, CorrectionStats
 from gfcr.stages.update.loss import LossSpec
 from gfcr.stages.update.logprobs import padded, response_logprobs
-from gfcr.stages.update.off_policy import CorrectionStats, token_correction
 from gfcr.stages.update.tree_weights import shared_prefix_weights
 
 
@@ -145,7 +149,7 @@ class _Item:
 
 
 class GRPOUpdate:
-    """Clipped-surrogate policy update with a registered advantage estimator."""
+    """Clipped-surrogate policy update from a registered estimator, loss, aggregation and correction."""
 
     class Config(StageConfig):
         # keys of earlier versions, and where they went (``gfcr validate`` says so; no before-validator,
@@ -155,6 +159,16 @@ class GRPOUpdate:
                     "(--set update.with.loss.with.clip=[0.2,0.28])",
             "loss_agg": "the aggregation is a component now: write `aggregation: {use: token_mean}` (`seq_mean` is "
                         "now `seq_mean_token_mean`; --set update.with.aggregation.use=seq_mean_token_mean)",
+            "tis_cap": "the off-policy correction is a component now: write `correction: {use: tis, with: {cap: 2.0}}` "
+                       "(--set update.with.correction.use=tis --set update.with.correction.with.cap=2.0)",
+            "decoupled_clip": "the off-policy correction is a component now: write `correction: {use: decoupled_clip}` "
+                              "(--set update.with.correction.use=decoupled_clip)",
+            "recompute_old": "the off-policy correction is a component now: write `correction: {use: recompute_old}` "
+                             "(--set update.with.correction.use=recompute_old)",
+            "max_staleness": "the staleness limit belongs to the correction now: write `correction: {use: staleness, "
+                             "with: {max_staleness: 4}}` (--set update.with.correction.use=staleness --set "
+                             "update.with.correction.with.max_staleness=4), or give `tis`, `decoupled_clip` or "
+                             "`recompute_old` a `max_staleness`",
         }
 
         lr: Annotated[float, Field(gt=0.0, description="AdamW learning rate (constant)")] = 1e-6
@@ -162,12 +176,9 @@ class GRPOUpdate:
         loss: LossSpec = Field(LossSpec(), description="per-token policy loss: {use: <alias>, with: {...}}")
         aggregation: AggregationSpec = Field(AggregationSpec(), description="how token losses become one "
                                                                            "scalar: {use: <alias>, with: {...}}")
+        correction: CorrectionSpec = Field(CorrectionSpec(), description="off-policy correction of stale tokens: "
+                                                                        "{use: <alias>, with: {...}}")
         kl_coef: Annotated[float, Field(ge=0.0, description="weight of the k3 KL to the initial policy")] = 0.0
-        tis_cap: Annotated[float, Field(gt=0.0, description="truncated IS: weight tokens by min(pi_old/mu, C)")] | None = None
-        decoupled_clip: bool = Field(False, description="stale tokens: clip around pi_old, weight by pi_old/mu (AReaL)")
-        recompute_old: bool = Field(False, description="every token's ratio against pi_old, no weight: stale tokens "
-                                    "treated as on-policy (APRIL, SPEC-RL, RLEP's reference code)")
-        max_staleness: Annotated[int, Field(ge=0, description="mask tokens more than K policy versions old")] | None = None
         max_grad_norm: Annotated[float, Field(gt=0.0)] | None = 1.0
         weight_decay: Annotated[float, Field(ge=0.0)] = 0.0
         betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW's (beta1, beta2), each in [0, 1)")
@@ -184,44 +195,23 @@ class GRPOUpdate:
                               "flips the moment estimates")
             return betas
 
-        @model_validator(mode="after")
-        def _one_ratio_rule(self) -> "GRPOUpdate.Config":
-            if self.tis_cap is not None and self.decoupled_clip:
-                raise ValueError("`tis_cap` already clips every token's ratio around pi_old (with the weight "
-                                 "min(pi_old/mu, C)), so `decoupled_clip` would add nothing; set one of them: "
-                                 "`tis_cap` for capped weights on all tokens, `decoupled_clip` for uncapped "
-                                 "weights on stale tokens only")
-            if self.recompute_old and (self.tis_cap is not None or self.decoupled_clip):
-                raise ValueError("`recompute_old` takes every token's ratio against pi_old with no weight, which "
-                                 "`tis_cap` and `decoupled_clip` would weight; set one of them: `recompute_old` for "
-                                 "no correction (APRIL, SPEC-RL), `tis_cap` or `decoupled_clip` for a weighted one")
-            return self
-
-        @property
-        def off_policy(self) -> bool:
-            return (self.tis_cap is not None or self.decoupled_clip or self.recompute_old
-                    or self.max_staleness is not None)
-
     @staticmethod
-    def check_pipeline(config: "GRPOUpdate.Config", view: Any) -> list[Pairing]:
-        """The components' pairings with each other and with the pipeline (``gfcr validate``)."""
+    def check_pipeline(config: "GRPOUpdate.Config", view: Any) -> list[PipelineProblem]:
+        """The components' pairings with each other and with the pipeline, and what the upstream
+        stages need of the update (``view.update_needs``), for ``gfcr validate``."""
         ctx = PairingContext(config.advantage.use, config.loss.use, config.aggregation.use,
-                             view.rollouts_per_prompt, view.rollouts_from, view.upstream)
-        found = [p for spec in (config.advantage, config.loss, config.aggregation) for p in spec.pairing_problems(ctx)]
-        found += upstream_needs(config, view.upstream)
-        loss_cls = config.loss.component_class()
-        if not getattr(loss_cls, "token_corrections", True):
-            for key in ("tis_cap", "decoupled_clip", "recompute_old"):
-                if getattr(config, key) not in (None, False):
-                    found.append(Pairing((key,), f"loss `{config.loss.use}` has no per-token ratio for `{key}` to "
-                                                 "correct", f"remove `{key}`, or use loss `ppo_clip`"))
-        return found
+                             view.rollouts_per_prompt, view.rollouts_from, view.upstream, config.correction.use,
+                             declared(config.loss.component_class(), "token_corrections"))
+        specs = (config.advantage, config.loss, config.aggregation, config.correction)
+        return [p for spec in specs for p in spec.pairing_problems(ctx)] + unmet_needs(ctx, view)
 
     def __init__(self, config: Config):
         self.config = config
         self.estimator = config.advantage.build()
         self.loss = config.loss.build()
         self.aggregation = config.aggregation.build()
+        self.correction = config.correction.build()
+        self.off_policy = provides(self.correction, CorrectsTokens)  # else the ratio is against mu, as on-policy
         self.policy: Policy | None = None
         self.resources: Resources | None = None
         self.optimizer: Any = None
@@ -234,9 +224,8 @@ class GRPOUpdate:
         self.resources = resources
         self.policy = resources.require_policy("update.grpo")
         groups = [{"params": list(self.policy.model.parameters())}]
-        learnable = getattr(self.aggregation, "parameters", None)
-        if learnable is not None:
-            groups += learnable(next(self.policy.model.parameters()).device)  # param groups: [{"params": [...], "lr": ...}]
+        if provides(self.aggregation, LearnsParameters):  # param groups: [{"params": [...], "lr": ...}]
+            groups += self.aggregation.parameters(next(self.policy.model.parameters()).device)
         self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_eps,
                                            weight_decay=cfg.weight_decay)
         if cfg.kl_coef > 0:
@@ -251,7 +240,7 @@ class GRPOUpdate:
         metrics: dict[str, float] = {"batch_groups": batch_groups, "batch_rollouts": n_rollouts,
                                      "batch_tokens": n_tokens, "batch_zero_variance_groups": zero_var}
         plan = self.aggregation.plan([i.row() for i in items])
-        if self.config.off_policy:
+        if self.off_policy:
             metrics["off_policy_token_fraction"] = off_policy_fraction(items, policy.version)
         forward = [i for i in items if len(i.rollout) and (i.has_signal() or (self.config.kl_coef > 0 and i.counts()))]
         if not forward:
@@ -304,8 +293,9 @@ class GRPOUpdate:
         factors = [m for m in (r.loss_mask, estimator_mask) if m is not None]
         if tree is not None:
             factors.append(tree)
-        if self.config.max_staleness is not None:
-            factors.append(r.staleness(version) <= self.config.max_staleness)
+        kept = self.correction.keeps(r, version) if provides(self.correction, LimitsStaleness) else None
+        if kept is not None:
+            factors.append(kept)
         if not factors:
             return None
         weights = np.ones(len(r), dtype=np.float64)
@@ -330,17 +320,17 @@ class GRPOUpdate:
             adv = _advantages(chunk, width, logp)  # [B, 1] or [B, R]
             weight = mask if all(i.weights is None for i in chunk) else mask * padded(
                 [_ones_if_none(i) for i in chunk], width, device)  # [B, R]
-            if cfg.off_policy:
+            if self.off_policy:
                 stale = padded([i.rollout.staleness(self._policy().version) > 0 for i in chunk], width, device) > 0
-                correction = token_correction(logp, behaviour, stale, cfg.tis_cap, cfg.decoupled_clip, cfg.recompute_old)
-                correction_stats.add(correction, weight, cfg.tis_cap)
+                correction = self.correction.correct(logp, behaviour, stale)
+                correction_stats.add(correction, weight)
                 _write_old_logprobs(chunk, logp)
                 log_ratio = logp - correction.proximal
             else:
                 log_ratio = logp - behaviour
-            extra = {"logprobs": logp.detach()} if getattr(self.loss, "needs_logprobs", False) else {}
+            extra = {"logprobs": logp.detach()} if declared(self.loss, "needs_logprobs") else {}
             terms = self.loss.terms(log_ratio, adv.expand_as(logp), weight, **extra)
-            per_token = terms.per_token if not cfg.off_policy else terms.per_token * correction.weight
+            per_token = terms.per_token if not self.off_policy else terms.per_token * correction.weight
             if self.reference is not None:
                 with torch.no_grad():
                     ref, _ = response_logprobs(self.reference, chunk, cfg.temperature)
@@ -355,8 +345,7 @@ class GRPOUpdate:
                 clipped += float((terms.clipped.to(mask.dtype) * counted_mask).sum())
                 ratio_sum += float((terms.ratio * counted_mask).sum())
                 counted += int(counted_mask.sum())
-        extra = getattr(self.aggregation, "batch_term", None)
-        term = extra(plan) if extra is not None else None
+        term = self.aggregation.batch_term(plan) if provides(self.aggregation, AddsBatchTerm) else None
         if term is not None:
             term.backward()
             total += float(term.detach())
@@ -364,11 +353,10 @@ class GRPOUpdate:
                  "advantage_abs_mean": float(np.mean([i.advantage_abs() for i in items]))}
         if self.reference is not None:
             stats["kl"] = kl_sum / max(counted, 1)
-        if cfg.off_policy:
+        if self.off_policy:
             stats.update(correction_stats.metrics())
-        component_metrics = getattr(self.aggregation, "metrics", None)
-        if component_metrics is not None:
-            stats.update(component_metrics())
+        if provides(self.aggregation, ReportsStepMetrics):
+            stats.update(self.aggregation.metrics())
         return total, stats
 
     def _clip_gradients(self) -> float:
@@ -384,29 +372,29 @@ class GRPOUpdate:
 
     def state_dict(self) -> dict[str, Any]:
         state = {"optimizer": self.optimizer.state_dict() if self.optimizer is not None else None}
-        if hasattr(self.aggregation, "state_dict"):
+        if isinstance(self.aggregation, Stateful):
             state["aggregation"] = self.aggregation.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("aggregation") is not None and hasattr(self.aggregation, "load_state_dict"):
+        if state.get("aggregation") is not None and isinstance(self.aggregation, Stateful):
             self.aggregation.load_state_dict(state["aggregation"])
         if state.get("optimizer") is not None:
             self.optimizer.load_state_dict(state["optimizer"])
 
 
-def upstream_needs(config: "GRPOUpdate.Config", upstream: tuple[tuple[str, str], ...]) -> list[Pairing]:
-    """The update options that upstream stages need on: a stage class's ``update_needs``
-    (``{option: why}``, for example ``replay.rollout_replay``'s ``decoupled_clip``)."""
-    from gfcr.registry import STAGES
-
+def unmet_needs(ctx: PairingContext, view: Any) -> list[PipelineProblem]:
+    """What the upstream stages declared they need of the update (``view.update_needs``: for
+    example ``replay.rollout_replay``'s ``decoupled_clip`` correction) and its components do not give."""
+    aliases = dict(view.upstream)
     found = []
-    for sid, alias in upstream:
-        needs: dict[str, str] = getattr(STAGES.get(alias), "update_needs", {}) if alias in STAGES else {}
-        for key, why in needs.items():
-            if not getattr(config, key):
-                found.append(Pairing((key,), f"stage `{sid}` ({alias}) {why}, and `{key}` is off",
-                                     f"set `{key}: true` in the update's `with` (--set update.with.{key}=true)"))
+    for sid, need in view.update_needs:
+        if ctx.chosen(need.key) not in need.allowed:
+            found.append(PipelineProblem(
+                (need.key, "use"), f"stage `{sid}` ({aliases[sid]}) {need.why}, and the update's {need.key} is "
+                                   f"`{ctx.chosen(need.key)}`",
+                f"set `{need.key}: {{use: {need.allowed[0]}}}` in the update's `with` (--set "
+                f"update.with.{need.key}.use={need.allowed[0]})"))
     return found
 
 

@@ -215,7 +215,7 @@ PIPELINE = REPO / "pipelines" / "pilot_commit_arith.yaml"
 
 
 @pytest.mark.parametrize("edit, expected", [
-    (("decoupled_clip: true", "decoupled_clip: false"), "`decoupled_clip` is off"),
+    (("correction: {use: decoupled_clip}", "correction: {use: none}"), "the update's correction is `none`"),
     (("from: join", "from: reward"), "no `replay.pilot_join` stage"),
     (("n_commit: 4,", "n_commit: 4, n_pilot_effective: 5,"), "n_pilot_effective: 5"),
 ])
@@ -257,7 +257,7 @@ SMALL = textwrap.dedent("""\
       rollout: {use: generate.sample, from: plan, with: {max_new_tokens: 8}}
       reward:  {use: filter.verify, from: rollout}
       join:    {use: replay.pilot_join, from: {groups: reward, allocation: plan}}
-    update: {use: update.grpo, from: join, with: {lr: 3.0e-4, decoupled_clip: true}}
+    update: {use: update.grpo, from: join, with: {lr: 3.0e-4, correction: {use: decoupled_clip}}}
     run: {steps: 6, seed: 0, checkpoint_every: 2}
     tracking: {mlflow: null}
     """)

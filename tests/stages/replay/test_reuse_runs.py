@@ -34,7 +34,7 @@ HEAD = textwrap.dedent("""\
       reward:  {use: filter.verify, from: rollout}
     """)
 TAIL = textwrap.dedent("""\
-    update: {use: update.grpo, from: %s, with: {lr: %s, decoupled_clip: true}}
+    update: {use: update.grpo, from: %s, with: {lr: %s, correction: {use: decoupled_clip}}}
     run: {steps: 4, seed: 0, checkpoint_every: 2}
     tracking: {mlflow: null}
     """)

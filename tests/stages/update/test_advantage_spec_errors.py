@@ -21,7 +21,6 @@ QUICKSTART = str(Path(__file__).resolve().parents[3] / "pipelines" / "quickstart
     (["update.with.advantage.use=gapo", "update.with.advantage.with.fraction=1.5"], "update.with.advantage.with",
      "`fraction`: Input should be less than or equal to 1"),
     (["update.with.advantage=median"], "update.with.advantage", "write `advantage: {use: median}`"),
-    (["update.with.tis_cap=2.0", "update.with.decoupled_clip=true"], "update.with", "set one of them"),
 ])
 def test_bad_advantage_specs_fail_validation_with_the_key_path(overrides, path, message):
     args = ["validate", QUICKSTART] + [a for o in overrides for a in ("--set", o)]

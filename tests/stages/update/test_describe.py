@@ -12,14 +12,16 @@ from typer.testing import CliRunner
 
 from gfcr.cli.main import app
 from gfcr.graph import compile_pipeline
-from gfcr.registry.catalog import BUILTIN_ADVANTAGE_ESTIMATORS, BUILTIN_AGGREGATIONS, BUILTIN_LOSSES
+from gfcr.registry.catalog import (BUILTIN_ADVANTAGE_ESTIMATORS, BUILTIN_AGGREGATIONS, BUILTIN_CORRECTIONS,
+                                   BUILTIN_LOSSES)
 from gfcr.spec import load_spec_text
 from gfcr.stages.update.component import ComponentConfig, Requirement
 from gfcr.stages.update.describe import component_infos, describe, first_sentence, markdown_table
 from tests.conftest import REPO
 
 cli = CliRunner()
-BUILTINS = {"advantage": BUILTIN_ADVANTAGE_ESTIMATORS, "loss": BUILTIN_LOSSES, "aggregation": BUILTIN_AGGREGATIONS}
+BUILTINS = {"advantage": BUILTIN_ADVANTAGE_ESTIMATORS, "loss": BUILTIN_LOSSES, "aggregation": BUILTIN_AGGREGATIONS,
+            "correction": BUILTIN_CORRECTIONS}
 
 
 def _script():
@@ -92,7 +94,9 @@ def test_the_catalog_page_examples_validate():
     (yaml_block,) = re.findall(r"```yaml\n(.*?)```", page, re.S)
     update_line = next(line for line in quickstart.splitlines() if line.startswith("update:"))
     compile_pipeline(load_spec_text(quickstart.replace(update_line, yaml_block.rstrip()), "update-catalog.md"))
-    command = re.search(r"^(gfcr validate .*?)\n```", page, re.M | re.S).group(1)
-    args = shlex.split(command.replace("\\\n", " "))
-    result = cli.invoke(app, [a.replace("pipelines/", f"{REPO}/pipelines/") for a in args[1:]])
-    assert result.exit_code == 0, result.output
+    commands = re.findall(r"^(gfcr validate .*?)\n```", page, re.M | re.S)
+    assert len(commands) == 2  # Dr. GRPO's components, and a correction
+    for command in commands:
+        args = shlex.split(command.replace("\\\n", " "))
+        result = cli.invoke(app, [a.replace("pipelines/", f"{REPO}/pipelines/") for a in args[1:]])
+        assert result.exit_code == 0, result.output

@@ -1,5 +1,5 @@
 """DOTS rollout replay's loss (arXiv 2506.05316, ``compute_policy_loss_temp``) is update.grpo's
-``decoupled_clip`` on stale tokens: ``-min(A r, A clip(r, r_old (1 - eps_low), r_old (1 + eps_high)))``
+correction ``decoupled_clip`` on stale tokens: ``-min(A r, A clip(r, r_old (1 - eps_low), r_old (1 + eps_high)))``
 with ``r = pi_theta / mu`` and ``r_old = pi_old / mu``, by hand numbers and by the gradient of a
 whole replayed group."""
 
@@ -29,7 +29,7 @@ def dots_loss(logp: torch.Tensor, advantage: float) -> torch.Tensor:
 
 
 def decoupled_loss(logp: torch.Tensor, advantage: float) -> torch.Tensor:
-    """What update.grpo computes for a stale token with decoupled_clip: the ratio against pi_old,
+    """What update.grpo computes for a stale token with the decoupled_clip correction: the ratio against pi_old,
     clipped around 1, times the detached weight pi_old / mu."""
     terms = PPOClip(PPOClip.Config(clip=EPS)).terms(logp - OLD, torch.tensor(advantage), torch.ones(()))
     return terms.per_token * math.exp(OLD - MU)
@@ -58,7 +58,7 @@ def test_a_clip_centred_on_1_against_mu_would_clip_the_same_token_to_no_gradient
 
 
 def test_update_grpo_s_gradient_on_a_replayed_group_is_dots_by_hand():
-    stage, policy = stage_and_policy(version=3, decoupled_clip=True, loss={"use": "ppo_clip", "with": {"clip": EPS}})
+    stage, policy = stage_and_policy(version=3, correction={"use": "decoupled_clip"}, loss={"use": "ppo_clip", "with": {"clip": EPS}})
     tokens, deltas = [[3, 4, 5], [6, 7]], [[-0.7, 0.3, 0.2], [-1.0, 0.05]]  # log pi_old - log mu per token
     rollouts = []
     for i, (ids, d) in enumerate(zip(tokens, deltas)):

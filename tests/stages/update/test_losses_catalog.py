@@ -245,10 +245,15 @@ def test_cispo_through_the_update_matches_a_hand_loss():
     (["update.with.loss.use=gspo"], "update.with.aggregation.use",
      "GSPO's objective is a mean over responses, so it needs aggregation `seq_mean_token_mean`, not `token_mean`"),
     (["update.with.loss.use=gspo_token"], "update.with.aggregation.use", "needs aggregation `seq_mean_token_mean`"),
-    (["update.with.loss={use: gspo}", "update.with.aggregation.use=seq_mean_token_mean", "update.with.tis_cap=2.0"],
-     "update.with.tis_cap", "loss `gspo` has no per-token ratio for `tis_cap` to correct"),
+    (["update.with.loss={use: gspo}", "update.with.aggregation.use=seq_mean_token_mean",
+      "update.with.correction.use=tis"],
+     "update.with.correction.use", "loss `gspo` has no per-token ratio for correction `tis` to correct"),
     (["update.with.loss={use: gspo_token}", "update.with.aggregation.use=seq_mean_token_mean",
-      "update.with.decoupled_clip=true"], "update.with.decoupled_clip", "no per-token ratio for `decoupled_clip`"),
+      "update.with.correction.use=decoupled_clip"], "update.with.correction.use",
+     "no per-token ratio for correction `decoupled_clip`"),
+    (["update.with.loss={use: gspo}", "update.with.aggregation.use=seq_mean_token_mean",
+      "update.with.correction.use=recompute_old"], "update.with.correction.use",
+     "no per-token ratio for correction `recompute_old`"),
     (["update.with.loss={use: cispo}"], "update.with.loss.with", "loss `cispo`: `eps_high` is required"),
     (["update.with.loss={use: gspo, with: {clip: [0.2]}}", "update.with.aggregation.use=seq_mean_token_mean"],
      "update.with.loss.with", "loss `gspo`: `clip"),
@@ -263,7 +268,9 @@ def test_misconfigured_losses_fail_validation_with_the_key_path(overrides, path,
 @pytest.mark.parametrize("overrides", [
     ["update.with.loss={use: gspo}", "update.with.aggregation.use=seq_mean_token_mean"],
     ["update.with.loss={use: gspo_token}", "update.with.aggregation.use=seq_mean_token_mean"],
-    ["update.with.loss={use: cispo, with: {eps_high: 4.0}}", "update.with.tis_cap=2.0"],
+    ["update.with.loss={use: cispo, with: {eps_high: 4.0}}", "update.with.correction.use=tis"],
+    ["update.with.loss={use: gspo}", "update.with.aggregation.use=seq_mean_token_mean",  # a mask, no reweighting
+     "update.with.correction={use: staleness, with: {max_staleness: 2}}"],
 ])
 def test_well_paired_losses_validate(overrides):
     result = CliRunner().invoke(app, ["validate", QUICKSTART] + [a for o in overrides for a in ("--set", o)])

@@ -205,7 +205,7 @@ def test_tr_grpo_refuses_a_setting_whose_weights_are_all_equal():
     (["update.with.loss={use: tic_grpo}", "update.with.aggregation.use=seq_mean_token_mean"],
      "update.with.loss.with", "`eps_high`"),
     (["update.with.loss={use: tic_grpo, with: {eps_high: 0.28}}", "update.with.aggregation.use=seq_mean_token_mean",
-      "update.with.tis_cap=2.0"], "update.with.tis_cap", "loss `tic_grpo` has no per-token ratio"),
+      "update.with.correction.use=tis"], "update.with.correction.use", "loss `tic_grpo` has no per-token ratio"),
     (["update.with.loss={use: tr_grpo, with: {tau: 9.0}}"], "update.with.loss.with", "this is plain GRPO"),
     (["update.with.loss={use: tr_grpo}"], "update.with.loss.with", "`tau`"),
 ])

@@ -1,7 +1,8 @@
 """Must-show 3 of issue 10: the update's gradient equals a hand computation (a) on a tree of
 3 leaves sharing a prefix, where shared tokens count once, and (b) with truncated importance
 sampling on stale segments, where each token's loss carries its capped weight. Also the
-decoupled clip, the staleness limit, loss masks and per-token advantages."""
+decoupled clip, the staleness limit, loss masks and per-token advantages, each correction chosen
+as the update's ``correction`` component."""
 
 from __future__ import annotations
 
@@ -200,7 +201,7 @@ def hand_off_policy_loss(model, group, weight_of, proximal_is_old) -> torch.Tens
 
 
 def test_tis_weights_every_token_by_its_capped_ratio_to_the_behaviour_policy():
-    stage, policy = stage_and_policy(version=2, tis_cap=CAP)
+    stage, policy = stage_and_policy(version=2, correction={"use": "tis", "with": {"cap": CAP}})
     group = stale_group(policy.model)
     got, metrics = stage_gradients(stage, RolloutGroups([group]))
     loss = hand_off_policy_loss(policy.model, group, lambda raw: raw.clamp(max=CAP), lambda s: torch.ones_like(s))
@@ -215,7 +216,7 @@ def test_tis_weights_every_token_by_its_capped_ratio_to_the_behaviour_policy():
 
 
 def test_decoupled_clip_corrects_only_the_stale_tokens_without_a_cap():
-    stage, policy = stage_and_policy(version=2, decoupled_clip=True)
+    stage, policy = stage_and_policy(version=2, correction={"use": "decoupled_clip"})
     group = stale_group(policy.model)
     got, metrics = stage_gradients(stage, RolloutGroups([group]))
     loss = hand_off_policy_loss(policy.model, group, lambda raw: raw, lambda stale: stale)
@@ -227,7 +228,7 @@ def test_decoupled_clip_corrects_only_the_stale_tokens_without_a_cap():
 
 
 def test_the_staleness_limit_masks_old_tokens_out_of_the_loss_and_its_denominator():
-    stage, policy = stage_and_policy(version=2, max_staleness=1)
+    stage, policy = stage_and_policy(version=2, correction={"use": "staleness", "with": {"max_staleness": 1}})
     group = stale_group(policy.model)
     got, metrics = stage_gradients(stage, RolloutGroups([group]))
     assert metrics["batch_tokens"] == 2.0  # only the 2 fresh tokens of rollout 0 count
@@ -243,7 +244,7 @@ def test_the_staleness_limit_masks_old_tokens_out_of_the_loss_and_its_denominato
 
 def test_recompute_old_takes_every_ratio_against_pi_old_with_no_weight():
     """APRIL's and SPEC-RL's rule: stale tokens treated as on-policy (ratio 1 at the update's start)."""
-    stage, policy = stage_and_policy(version=2, recompute_old=True)
+    stage, policy = stage_and_policy(version=2, correction={"use": "recompute_old"})
     group = stale_group(policy.model)
     got, metrics = stage_gradients(stage, RolloutGroups([group]))
     loss = hand_off_policy_loss(policy.model, group, lambda raw: torch.ones_like(raw), lambda s: torch.ones_like(s))
@@ -254,18 +255,25 @@ def test_recompute_old_takes_every_ratio_against_pi_old_with_no_weight():
     assert metrics["off_policy_token_fraction"] == pytest.approx(5 / 7)
 
 
-@pytest.mark.parametrize("other", [{"tis_cap": 2.0}, {"decoupled_clip": True}])
-def test_recompute_old_is_one_choice_with_the_weighted_corrections(other):
-    with pytest.raises(ValueError, match="set one of them"):
-        GRPOUpdate.Config(recompute_old=True, **other)
+def test_a_weighting_correction_takes_a_staleness_limit_too():
+    """``tis`` with ``max_staleness``: the old tokens leave the loss, the fresh ones keep their weight."""
+    stage, policy = stage_and_policy(version=2, correction={"use": "tis", "with": {"cap": CAP, "max_staleness": 1}})
+    group = stale_group(policy.model)
+    got, metrics = stage_gradients(stage, RolloutGroups([group]))
+    assert metrics["batch_tokens"] == 2.0  # only the 2 fresh tokens of rollout 0 count
+    assert metrics["off_policy_token_fraction"] == pytest.approx(5 / 7)  # counted before the limit
+    rewards = np.array([1.0, 0.0])
+    a0 = ((rewards - rewards.mean()) / (rewards.std(ddof=1) + 1e-6))[0]
+    r = group.rollouts[0]
+    logp = token_logprobs(policy.model, r.response_token_ids)[2:]
+    old, mu = logp.detach(), torch.tensor(r.behavior_logprobs[2:])
+    weights = torch.exp(old - mu).clamp(max=CAP)
+    want = hand_gradients(policy.model, -(weights * surrogate(torch.exp(logp - old), float(a0))).sum() / 2)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=1e-6, rtol=0)
 
 
-def test_tis_and_decoupled_clip_are_one_choice():
-    with pytest.raises(ValueError, match="set one of them"):
-        GRPOUpdate.Config(tis_cap=2.0, decoupled_clip=True)
-
-
-def test_off_policy_metrics_appear_only_when_an_option_is_on():
+def test_off_policy_metrics_appear_only_with_a_correction():
     stage, policy = stage_and_policy(version=2)
     _, metrics = stage_gradients(stage, RolloutGroups([stale_group(policy.model)]))
     assert not {"off_policy_token_fraction", "is_weight_mean"} & set(metrics)

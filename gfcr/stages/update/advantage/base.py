@@ -36,6 +36,7 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from gfcr.records import RolloutGroup
+from gfcr.registry.components import EstimatesBatch, provides
 from gfcr.stages.update.component import ComponentConfig, ComponentSpec
 
 
@@ -60,7 +61,8 @@ class Advantages:
 class AdvantageEstimator(Protocol):
     """``estimate(group)`` is required; an estimator that needs the whole batch (REINFORCE++'s
     batch normalisation) or the prompts (a stored reference value) also defines
-    ``estimate_batch(groups, pool) -> list[Advantages]``, which the update then calls instead."""
+    ``estimate_batch(groups, pool) -> list[Advantages]`` (``gfcr.registry.components.EstimatesBatch``),
+    which the update then calls instead."""
 
     config: BaseModel
 
@@ -107,9 +109,8 @@ def estimate_all(estimator: AdvantageEstimator, groups: Sequence[RolloutGroup], 
     """One ``Advantages`` per group: the estimator's ``estimate_batch(groups, pool)`` when it
     has one (estimators that normalise across the batch, or read the prompts), else
     ``estimate(group)`` for each group."""
-    batch = getattr(estimator, "estimate_batch", None)
-    if batch is not None:
-        out = list(batch(groups, pool))
+    if provides(estimator, EstimatesBatch):
+        out = list(estimator.estimate_batch(groups, pool))
         if len(out) != len(groups):
             raise RuntimeError(f"{type(estimator).__name__}.estimate_batch returned {len(out)} results "
                                f"for {len(groups)} groups")

@@ -51,10 +51,11 @@ import numpy as np
 from pydantic import Field
 
 from gfcr.records import RolloutGroup
+from gfcr.registry import PipelineProblem
 from gfcr.stages.update.advantage.base import (Advantages, EstimatorConfig, checked_rewards, has_no_baseline,
                                                lower_median)
 from gfcr.stages.update.advantage.median import median_centred
-from gfcr.stages.update.component import Pairing, PairingContext
+from gfcr.stages.update.component import PairingContext
 
 NONZERO_ATOL = 1e-6  # the reference's torch.isclose(..., atol=1e-6)
 
@@ -97,25 +98,28 @@ class MCGRPO:
         return Advantages(tuple(float(v) for v in a), masks)
 
     @staticmethod
-    def pairing_problems(config: "MCGRPO.Config", ctx: PairingContext) -> list[Pairing]:
+    def pairing_problems(config: "MCGRPO.Config", ctx: PairingContext) -> list[PipelineProblem]:
         """G + 1 rollouts per prompt, fixed by a Control stage upstream of the update."""
         n = ctx.rollouts_per_prompt
         if n is None:
             g = config.g or 8
-            return [Pairing(("advantage", "use"),
-                            "MC-GRPO needs G + 1 rollouts per prompt from a fixed allocation (the extra one is the "
-                            "median pivot, left out of the loss), and no stage upstream of the update fixes the "
-                            "group size",
-                            f"add `control.mc_grpo` with `g: {g}` (or `control.fixed_n` with `n: {g + 1}`) "
-                            "upstream of the update")]
+            return [PipelineProblem(
+                ("advantage", "use"),
+                "MC-GRPO needs G + 1 rollouts per prompt from a fixed allocation (the extra one is the "
+                "median pivot, left out of the loss), and no stage upstream of the update fixes the "
+                "group size",
+                f"add `control.mc_grpo` with `g: {g}` (or `control.fixed_n` with `n: {g + 1}`) "
+                "upstream of the update")]
         if config.g is not None and n != config.g + 1:
-            return [Pairing(("advantage", "with", "g"),
-                            f"MC-GRPO with `g: {config.g}` needs G + 1 = {config.g + 1} rollouts per prompt, but "
-                            f"stage `{ctx.rollouts_from}` allocates {n}",
-                            _allocate(ctx, config.g + 1) + (f", or set `g: {n - 1}`" if n >= 2 else ""))]
+            return [PipelineProblem(
+                ("advantage", "with", "g"),
+                f"MC-GRPO with `g: {config.g}` needs G + 1 = {config.g + 1} rollouts per prompt, but "
+                f"stage `{ctx.rollouts_from}` allocates {n}",
+                _allocate(ctx, config.g + 1) + (f", or set `g: {n - 1}`" if n >= 2 else ""))]
         if n < 2:
-            return [Pairing(("advantage", "use"),
-                            f"MC-GRPO needs G + 1 >= 2 rollouts per prompt, but stage `{ctx.rollouts_from}` "
-                            f"allocates {n}: its only rollout is the pivot, left out of the loss",
-                            f"{_allocate(ctx, 9)} (G = 8)")]
+            return [PipelineProblem(
+                ("advantage", "use"),
+                f"MC-GRPO needs G + 1 >= 2 rollouts per prompt, but stage `{ctx.rollouts_from}` "
+                f"allocates {n}: its only rollout is the pivot, left out of the loss",
+                f"{_allocate(ctx, 9)} (G = 8)")]
         return []

@@ -65,8 +65,9 @@ import numpy as np
 from pydantic import Field
 
 from gfcr.records import Rollout, RolloutGroup
+from gfcr.registry import PipelineProblem
 from gfcr.stages.update.advantage.base import Advantages, EstimatorConfig, checked_rewards
-from gfcr.stages.update.component import Pairing, PairingContext
+from gfcr.stages.update.component import PairingContext
 
 TREE_GENERATORS = ("generate.tree",)
 
@@ -146,12 +147,13 @@ class TreeAdvantage:
         return group.tree
 
     @staticmethod
-    def pairing_problems(config: "TreeAdvantage.Config", ctx: PairingContext) -> list[Pairing]:
+    def pairing_problems(config: "TreeAdvantage.Config", ctx: PairingContext) -> list[PipelineProblem]:
         """A tree generator upstream of the update."""
         if any(alias in TREE_GENERATORS for _, alias in ctx.upstream):
             return []
-        return [Pairing(("advantage", "use"),
-                        "advantage `tree` needs tree groups (node values over the leaves below each branch point), "
-                        "and no stage upstream of the update generates trees",
-                        "generate with `generate.tree` (e.g. `rollout: {use: generate.tree, from: budget}`), or "
-                        "use a group estimator such as `mean_std`")]
+        return [PipelineProblem(
+            ("advantage", "use"),
+            "advantage `tree` needs tree groups (node values over the leaves below each branch point), "
+            "and no stage upstream of the update generates trees",
+            "generate with `generate.tree` (e.g. `rollout: {use: generate.tree, from: budget}`), or "
+            "use a group estimator such as `mean_std`")]

@@ -17,7 +17,9 @@ with ``"lr"``) added to the update's AdamW, which uses the policy's learning rat
 sets none, ``batch_term(plan) -> loss | None``
 (added once per step, e.g. a regulariser), ``metrics() -> dict[str, float]``, and
 ``state_dict()`` / ``load_state_dict(state)`` so that a resumed run goes on with the learned
-weights.
+weights. These extension points are declared in ``gfcr.registry.components`` (``LearnsParameters``,
+``AddsBatchTerm``, ``ReportsStepMetrics``, ``Stateful``); a near miss of their names is refused
+when the aggregation is registered.
 """
 
 from __future__ import annotations

@@ -53,8 +53,9 @@ from typing import Annotated, Any, Sequence
 import numpy as np
 from pydantic import Field
 
+from gfcr.registry import PipelineProblem
 from gfcr.stages.update.aggregation.base import AggregationConfig, Row
-from gfcr.stages.update.component import Pairing, PairingContext
+from gfcr.stages.update.component import PairingContext
 
 
 @dataclass(frozen=True)
@@ -74,14 +75,15 @@ class DARO:
             None, description="learning rate of the log-weights; null: the update's lr")
 
     @staticmethod
-    def pairing_problems(config: Config, ctx: PairingContext) -> list[Pairing]:
+    def pairing_problems(config: Config, ctx: PairingContext) -> list[PipelineProblem]:
         g = ctx.rollouts_per_prompt
         if g is None or g == config.rollouts_per_prompt:
             return []
-        return [Pairing(("aggregation", "with", "rollouts_per_prompt"),
-                        f"DARO's difficulties are pass rates k/{config.rollouts_per_prompt}, but stage "
-                        f"`{ctx.rollouts_from}` allocates {g} rollouts per prompt",
-                        f"set `rollouts_per_prompt: {g}` (--set update.with.aggregation.with.rollouts_per_prompt={g})")]
+        return [PipelineProblem(
+            ("aggregation", "with", "rollouts_per_prompt"),
+            f"DARO's difficulties are pass rates k/{config.rollouts_per_prompt}, but stage "
+            f"`{ctx.rollouts_from}` allocates {g} rollouts per prompt",
+            f"set `rollouts_per_prompt: {g}` (--set update.with.aggregation.with.rollouts_per_prompt={g})")]
 
     def __init__(self, config: Config):
         import torch

@@ -51,8 +51,9 @@ from typing import Annotated, Any, Sequence
 import numpy as np
 from pydantic import Field
 
+from gfcr.registry import PipelineProblem
 from gfcr.stages.update.aggregation.base import AggregationConfig, Row
-from gfcr.stages.update.component import Pairing, PairingContext
+from gfcr.stages.update.component import PairingContext
 
 
 @dataclass(frozen=True)
@@ -74,17 +75,18 @@ class LambdaGRPO:
             None, description="learning rate of lambda; null: the update's lr")
 
     @staticmethod
-    def pairing_problems(config: "LambdaGRPO.Config", ctx: PairingContext) -> list[Pairing]:
+    def pairing_problems(config: "LambdaGRPO.Config", ctx: PairingContext) -> list[PipelineProblem]:
         """With a fixed group size G, ``|z| <= (G - 1) / sqrt(G)`` (one response apart from the
         others, sample std), so ``h > 0`` for every group exactly when ``r < sqrt(G) / (G - 1)``."""
         g = ctx.rollouts_per_prompt
         if g is None or g < 2 or config.r * (g - 1) / math.sqrt(g) < 1.0:
             return []
         bound = math.sqrt(g) / (g - 1)
-        return [Pairing(("aggregation", "with", "r"),
-                        f"with {g} rollouts per prompt (`{ctx.rollouts_from}`), a group whose lengths are all equal "
-                        f"but one has h = 1 + r z <= 0 for r = {config.r}, and lambda_grpo would stop the run",
-                        f"set `r` below sqrt(G) / (G - 1) = {bound:.4f}")]
+        return [PipelineProblem(
+            ("aggregation", "with", "r"),
+            f"with {g} rollouts per prompt (`{ctx.rollouts_from}`), a group whose lengths are all equal "
+            f"but one has h = 1 + r z <= 0 for r = {config.r}, and lambda_grpo would stop the run",
+            f"set `r` below sqrt(G) / (G - 1) = {bound:.4f}")]
 
     def __init__(self, config: Config):
         import torch

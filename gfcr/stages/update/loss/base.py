@@ -18,10 +18,14 @@ it. Class attributes a loss may set:
 
 - ``requires``: ``Requirement``s on the other components (GSPO is defined with a
   sequence-mean aggregation);
-- ``token_corrections: bool`` (default True): whether the update's ``tis_cap`` and
-  ``decoupled_clip`` are defined for it; a loss that sets False makes them a validate error.
+- ``token_corrections: bool`` (default True): whether the loss has a per-token ratio that an
+  off-policy correction may reweight (``correction: tis``, ``decoupled_clip``,
+  ``recompute_old``); a loss that sets False makes them a validate error.
 - ``needs_logprobs: bool`` (default False): the loss also takes ``logprobs=``, the ``[B, R]``
   detached log-probabilities of the current policy (TR-GRPO weights tokens by them).
+
+These extension points are declared in ``gfcr.registry.components``; a near miss of their
+names is refused when the loss is registered.
 """
 
 from __future__ import annotations

@@ -17,8 +17,9 @@ tokens are not part of ``y_i``). ``l_i`` is written on every token of the respon
 The clip range is tiny because ``s_i`` is a per-token geometric mean: the paper's defaults
 (v2, section 5.1, also TRL's paper index) are ``eps_low = 3e-4``, ``eps_high = 4e-4``.
 
-GSPO defines no per-token importance weight, so the update's ``tis_cap`` and
-``decoupled_clip`` are refused by ``gfcr validate`` (``token_corrections = False``).
+GSPO defines no per-token importance weight, so the update's corrections ``tis``,
+``decoupled_clip`` and ``recompute_old`` are refused by ``gfcr validate``
+(``token_corrections = False``); ``staleness`` masks tokens and pairs with it.
 
 Deviations: none for scalar (per-response) advantages, which every built-in estimator gives. A
 per-token advantage ``A_it`` enters each token's term with the sequence ratio,

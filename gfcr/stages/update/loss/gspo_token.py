@@ -14,8 +14,8 @@ value, the clip decision and the gradient equal ``gspo``'s (as the paper remarks
 verl's ``loss_mode: gspo`` computes this form).
 
 Defaults ``eps_low = 3e-4``, ``eps_high = 4e-4`` (the paper's, section 5.1). No per-token
-importance weight is defined, so ``tis_cap`` / ``decoupled_clip`` are refused
-(``token_corrections = False``).
+importance weight is defined, so the corrections ``tis``, ``decoupled_clip`` and
+``recompute_old`` are refused (``token_corrections = False``).
 
 Deviations: none (verl also caps the log ratio at 10 for numerics; not done here).
 

@@ -39,8 +39,9 @@ Deviations:
 - a per-token advantage ``A_it`` enters each token's term with the sequence ratio (the paper
   defines only trajectory advantages); every built-in estimator except tree ones gives scalars.
 
-TIC-GRPO defines no per-token importance weight, so the update's ``tis_cap`` and
-``decoupled_clip`` are refused by ``gfcr validate`` (``token_corrections = False``).
+TIC-GRPO defines no per-token importance weight, so the update's corrections ``tis``,
+``decoupled_clip`` and ``recompute_old`` are refused by ``gfcr validate``
+(``token_corrections = False``).
 
 Example (two tokens with log-ratios 0.1 and 0.2: ``rho = e^0.3 = 1.35``, above ``1 + 0.28``, so
 with a positive advantage the loss is the clipped ``-1.28 A``; with a negative advantage no
