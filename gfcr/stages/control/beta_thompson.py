@@ -98,7 +98,7 @@ from pydantic import Field
 from gfcr.records import (Allocation, AllocationEntry, ControlReason, PromptPool, PromptStats, StepContext,
                           StepReport)
 from gfcr.registry import Seed, StageConfig
-from gfcr.stages.control.prompt_stats import (beta_update, observe_group, stats_from_state, stats_to_state,
+from gfcr.stages.common.prompt_stats import (beta_update, observe_group, stats_from_state, stats_to_state,
                                               stats_with_prior)
 from gfcr.stages.control.uniform import epoch_order, start_batch
 

@@ -125,7 +125,7 @@ from pydantic import Field, model_validator
 from gfcr.records import Allocation, AllocationEntry, ControlReason, Prompt, PromptPool, StepContext
 from gfcr.registry import StageConfig
 from gfcr.spec.problems import fixable
-from gfcr.stages.filter.fingerprints import fingerprints
+from gfcr.stages.common.fingerprints import fingerprints
 from gfcr.stages.filter.verify import score_text
 from gfcr.stages.generate.sample import step_seed
 from gfcr.stages.resources import Engine, GenerationRequest, Policy, Resources, SamplingParams, prompt_tokens

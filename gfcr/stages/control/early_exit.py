@@ -81,9 +81,9 @@ from pydantic import Field
 
 from gfcr.records import StepReport
 from gfcr.registry import StageConfig
+from gfcr.stages.common.fingerprints import fingerprints
 from gfcr.stages.control.success_predictor import LogisticSuccess
 from gfcr.stages.engine import InFlightView, LiveRow, Steer
-from gfcr.stages.filter.fingerprints import fingerprints
 from gfcr.stages.resources import Policy, Resources
 
 BINS = 10

@@ -12,7 +12,7 @@ with ``log`` the natural logarithm; an incorrect rollout that HDBSCAN leaves as 
 correct rollout, keeps its reward. Per step, for each prompt, this stage
 
 1. fingerprints the group's incorrect rollouts with one extra forward pass of the policy
-   (``gfcr.stages.filter.fingerprints``: per-layer mean-pooled hidden states of the response,
+   (``gfcr.stages.common.fingerprints``: per-layer mean-pooled hidden states of the response,
    unit-normalised and concatenated);
 2. clusters the prompt's memory together with the new fingerprints (``gfcr.stages.filter.
    error_memory``; HDBSCAN, ``min_cluster_size``), so ``|C_k|`` counts past and present members;
@@ -92,8 +92,8 @@ from pydantic import Field
 
 from gfcr.records import PromptPool, Rollout, RolloutGroup, RolloutGroups, StepContext
 from gfcr.registry import StageConfig
+from gfcr.stages.common.fingerprints import check_layers, fingerprints
 from gfcr.stages.filter.error_memory import ErrorMemory, clusters
-from gfcr.stages.filter.fingerprints import check_layers, fingerprints
 from gfcr.stages.resources import Policy, Resources, prompt_tokens
 from gfcr.stages.update.component import Pairing
 
