@@ -98,9 +98,9 @@ from pydantic import Field
 from gfcr.records import (Allocation, AllocationEntry, ControlReason, PromptPool, PromptStats, StepContext,
                           StepReport)
 from gfcr.registry import Seed, StageConfig
+from gfcr.stages.common.epochs import epoch_order, start_batch
 from gfcr.stages.common.prompt_stats import (beta_update, observe_group, stats_from_state, stats_to_state,
                                               stats_with_prior)
-from gfcr.stages.control.uniform import epoch_order, start_batch
 
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 PriorCount = Annotated[float, Field(gt=0.0)]

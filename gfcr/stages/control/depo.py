@@ -100,9 +100,9 @@ from pydantic import Field
 
 from gfcr.records import Allocation, AllocationEntry, ControlReason, Prompt, PromptPool, StepContext, StepReport
 from gfcr.registry import Seed
+from gfcr.stages.common.epochs import epoch_order, start_batch
 from gfcr.stages.common.prompt_stats import visit_draw
 from gfcr.stages.control.success_predictor import PredictorConfig, SuccessEstimator, zero_variance_probability
-from gfcr.stages.control.uniform import epoch_order, start_batch
 from gfcr.stages.resources import Policy, Resources
 
 ALIAS = "control.depo"

@@ -93,8 +93,8 @@ from pydantic import Field, model_validator
 from gfcr.records import (Allocation, AllocationEntry, ControlReason, Prompt, PromptPool, PromptStats, StepContext,
                           StepReport)
 from gfcr.registry import Seed, StageConfig
+from gfcr.stages.common.epochs import epoch_order, start_batch
 from gfcr.stages.common.prompt_stats import observe_group, stats_from_state, stats_to_state, visit_draw
-from gfcr.stages.control.uniform import epoch_order, start_batch
 
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 

@@ -126,8 +126,8 @@ from gfcr.records import (Allocation, AllocationEntry, ControlReason, Prompt, Pr
                           StepReport)
 from gfcr.registry import StageConfig
 from gfcr.spec.problems import fixable
+from gfcr.stages.common.epochs import epoch_order, start_batch
 from gfcr.stages.common.prompt_stats import observe_group, stats_from_state, stats_to_state, visit_draw
-from gfcr.stages.control.uniform import epoch_order, start_batch
 from gfcr.stages.resources import Engine, Resources, ScoreRequest, prompt_tokens
 
 ALIAS = "control.hive"

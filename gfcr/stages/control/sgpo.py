@@ -95,10 +95,10 @@ from pydantic import Field, model_validator
 
 from gfcr.records import Allocation, AllocationEntry, ControlReason, Prompt, PromptPool, StepContext
 from gfcr.registry import Seed, StageConfig
+from gfcr.stages.common.epochs import start_batch
 from gfcr.stages.filter.verify import score_text
 from gfcr.stages.generate.sample import step_seed
 from gfcr.stages.resources import Engine, GenerationRequest, Policy, Resources, SamplingParams, prompt_tokens
-from gfcr.stages.control.uniform import start_batch
 
 ALIAS = "control.sgpo"
 TRIVIAL, UNSOLVED, LEARNABLE = "trivial", "unsolved", "learnable"

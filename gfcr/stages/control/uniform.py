@@ -33,27 +33,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-import numpy as np
 from pydantic import Field
 
-from gfcr.errors import GfcrError
 from gfcr.records import Allocation, AllocationEntry, ControlReason, PromptPool, StepContext
 from gfcr.registry import Seed, StageConfig
-
-
-def start_batch(epoch: int, cursor: int, batch_size: int, pool_size: int) -> tuple[int, int]:
-    """``(epoch, cursor)`` where the next batch starts: a new epoch when the current one has
-    fewer than ``batch_size`` prompts left (``drop_last``)."""
-    if batch_size > pool_size:
-        raise GfcrError(f"a call draws {batch_size} prompts, more than the pool's {pool_size}",
-                        "lower the stage's `batch_size` (and `candidate_ratio`, where it has one), "
-                        "or give the data more prompts")
-    return (epoch + 1, 0) if cursor + batch_size > pool_size else (epoch, cursor)
-
-
-def epoch_order(seed: int, epoch: int, pool_size: int) -> np.ndarray:
-    """The seeded permutation of the pool for one epoch: reproducible from ``(seed, epoch)``."""
-    return np.random.default_rng([seed, epoch]).permutation(pool_size)
+from gfcr.stages.common.epochs import epoch_order, start_batch
 
 
 class UniformControl:
