@@ -126,8 +126,8 @@ from gfcr.records import Allocation, AllocationEntry, ControlReason, Prompt, Pro
 from gfcr.registry import StageConfig
 from gfcr.spec.problems import fixable
 from gfcr.stages.common.fingerprints import fingerprints
+from gfcr.stages.common.seeds import step_seed
 from gfcr.stages.filter.verify import score_text
-from gfcr.stages.generate.sample import step_seed
 from gfcr.stages.resources import Engine, GenerationRequest, Policy, Resources, SamplingParams, prompt_tokens
 
 ALIAS = "control.dots"

@@ -96,8 +96,8 @@ from pydantic import Field, model_validator
 from gfcr.records import Allocation, AllocationEntry, ControlReason, Prompt, PromptPool, StepContext
 from gfcr.registry import Seed, StageConfig
 from gfcr.stages.common.epochs import start_batch
+from gfcr.stages.common.seeds import step_seed
 from gfcr.stages.filter.verify import score_text
-from gfcr.stages.generate.sample import step_seed
 from gfcr.stages.resources import Engine, GenerationRequest, Policy, Resources, SamplingParams, prompt_tokens
 
 ALIAS = "control.sgpo"
