@@ -127,8 +127,8 @@ from gfcr.registry import StageConfig
 from gfcr.spec.problems import fixable
 from gfcr.stages.common.fingerprints import fingerprints
 from gfcr.stages.common.seeds import step_seed
-from gfcr.stages.filter.verify import score_text
 from gfcr.stages.resources import Engine, GenerationRequest, Policy, Resources, SamplingParams, prompt_tokens
+from gfcr.stages.verifiers.scoring import score_text
 
 ALIAS = "control.dots"
 EMBEDDINGS = "embeddings.npy"

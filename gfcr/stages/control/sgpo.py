@@ -97,8 +97,8 @@ from gfcr.records import Allocation, AllocationEntry, ControlReason, Prompt, Pro
 from gfcr.registry import Seed, StageConfig
 from gfcr.stages.common.epochs import start_batch
 from gfcr.stages.common.seeds import step_seed
-from gfcr.stages.filter.verify import score_text
 from gfcr.stages.resources import Engine, GenerationRequest, Policy, Resources, SamplingParams, prompt_tokens
+from gfcr.stages.verifiers.scoring import score_text
 
 ALIAS = "control.sgpo"
 TRIVIAL, UNSOLVED, LEARNABLE = "trivial", "unsolved", "learnable"
