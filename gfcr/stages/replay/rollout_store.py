@@ -55,7 +55,7 @@ from pydantic import Field, model_validator
 from gfcr.errors import CheckpointError
 from gfcr.records import Rollout
 from gfcr.registry import StageConfig
-from gfcr.stages.replay.embedder import PACKAGED
+from gfcr.stages.common.embedding import PACKAGED
 from gfcr.stages.replay.store_files import ENTRIES, PROMPTS, read_entries, read_prompts, write_entries, write_prompts
 from gfcr.stages.replay.stored import AddResult, Hit, PromptHit, StoredRollout, stored_from
 from gfcr.stages.replay.vector_index import IndexSettings, VectorIndex
@@ -122,7 +122,7 @@ class StoreConfig(StageConfig):
 
 
 class TextEmbedder(Protocol):
-    """What the store needs of an embedder (``gfcr.stages.replay.embedder.Embedder``)."""
+    """What the store needs of an embedder (``gfcr.stages.common.embedding.Embedder``)."""
 
     dim: int
 

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from gfcr.errors import CheckpointError
 from gfcr.records import Rollout, Segment
-from gfcr.stages.replay.embedder import load_embedder
+from gfcr.stages.common.embedding import load_embedder
 from gfcr.stages.replay.rollout_store import RESPONSES_INDEX, ReplayStore, StoreConfig
 from gfcr.stages.replay.store_files import ENTRIES
 
