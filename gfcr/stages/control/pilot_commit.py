@@ -116,8 +116,8 @@ from gfcr.records import (
     Allocation, AllocationEntry, Origin, Prompt, PromptPool, RolloutGroup, StepContext, StepReport,
 )
 from gfcr.registry import StageConfig
-from gfcr.stages.replay.reuse import keep, load_entries, reuse, save_entries
-from gfcr.stages.replay.stored import StoredRollout
+from gfcr.stages.common.reuse import keep, load_entries, reuse, save_entries
+from gfcr.stages.common.stored import StoredRollout
 from gfcr.stages.update.component import Pairing
 
 ENTRIES = "entries.parquet"

@@ -98,8 +98,8 @@ from gfcr.records import (
 from gfcr.records.group import FINISHED
 from gfcr.records.rollout import REUSED_ORIGINS
 from gfcr.registry import StageConfig
+from gfcr.stages.common.stored import StoredRollout
 from gfcr.stages.replay.experience_pool import ExperiencePool, seed_jsonl, seed_run_dir
-from gfcr.stages.replay.stored import StoredRollout
 from gfcr.stages.resources import Engine, Policy, Resources, ScoreRequest, prompt_tokens
 
 ALIAS = "replay.rlep"
