@@ -91,7 +91,6 @@ YAML:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Sequence
 
@@ -99,7 +98,7 @@ import numpy as np
 from pydantic import Field
 
 from gfcr.records import Allocation, AllocationEntry, ControlReason, Prompt, PromptPool, StepContext, StepReport
-from gfcr.registry import Seed
+from gfcr.registry import PipelineProblem, Seed
 from gfcr.stages.common.epochs import epoch_order, start_batch
 from gfcr.stages.common.prompt_stats import visit_draw
 from gfcr.stages.control.success_predictor import PredictorConfig, SuccessEstimator, zero_variance_probability
@@ -107,15 +106,6 @@ from gfcr.stages.resources import Policy, Resources
 
 ALIAS = "control.depo"
 KEPT = ("predicted_informative", "explore")
-
-
-@dataclass(frozen=True)
-class Unmet:
-    """A requirement of the stage's Config on the pipeline (``check_pipeline``)."""
-
-    key: tuple[str, ...]
-    message: str
-    fix: str
 
 
 def decide(p_hat: float, z: float, draw: float, kept: int, batch_size: int, threshold: float,
@@ -147,13 +137,13 @@ class Depo:
         seed: Seed | None = Field(None, description="permutation and exploration seed; default: the run's seed")
 
     @staticmethod
-    def check_pipeline(config: "Depo.Config", view: Any) -> list[Unmet]:
+    def check_pipeline(config: "Depo.Config", view: Any) -> list[PipelineProblem]:
         """Every ``control.fixed_n`` of the pipeline must give groups of ``group_size``."""
         out = []
         for sid, alias in view.aliases.items():
             other = view.configs.get(sid)
             if alias == "control.fixed_n" and other is not None and other.n != config.group_size:
-                out.append(Unmet(("group_size",), (
+                out.append(PipelineProblem(("group_size",), (
                     f"control.depo predicts zero-variance groups of group_size {config.group_size}, and `{sid}` "
                     f"(control.fixed_n) rolls out {other.n} per prompt"),
                     f"set the same size on both (`--set stages.<this stage>.with.group_size={other.n}`)"))

@@ -114,7 +114,6 @@ YAML:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Annotated, Any, Sequence
@@ -123,7 +122,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from gfcr.records import Allocation, AllocationEntry, ControlReason, Prompt, PromptPool, StepContext
-from gfcr.registry import StageConfig
+from gfcr.registry import PipelineProblem, StageConfig
 from gfcr.spec.problems import fixable
 from gfcr.stages.common.fingerprints import fingerprints
 from gfcr.stages.common.seeds import step_seed
@@ -133,15 +132,6 @@ from gfcr.stages.verifiers.scoring import score_text
 ALIAS = "control.dots"
 EMBEDDINGS = "embeddings.npy"
 _REFERENCE, _SAMPLE = 0x52454653, 0x53414D50  # salts: the reference draw and the selection draw differ
-
-
-@dataclass(frozen=True)
-class Unmet:
-    """A requirement of the stage's Config on the pipeline (``check_pipeline``)."""
-
-    key: tuple[str, ...]
-    message: str
-    fix: str
 
 
 # --- the predictor and the sampling law (pure functions) -----------------------------------------
@@ -237,13 +227,13 @@ class Dots:
             return int(Fraction(repr(self.fresh_fraction)) * self.batch_size)
 
     @staticmethod
-    def check_pipeline(config: "Dots.Config", view: Any) -> list[Unmet]:
+    def check_pipeline(config: "Dots.Config", view: Any) -> list[PipelineProblem]:
         """A ``replay.rollout_replay`` in the pipeline must replay at the same sigma."""
         out = []
         for sid, alias in view.aliases.items():
             other = view.configs.get(sid)
             if alias == "replay.rollout_replay" and other is not None and other.fresh_fraction != config.fresh_fraction:
-                out.append(Unmet(("fresh_fraction",), (
+                out.append(PipelineProblem(("fresh_fraction",), (
                     f"control.dots selects sigma * B fresh prompts with fresh_fraction {config.fresh_fraction:g}, "
                     f"and `{sid}` (replay.rollout_replay) fills the batch for fresh_fraction {other.fresh_fraction:g}"),
                     f"set the same `fresh_fraction` on both (`--set stages.{sid}.with.fresh_fraction="

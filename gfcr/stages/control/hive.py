@@ -116,7 +116,6 @@ YAML:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Annotated, Any, Collection, Sequence
 
 import numpy as np
@@ -124,7 +123,7 @@ from pydantic import Field, model_validator
 
 from gfcr.records import (Allocation, AllocationEntry, ControlReason, Prompt, PromptPool, PromptStats, StepContext,
                           StepReport)
-from gfcr.registry import StageConfig
+from gfcr.registry import PipelineProblem, StageConfig
 from gfcr.spec.problems import fixable
 from gfcr.stages.common.epochs import epoch_order, start_batch
 from gfcr.stages.common.prompt_stats import observe_group, stats_from_state, stats_to_state, visit_draw
@@ -132,15 +131,6 @@ from gfcr.stages.resources import Engine, Resources, ScoreRequest, prompt_tokens
 
 ALIAS = "control.hive"
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
-
-
-@dataclass(frozen=True)
-class Unmet:
-    """A requirement of the stage's Config on the pipeline (``check_pipeline``)."""
-
-    key: tuple[str, ...]
-    message: str
-    fix: str
 
 
 def edge_score(stats: PromptStats | None, window: int) -> tuple[float, float]:
@@ -236,7 +226,7 @@ class Hive:
             return self
 
     @staticmethod
-    def check_pipeline(config: "Hive.Config", view: Any) -> list[Unmet]:
+    def check_pipeline(config: "Hive.Config", view: Any) -> list[PipelineProblem]:
         """Stage 1 ranks by response entropy: some generate stage must record it."""
         generators = [sid for sid, alias in view.aliases.items() if alias.startswith("generate.")]
         if any(getattr(view.configs.get(sid), "entropy", False) is True for sid in generators):
@@ -244,8 +234,9 @@ class Hive:
         sample = [sid for sid in generators if view.aliases[sid] == "generate.sample"]
         fix = (f"set `entropy: true` on `{sample[0]}` (`--set stages.{sample[0]}.with.entropy=true`)" if sample
                else "generate with `generate.sample` and `entropy: true`")
-        return [Unmet((), "control.hive ranks prompts by their historical response entropy, and no generate stage "
-                          "records per-token entropy", fix)]
+        return [PipelineProblem(
+            (), "control.hive ranks prompts by their historical response entropy, and no generate stage "
+                "records per-token entropy", fix)]
 
     def __init__(self, config: Config):
         self.config = config
