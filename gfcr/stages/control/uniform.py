@@ -38,6 +38,7 @@ from pydantic import Field
 from gfcr.records import Allocation, AllocationEntry, ControlReason, PromptPool, StepContext
 from gfcr.registry import Seed, StageConfig
 from gfcr.stages.common.epochs import epoch_order, start_batch
+from gfcr.stages.common.run_context import RunContext
 
 
 class UniformControl:
@@ -51,23 +52,22 @@ class UniformControl:
     def __init__(self, config: Config):
         self.config = config
         self.epoch, self.cursor = 0, 0
-        self._step, self._run_seed = 0, 0
+        self.run_ctx = RunContext(config.seed)
 
     def before_step(self, ctx: StepContext) -> None:
-        self._step, self._run_seed = ctx.step, ctx.seed
+        self.run_ctx.before_step(ctx)
 
     def run(self, pool: PromptPool) -> Allocation:
         size = self.config.batch_size
         self.epoch, self.cursor = start_batch(self.epoch, self.cursor, size, len(pool))
-        seed = self._run_seed if self.config.seed is None else self.config.seed
-        picked = epoch_order(seed, self.epoch, len(pool))[self.cursor : self.cursor + size]
+        picked = epoch_order(self.run_ctx.seed, self.epoch, len(pool))[self.cursor : self.cursor + size]
         start, self.cursor = self.cursor, self.cursor + size
         entries = tuple(
             AllocationEntry(pool[int(i)], self.config.n_rollouts, reason=f"uniform(epoch={self.epoch})",
                             why=ControlReason("next_in_epoch", "position", start + k, {"epoch": self.epoch}))
             for k, i in enumerate(picked)
         )
-        return Allocation(step=self._step, entries=entries)
+        return Allocation(step=self.run_ctx.step, entries=entries)
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "cursor": self.cursor}
