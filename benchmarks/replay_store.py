@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from gfcr.records import Rollout, Segment
-from gfcr.stages.replay.embedder import load_embedder
+from gfcr.stages.common.embedding import load_embedder
 from gfcr.stages.replay.rollout_store import ReplayStore, StoreConfig
 
 DIM = 384

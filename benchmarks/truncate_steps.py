@@ -38,9 +38,9 @@ from gfcr.records import Allocation, AllocationEntry, StepContext
 from gfcr.spec import PolicySpec
 from gfcr.stages.control.truncate_steps import TruncateSteps
 from gfcr.stages.data.gsm8k import Gsm8kSource
-from gfcr.stages.filter.verify import score_texts
 from gfcr.stages.generate.sample import Sample
 from gfcr.stages.resources import Resources
+from gfcr.stages.verifiers.scoring import score_texts
 
 REPO = Path(__file__).resolve().parents[1]
 GSM8K = [REPO.parent / "shared" / "data" / "gsm8k" / "train.jsonl", Path("/work/shared/data/gsm8k/train.jsonl")]

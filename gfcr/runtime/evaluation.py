@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 from gfcr.errors import EvalError
 from gfcr.records import Prompt, PromptPool
-from gfcr.stages.filter.verify import score_text
-from gfcr.stages.verifiers import Score
 from gfcr.stages.resources import Engine, GenerationRequest, Policy, SamplingParams, prompt_tokens
+from gfcr.stages.verifiers import Score
+from gfcr.stages.verifiers.scoring import score_text
 
 
 @dataclass(frozen=True)

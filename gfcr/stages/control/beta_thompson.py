@@ -98,9 +98,10 @@ from pydantic import Field
 from gfcr.records import (Allocation, AllocationEntry, ControlReason, PromptPool, PromptStats, StepContext,
                           StepReport)
 from gfcr.registry import Seed, StageConfig
-from gfcr.stages.control.prompt_stats import (beta_update, observe_group, stats_from_state, stats_to_state,
+from gfcr.stages.common.epochs import epoch_order, start_batch
+from gfcr.stages.common.prompt_stats import (beta_update, observe_group, stats_from_state, stats_to_state,
                                               stats_with_prior)
-from gfcr.stages.control.uniform import epoch_order, start_batch
+from gfcr.stages.common.run_context import RunContext
 
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 PriorCount = Annotated[float, Field(gt=0.0)]
@@ -140,14 +141,10 @@ class BetaThompson:
         self.config = config
         self.epoch, self.cursor = 0, 0
         self.stats: dict[str, PromptStats] = {}
-        self._step, self._run_seed, self._policy_version = 0, 0, 0
-
-    @property
-    def seed(self) -> int:
-        return self._run_seed if self.config.seed is None else self.config.seed
+        self.run_ctx = RunContext(config.seed)
 
     def before_step(self, ctx: StepContext) -> None:
-        self._step, self._run_seed, self._policy_version = ctx.step, ctx.seed, ctx.policy_version
+        self.run_ctx.before_step(ctx)
 
     def posterior(self, prompt_id: str) -> tuple[float, float]:
         """``(alpha, beta)`` of a prompt; the prior when it was never observed."""
@@ -159,18 +156,18 @@ class BetaThompson:
     def run(self, pool: PromptPool) -> Allocation:
         m = self.config.candidate_ratio * self.config.batch_size
         self.epoch, self.cursor = start_batch(self.epoch, self.cursor, m, len(pool))
-        order = epoch_order(self.seed, self.epoch, len(pool))[self.cursor : self.cursor + m]
+        order = epoch_order(self.run_ctx.seed, self.epoch, len(pool))[self.cursor : self.cursor + m]
         self.cursor += m
         candidates = [pool[int(i)] for i in order]
         posteriors = [self.posterior(p.prompt_id) for p in candidates]
-        draws = np.array([thompson_draw(self.seed, self.epoch, self._step, p.prompt_id, a, b)
+        draws = np.array([thompson_draw(self.run_ctx.seed, self.epoch, self.run_ctx.step, p.prompt_id, a, b)
                           for p, (a, b) in zip(candidates, posteriors)])
         chosen = [int(i) for i in closest_to_target(draws, self.config.target, self.config.batch_size)]
         rank = {i: r for r, i in enumerate(chosen)}
         order_out = chosen + [i for i in range(len(candidates)) if i not in rank]
         cutoff = float(abs(draws[chosen[-1]] - self.config.target))  # the farthest chosen draw's distance
         entries = tuple(self._entry(candidates[i], draws[i], posteriors[i], rank.get(i), cutoff) for i in order_out)
-        return Allocation(step=self._step, entries=entries, controller_state=self._metrics(draws[chosen], [
+        return Allocation(step=self.run_ctx.step, entries=entries, controller_state=self._metrics(draws[chosen], [
             posteriors[i] for i in chosen], len(candidates)))
 
     def _entry(self, prompt, draw: float, posterior: tuple[float, float], rank: int | None,
@@ -196,7 +193,7 @@ class BetaThompson:
 
     def observe(self, report: StepReport) -> None:
         for group in report.groups:
-            obs = observe_group(group, self._policy_version) if group.step == report.step else None
+            obs = observe_group(group, self.run_ctx.policy_version) if group.step == report.step else None
             if obs is None:
                 continue
             stats = self._stats(group.prompt_id)

@@ -78,7 +78,7 @@ from scipy import stats as scipy_stats
 
 from gfcr.records import Allocation, AllocationEntry, ControlReason, PromptStats, StepContext, StepReport
 from gfcr.registry import StageConfig
-from gfcr.stages.control.prompt_stats import (beta_mean, beta_update, observe_group, stats_from_state,
+from gfcr.stages.common.prompt_stats import (beta_mean, beta_update, observe_group, stats_from_state,
                                               stats_to_state, stats_with_prior)
 
 ALIAS = "control.coba"

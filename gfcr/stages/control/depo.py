@@ -91,7 +91,6 @@ YAML:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Sequence
 
@@ -99,23 +98,15 @@ import numpy as np
 from pydantic import Field
 
 from gfcr.records import Allocation, AllocationEntry, ControlReason, Prompt, PromptPool, StepContext, StepReport
-from gfcr.registry import Seed
-from gfcr.stages.control.prompt_stats import visit_draw
+from gfcr.registry import PipelineProblem, Seed
+from gfcr.stages.common.epochs import epoch_order, start_batch
+from gfcr.stages.common.prompt_stats import visit_draw
+from gfcr.stages.common.run_context import RunContext
 from gfcr.stages.control.success_predictor import PredictorConfig, SuccessEstimator, zero_variance_probability
-from gfcr.stages.control.uniform import epoch_order, start_batch
-from gfcr.stages.resources import Policy, Resources
+from gfcr.stages.resources import Resources
 
 ALIAS = "control.depo"
 KEPT = ("predicted_informative", "explore")
-
-
-@dataclass(frozen=True)
-class Unmet:
-    """A requirement of the stage's Config on the pipeline (``check_pipeline``)."""
-
-    key: tuple[str, ...]
-    message: str
-    fix: str
 
 
 def decide(p_hat: float, z: float, draw: float, kept: int, batch_size: int, threshold: float,
@@ -147,13 +138,13 @@ class Depo:
         seed: Seed | None = Field(None, description="permutation and exploration seed; default: the run's seed")
 
     @staticmethod
-    def check_pipeline(config: "Depo.Config", view: Any) -> list[Unmet]:
+    def check_pipeline(config: "Depo.Config", view: Any) -> list[PipelineProblem]:
         """Every ``control.fixed_n`` of the pipeline must give groups of ``group_size``."""
         out = []
         for sid, alias in view.aliases.items():
             other = view.configs.get(sid)
             if alias == "control.fixed_n" and other is not None and other.n != config.group_size:
-                out.append(Unmet(("group_size",), (
+                out.append(PipelineProblem(("group_size",), (
                     f"control.depo predicts zero-variance groups of group_size {config.group_size}, and `{sid}` "
                     f"(control.fixed_n) rolls out {other.n} per prompt"),
                     f"set the same size on both (`--set stages.<this stage>.with.group_size={other.n}`)"))
@@ -165,23 +156,16 @@ class Depo:
         self.epoch, self.cursor = 0, 0
         self.kept_codes: dict[str, str] = {}  # this step's kept prompts and why, for the check after rollout
         self.checked: dict[str, float] = {}  # the previous step's check (informative / explored zero-variance)
-        self.policy: Policy | None = None
-        self.resources: Resources | None = None
-        self._step, self._run_seed, self._policy_version = 0, 0, 0
+        self.run_ctx = RunContext(config.seed)
         self._metrics: dict[str, float] = {}
         self._kept_numbers: list[tuple[float, float]] = []
         self._candidate_z: list[float] = []
 
-    @property
-    def seed(self) -> int:
-        return self._run_seed if self.config.seed is None else self.config.seed
-
     def setup(self, resources: Resources) -> None:
-        self.resources = resources
-        self.policy = resources.require_policy(ALIAS)
+        self.run_ctx.setup(resources, ALIAS, policy=True)
 
     def before_step(self, ctx: StepContext) -> None:
-        self._step, self._run_seed, self._policy_version = ctx.step, ctx.seed, ctx.policy_version
+        self.run_ctx.before_step(ctx)
         self.kept_codes = {}
         self._metrics = dict.fromkeys(("candidates", "kept", "skipped_easy", "skipped_hard", "explored", "batch_full",
                                        "embedded_prompts", "embedding_tokens"), 0)
@@ -194,12 +178,12 @@ class Depo:
 
     def run(self, pool: PromptPool) -> Allocation:
         cfg, est = self.config, self.estimator
-        embedded, tokens = est.ensure(list(pool), self.policy, self.resources)
+        embedded, tokens = est.ensure(list(pool), self.run_ctx.policy, self.run_ctx.resources)
         self._metrics["embedded_prompts"] += embedded
         self._metrics["embedding_tokens"] += tokens
         m = cfg.candidate_ratio * cfg.batch_size
         self.epoch, self.cursor = start_batch(self.epoch, self.cursor, m, len(pool))
-        order = epoch_order(self.seed, self.epoch, len(pool))[self.cursor : self.cursor + m]
+        order = epoch_order(self.run_ctx.seed, self.epoch, len(pool))[self.cursor : self.cursor + m]
         self.cursor += m
         candidates = [pool[int(i)] for i in order]
         p_hat, p_model, trials = est.predict([p.prompt_id for p in candidates])
@@ -211,12 +195,12 @@ class Depo:
             entries.append(entry)
         self._metrics["candidates"] += len(candidates)
         self._candidate_z.extend(float(v) for v in z)
-        return Allocation(step=self._step, entries=tuple(entries))
+        return Allocation(step=self.run_ctx.step, entries=tuple(entries))
 
     def _entry(self, prompt: Prompt, p_hat: float, p_model: float, trials: float, z: float,
                kept: int) -> AllocationEntry:
         cfg = self.config
-        draw = visit_draw(self.seed, self.epoch, self._step, prompt.prompt_id)
+        draw = visit_draw(self.run_ctx.seed, self.epoch, self.run_ctx.step, prompt.prompt_id)
         code = decide(p_hat, z, draw, kept, cfg.batch_size, cfg.threshold, cfg.explore)
         numbers = {"predicted_success": p_hat, "model_prediction": p_model, "evidence_trials": trials,
                    "threshold": cfg.threshold}
@@ -251,7 +235,7 @@ class Depo:
         return out
 
     def observe(self, report: StepReport) -> None:
-        seen = self.estimator.observe(report.groups, report.step, self._policy_version)
+        seen = self.estimator.observe(report.groups, report.step, self.run_ctx.policy_version)
         self.checked = {}
         for code, key in (("predicted_informative", "informative_zero_variance"),
                           ("explore", "explored_zero_variance")):

@@ -114,7 +114,6 @@ YAML:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Annotated, Any, Sequence
@@ -123,25 +122,17 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from gfcr.records import Allocation, AllocationEntry, ControlReason, Prompt, PromptPool, StepContext
-from gfcr.registry import StageConfig
+from gfcr.registry import PipelineProblem, StageConfig
 from gfcr.spec.problems import fixable
-from gfcr.stages.filter.fingerprints import fingerprints
-from gfcr.stages.filter.verify import score_text
-from gfcr.stages.generate.sample import step_seed
-from gfcr.stages.resources import Engine, GenerationRequest, Policy, Resources, SamplingParams, prompt_tokens
+from gfcr.stages.common.fingerprints import fingerprints
+from gfcr.stages.common.run_context import RunContext
+from gfcr.stages.common.seeds import step_seed
+from gfcr.stages.resources import GenerationRequest, Resources, SamplingParams, prompt_tokens
+from gfcr.stages.verifiers.scoring import score_text
 
 ALIAS = "control.dots"
 EMBEDDINGS = "embeddings.npy"
 _REFERENCE, _SAMPLE = 0x52454653, 0x53414D50  # salts: the reference draw and the selection draw differ
-
-
-@dataclass(frozen=True)
-class Unmet:
-    """A requirement of the stage's Config on the pipeline (``check_pipeline``)."""
-
-    key: tuple[str, ...]
-    message: str
-    fix: str
 
 
 # --- the predictor and the sampling law (pure functions) -----------------------------------------
@@ -237,13 +228,13 @@ class Dots:
             return int(Fraction(repr(self.fresh_fraction)) * self.batch_size)
 
     @staticmethod
-    def check_pipeline(config: "Dots.Config", view: Any) -> list[Unmet]:
+    def check_pipeline(config: "Dots.Config", view: Any) -> list[PipelineProblem]:
         """A ``replay.rollout_replay`` in the pipeline must replay at the same sigma."""
         out = []
         for sid, alias in view.aliases.items():
             other = view.configs.get(sid)
             if alias == "replay.rollout_replay" and other is not None and other.fresh_fraction != config.fresh_fraction:
-                out.append(Unmet(("fresh_fraction",), (
+                out.append(PipelineProblem(("fresh_fraction",), (
                     f"control.dots selects sigma * B fresh prompts with fresh_fraction {config.fresh_fraction:g}, "
                     f"and `{sid}` (replay.rollout_replay) fills the batch for fresh_fraction {other.fresh_fraction:g}"),
                     f"set the same `fresh_fraction` on both (`--set stages.{sid}.with.fresh_fraction="
@@ -258,25 +249,16 @@ class Dots:
         self.last_round: dict[str, float] = {}  # the latest round's reference and calibration numbers
         self.embedded: list[str] = []  # prompt ids of the cached embeddings, in row order
         self.embeddings = np.zeros((0, 0), dtype=np.float32)  # [len(embedded), d]
-        self.policy: Policy | None = None
-        self.engine: Engine | None = None
-        self.resources: Resources | None = None
         self._row: dict[str, int] = {}
-        self._step, self._run_seed = 0, 0
+        self.run_ctx = RunContext(config.seed)
         self._metrics: dict[str, float] = {}
         self._picked: list[tuple[float, float]] = []  # (p_hat, distance) of this step's dispatched prompts
 
-    @property
-    def seed(self) -> int:
-        return self._run_seed if self.config.seed is None else self.config.seed
-
     def setup(self, resources: Resources) -> None:
-        self.resources = resources
-        self.policy = resources.require_policy(ALIAS)
-        self.engine = resources.require_engine(ALIAS)
+        self.run_ctx.setup(resources, ALIAS, policy=True, engine=True)
 
     def before_step(self, ctx: StepContext) -> None:
-        self._step, self._run_seed = ctx.step, ctx.seed
+        self.run_ctx.before_step(ctx)
         self._metrics = dict.fromkeys(("rounds_run", "reference_rollouts", "reference_tokens", "embedded_prompts",
                                        "embedding_tokens", "dispatched"), 0)
         self._picked = []
@@ -297,7 +279,7 @@ class Dots:
                         for i, (pid, p_hat, p_raw) in enumerate(chunk))
         self.cursor += len(chunk)
         self._metrics["dispatched"] += len(entries)
-        return Allocation(step=self._step, entries=entries)
+        return Allocation(step=self.run_ctx.step, entries=entries)
 
     def _entry(self, prompt: Prompt, p_hat: float, p_raw: float, rank: int) -> AllocationEntry:
         distance = abs(p_hat - self.config.target)
@@ -320,12 +302,12 @@ class Dots:
                 f"{cfg.reference_prompts} reference prompts; use a larger data source or lower batch_size, "
                 "interval or reference_prompts")
         self.embed(pool)
-        rng = np.random.default_rng([self.seed, self.round, _REFERENCE])
+        rng = np.random.default_rng([self.run_ctx.seed, self.round, _REFERENCE])
         ref_rows = [int(i) for i in np.sort(rng.choice(len(pool), size=cfg.reference_prompts, replace=False))]
         acc = self.reference_accuracies([pool[i] for i in ref_rows])
         p_raw, p_hat, (a, b) = self.predict(pool, ref_rows, acc)
         order = sample_without_replacement(p_hat, cfg.target, cfg.selection_temperature, m,
-                                           np.random.default_rng([self.seed, self.round, _SAMPLE]))
+                                           np.random.default_rng([self.run_ctx.seed, self.round, _SAMPLE]))
         self.selection = [(pool[i].prompt_id, float(p_hat[i]), float(p_raw[i])) for i in order]
         self.cursor = 0
         self.last_round = {"reference_accuracy_mean": float(np.mean(acc)), "predicted_pool_mean": float(np.mean(p_hat)),
@@ -348,23 +330,24 @@ class Dots:
     def reference_accuracies(self, refs: Sequence[Prompt]) -> np.ndarray:
         """``acc_k`` of each reference prompt: ``n`` samples under the current policy, scored by
         its verifier; the samples are charged to the step."""
-        if self.engine is None or self.policy is None:
+        run = self.run_ctx
+        if run.engine is None or run.policy is None:
             raise RuntimeError(f"{ALIAS} was not set up with a policy and engine (it rolls out its reference set)")
         cfg = self.config
-        params = SamplingParams(cfg.temperature, 1.0, cfg.max_new_tokens, (), step_seed(self.seed, "dots-reference",
+        params = SamplingParams(cfg.temperature, 1.0, cfg.max_new_tokens, (), step_seed(run.seed, "dots-reference",
                                                                                         self.round))
-        requests = [GenerationRequest(f"{p.prompt_id}@dots{self.round}", tuple(prompt_tokens(self.policy, p)),
+        requests = [GenerationRequest(f"{p.prompt_id}@dots{self.round}", tuple(prompt_tokens(run.policy, p)),
                                       cfg.reference_samples, params) for p in refs]
         acc, tokens = [], 0
-        for prompt, completions in zip(refs, self.engine.generate(requests), strict=True):
+        for prompt, completions in zip(refs, run.engine.generate(requests), strict=True):
             if prompt.verifier is None:
                 raise ValueError(f"prompt {prompt.prompt_id} has no verifier spec: {ALIAS} cannot score its reference "
                                  "rollouts; use a data source that sets `Prompt.verifier`")
             acc.append(sum(score_text(c.text, prompt.verifier)[1].correct for c in completions) / len(completions))
             tokens += sum(len(c.token_ids) for c in completions)
         rollouts = len(refs) * cfg.reference_samples
-        if self.resources is not None:
-            self.resources.charge_generation(rollouts, tokens)
+        if run.resources is not None:
+            run.resources.charge_generation(rollouts, tokens)
         self._metrics["reference_rollouts"] += rollouts
         self._metrics["reference_tokens"] += tokens
         return np.array(acc, dtype=np.float64)
@@ -374,15 +357,16 @@ class Dots:
         new = [p for p in pool if p.prompt_id not in self._row]
         if not new:
             return
-        if self.policy is None:
+        run = self.run_ctx
+        if run.policy is None:
             raise RuntimeError(f"{ALIAS} was not set up with a policy (it embeds the prompts with it)")
-        rows = [((), prompt_tokens(self.policy, p)) for p in new]
+        rows = [((), prompt_tokens(run.policy, p)) for p in new]
         tokens = sum(len(r) for _, r in rows)
-        if self.resources is not None:
-            self.resources.charge_scoring(tokens)
-        tok = self.policy.tokenizer
+        if run.resources is not None:
+            run.resources.charge_scoring(tokens)
+        tok = run.policy.tokenizer
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        vectors = fingerprints(self.policy.model, rows, pad, [-1])  # [len(new), d]: last layer, mean over the prompt
+        vectors = fingerprints(run.policy.model, rows, pad, [-1])  # [len(new), d]: last layer, mean over the prompt
         self.use_embeddings([p.prompt_id for p in new], vectors)
         self._metrics["embedded_prompts"] += len(new)
         self._metrics["embedding_tokens"] += tokens

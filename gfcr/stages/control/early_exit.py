@@ -73,29 +73,19 @@ YAML:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Annotated, Any, Sequence
 
 import numpy as np
 from pydantic import Field
 
 from gfcr.records import StepReport
-from gfcr.registry import StageConfig
+from gfcr.registry import PipelineProblem, StageConfig
+from gfcr.stages.common.fingerprints import fingerprints
 from gfcr.stages.control.success_predictor import LogisticSuccess
 from gfcr.stages.engine import InFlightView, LiveRow, Steer
-from gfcr.stages.filter.fingerprints import fingerprints
 from gfcr.stages.resources import Policy, Resources
 
 BINS = 10
-
-
-@dataclass(frozen=True)
-class Unmet:
-    """A pairing the pipeline lacks (``gfcr validate``): the Config key, what is wrong, the fix."""
-
-    key: tuple[str, ...]
-    message: str
-    fix: str
 
 
 class EarlyExit:
@@ -115,7 +105,7 @@ class EarlyExit:
         l2: Annotated[float, Field(ge=0.0, description="L2 penalty on the head's weights")] = 1e-3
 
     @staticmethod
-    def check_pipeline(config: "EarlyExit.Config", view: Any) -> list[Unmet]:
+    def check_pipeline(config: "EarlyExit.Config", view: Any) -> list[PipelineProblem]:
         """Pruned rows must leave their groups (a ``filter.finish_reason`` dropping ``pruned``), and
         an allocation of ``control.fixed_n`` must give more rows than ``keep``, or nothing is pruned."""
         found = []
@@ -123,18 +113,19 @@ class EarlyExit:
                  and view.configs.get(sid) is not None and "pruned" in view.configs[sid].reasons
                  and view.configs[sid].action == "drop"]
         if not drops:
-            found.append(Unmet(("keep",), "the rows this controller prunes stay in their groups: no "
-                               "`filter.finish_reason` drops `pruned` rollouts, so the verifier would score the "
-                               "pruned partials as wrong answers and the update would train on them",
-                               "add `gone: {use: filter.finish_reason, from: rollout, with: {reasons: [pruned], "
-                               "action: drop}}` after the generate stage and read from it"))
+            found.append(PipelineProblem(
+                ("keep",), "the rows this controller prunes stay in their groups: no "
+                "`filter.finish_reason` drops `pruned` rollouts, so the verifier would score the "
+                "pruned partials as wrong answers and the update would train on them",
+                "add `gone: {use: filter.finish_reason, from: rollout, with: {reasons: [pruned], "
+                "action: drop}}` after the generate stage and read from it"))
         small = [sid for sid, alias in view.aliases.items() if alias == "control.fixed_n"
                  and view.configs.get(sid) is not None and view.configs[sid].n <= config.keep]
         for sid in small:
-            found.append(Unmet(("keep",), f"`keep: {config.keep}` leaves nothing to prune: `{sid}` "
-                               f"(control.fixed_n) allocates {view.configs[sid].n} rows a prompt",
-                               f"oversample: set `{sid}`'s `n` above {config.keep} (ARRoL's 2x: "
-                               f"{2 * config.keep}), or lower `keep`"))
+            found.append(PipelineProblem(("keep",), f"`keep: {config.keep}` leaves nothing to prune: `{sid}` "
+                                         f"(control.fixed_n) allocates {view.configs[sid].n} rows a prompt",
+                                         f"oversample: set `{sid}`'s `n` above {config.keep} (ARRoL's 2x: "
+                                         f"{2 * config.keep}), or lower `keep`"))
         return found
 
     def __init__(self, config: Config):

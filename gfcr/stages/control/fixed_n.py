@@ -30,8 +30,7 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from gfcr.records import Allocation
-from gfcr.registry import StageConfig
-from gfcr.stages.update.component import Pairing
+from gfcr.registry import PipelineProblem, StageConfig
 
 # control stages that set each prompt's group size themselves
 ALLOCATORS = frozenset({"control.sgpo", "control.dars", "control.gdro_rollout", "control.xrpo", "control.coba",
@@ -50,11 +49,11 @@ class FixedN:
             return self.n
 
     @staticmethod
-    def check_pipeline(config: "FixedN.Config", view: Any) -> list[Pairing]:
+    def check_pipeline(config: "FixedN.Config", view: Any) -> list[PipelineProblem]:
         """A fixed n after a stage that sizes each prompt's group would undo its allocation."""
-        return [Pairing(("n",), f"`{sid}` ({alias}) upstream sets each prompt's group size itself; a fixed "
-                               f"n = {config.n} would overwrite them",
-                        f"remove this stage and take the rollout stage `from: {sid}`")
+        return [PipelineProblem(("n",), f"`{sid}` ({alias}) upstream sets each prompt's group size itself; a fixed "
+                                       f"n = {config.n} would overwrite them",
+                                f"remove this stage and take the rollout stage `from: {sid}`")
                 for sid, alias in view.upstream if alias in ALLOCATORS]
 
     def __init__(self, config: Config):

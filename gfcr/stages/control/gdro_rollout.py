@@ -100,7 +100,7 @@ from pydantic import Field, model_validator
 
 from gfcr.records import Allocation, StepReport
 from gfcr.registry import StageConfig
-from gfcr.stages.control.passk_bins import Edges, Margin, PassKBins, Window, check_edges
+from gfcr.stages.common.passk_bins import Edges, Margin, PassKBins, Window, check_edges
 
 
 def arm_probabilities(scores: np.ndarray, eta: float, gamma: float) -> np.ndarray:

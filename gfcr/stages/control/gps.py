@@ -104,8 +104,9 @@ from pydantic import Field
 
 from gfcr.records import Allocation, AllocationEntry, ControlReason, PromptPool, StepContext, StepReport
 from gfcr.registry import Seed
+from gfcr.stages.common.run_context import RunContext
 from gfcr.stages.control.success_predictor import PredictorConfig, SuccessEstimator
-from gfcr.stages.resources import Policy, Resources
+from gfcr.stages.resources import Resources
 
 ALIAS = "control.gps"
 _ORDER = 0x47505331  # salt of the tie-breaking permutation
@@ -164,23 +165,15 @@ class Gps:
         self.recent: deque[tuple[int, list[str]]] = deque()  # (step, chosen prompt ids) of the last anchor_steps
         self.chosen_p: dict[str, float] = {}  # this step's chosen prompts and their p_hat, for prediction_error
         self.prediction_error: float | None = None  # over the previous step's groups
-        self.policy: Policy | None = None
-        self.resources: Resources | None = None
-        self._step, self._run_seed = 0, 0
-        self._policy_version = 0
+        self.run_ctx = RunContext(config.seed)
         self._taken: set[str] = set()
         self._metrics: dict[str, float] = {}
 
-    @property
-    def seed(self) -> int:
-        return self._run_seed if self.config.seed is None else self.config.seed
-
     def setup(self, resources: Resources) -> None:
-        self.resources = resources
-        self.policy = resources.require_policy(ALIAS)
+        self.run_ctx.setup(resources, ALIAS, policy=True)
 
     def before_step(self, ctx: StepContext) -> None:
-        self._step, self._run_seed, self._policy_version = ctx.step, ctx.seed, ctx.policy_version
+        self.run_ctx.before_step(ctx)
         self._taken = set()
         self.chosen_p = {}
         self._metrics = {"embedded_prompts": 0, "embedding_tokens": 0}
@@ -192,15 +185,15 @@ class Gps:
 
     def anchor_ids(self) -> list[str]:
         """The prompts chosen in the last ``anchor_steps`` steps before this one."""
-        first = self._step - self.config.anchor_steps
-        return [pid for step, ids in self.recent if first <= step < self._step for pid in ids]
+        first = self.run_ctx.step - self.config.anchor_steps
+        return [pid for step, ids in self.recent if first <= step < self.run_ctx.step for pid in ids]
 
     def run(self, pool: PromptPool) -> Allocation:
         cfg, est = self.config, self.estimator
-        embedded, tokens = est.ensure(list(pool), self.policy, self.resources)
+        embedded, tokens = est.ensure(list(pool), self.run_ctx.policy, self.run_ctx.resources)
         self._metrics["embedded_prompts"] += embedded
         self._metrics["embedding_tokens"] += tokens
-        order = np.random.default_rng([self.seed, self._step, _ORDER]).permutation(len(pool))
+        order = np.random.default_rng([self.run_ctx.seed, self.run_ctx.step, _ORDER]).permutation(len(pool))
         candidates = [pool[int(i)] for i in order if pool[int(i)].prompt_id not in self._taken]
         ids = [p.prompt_id for p in candidates]
         p_hat, p_model, trials = est.predict(ids)
@@ -223,15 +216,15 @@ class Gps:
             self.chosen_p[ids[i]] = float(p_hat[i])
         picked = [ids[i] for i in chosen]
         self._taken.update(picked)
-        if self.recent and self.recent[-1][0] == self._step:
+        if self.recent and self.recent[-1][0] == self.run_ctx.step:
             self.recent[-1][1].extend(picked)
         else:
-            self.recent.append((self._step, picked))
-        while self.recent and self.recent[0][0] < self._step - cfg.anchor_steps:
+            self.recent.append((self.run_ctx.step, picked))
+        while self.recent and self.recent[0][0] < self.run_ctx.step - cfg.anchor_steps:
             self.recent.popleft()
         self._record(len(candidates), len(history), chosen, p_hat, p_model,
                      util, sims, scores, trials)
-        return Allocation(step=self._step, entries=tuple(entries))
+        return Allocation(step=self.run_ctx.step, entries=tuple(entries))
 
     def _record(self, n_candidates: int, n_anchors: int, chosen: list[int], p_hat: np.ndarray, p_model: np.ndarray,
                 util: np.ndarray, sims: list[float], scores: list[float], trials: np.ndarray) -> None:
@@ -260,7 +253,7 @@ class Gps:
         return out
 
     def observe(self, report: StepReport) -> None:
-        seen = self.estimator.observe(report.groups, report.step, self._policy_version)
+        seen = self.estimator.observe(report.groups, report.step, self.run_ctx.policy_version)
         errors = [abs(self.chosen_p[pid] - s / n) for pid, s, n in seen if pid in self.chosen_p]
         self.prediction_error = float(np.mean(errors)) if errors else None
 

@@ -93,8 +93,9 @@ from pydantic import Field, model_validator
 from gfcr.records import (Allocation, AllocationEntry, ControlReason, Prompt, PromptPool, PromptStats, StepContext,
                           StepReport)
 from gfcr.registry import Seed, StageConfig
-from gfcr.stages.control.prompt_stats import observe_group, stats_from_state, stats_to_state, visit_draw
-from gfcr.stages.control.uniform import epoch_order, start_batch
+from gfcr.stages.common.epochs import epoch_order, start_batch
+from gfcr.stages.common.prompt_stats import observe_group, stats_from_state, stats_to_state, visit_draw
+from gfcr.stages.common.run_context import RunContext
 
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 
@@ -148,19 +149,15 @@ class Greso:
         self.p_easy, self.p_hard = config.initial_p_easy, config.initial_p_hard
         self.epoch, self.cursor = 0, 0
         self.stats: dict[str, PromptStats] = {}
-        self._step, self._run_seed, self._policy_version = 0, 0, 0
-
-    @property
-    def seed(self) -> int:
-        return self._run_seed if self.config.seed is None else self.config.seed
+        self.run_ctx = RunContext(config.seed)
 
     def before_step(self, ctx: StepContext) -> None:
-        self._step, self._run_seed, self._policy_version = ctx.step, ctx.seed, ctx.policy_version
+        self.run_ctx.before_step(ctx)
 
     def run(self, pool: PromptPool) -> Allocation:
         size = self.config.batch_size
         self.epoch, self.cursor = start_batch(self.epoch, self.cursor, size, len(pool))
-        order = epoch_order(self.seed, self.epoch, len(pool))
+        order = epoch_order(self.run_ctx.seed, self.epoch, len(pool))
         limit = self.config.max_candidates_factor * size
         decisions: list[_Decision] = []
         kept = 0
@@ -175,7 +172,7 @@ class Greso:
             "kept": kept, "skipped_easy": sum(d.skipped == "easy" for d in decisions),
             "skipped_hard": sum(d.skipped == "hard" for d in decisions), "stopped": stopped,
         }
-        return Allocation(step=self._step, entries=tuple(d.entry for d in decisions), controller_state=state)
+        return Allocation(step=self.run_ctx.step, entries=tuple(d.entry for d in decisions), controller_state=state)
 
     def _decide(self, prompt: Prompt) -> _Decision:
         stats = self.stats.get(prompt.prompt_id)
@@ -186,7 +183,7 @@ class Greso:
         streak = stats.easy_streak if kind == "easy" else stats.hard_streak
         p = self.p_easy if kind == "easy" else self.p_hard
         detail = f"{kind} streak {streak}, p_{kind} {p:.2f}, P_skip {p_skip:.3f}"
-        draw = visit_draw(self.seed, self.epoch, self._step, prompt.prompt_id)
+        draw = visit_draw(self.run_ctx.seed, self.epoch, self.run_ctx.step, prompt.prompt_id)
         why = ControlReason(f"{kind}_streak", "p_skip", p_skip, {"streak": streak, f"p_{kind}": p, "draw": draw})
         if draw < p_skip:
             return _Decision(AllocationEntry(prompt, 0, reason=f"greso: skip ({detail})", why=why), kind)
@@ -196,7 +193,7 @@ class Greso:
     def observe(self, report: StepReport) -> None:
         observations = []
         for group in report.groups:
-            obs = observe_group(group, self._policy_version) if group.step == report.step else None
+            obs = observe_group(group, self.run_ctx.policy_version) if group.step == report.step else None
             if obs is not None:
                 self._stats(group.prompt_id).record(obs)
                 observations.append(obs)

@@ -116,7 +116,6 @@ YAML:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Annotated, Any, Collection, Sequence
 
 import numpy as np
@@ -124,23 +123,15 @@ from pydantic import Field, model_validator
 
 from gfcr.records import (Allocation, AllocationEntry, ControlReason, Prompt, PromptPool, PromptStats, StepContext,
                           StepReport)
-from gfcr.registry import StageConfig
+from gfcr.registry import PipelineProblem, StageConfig
 from gfcr.spec.problems import fixable
-from gfcr.stages.control.prompt_stats import observe_group, stats_from_state, stats_to_state, visit_draw
-from gfcr.stages.control.uniform import epoch_order, start_batch
-from gfcr.stages.resources import Engine, Resources, ScoreRequest, prompt_tokens
+from gfcr.stages.common.epochs import epoch_order, start_batch
+from gfcr.stages.common.prompt_stats import observe_group, stats_from_state, stats_to_state, visit_draw
+from gfcr.stages.common.run_context import RunContext
+from gfcr.stages.resources import Resources, ScoreRequest, prompt_tokens
 
 ALIAS = "control.hive"
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
-
-
-@dataclass(frozen=True)
-class Unmet:
-    """A requirement of the stage's Config on the pipeline (``check_pipeline``)."""
-
-    key: tuple[str, ...]
-    message: str
-    fix: str
 
 
 def edge_score(stats: PromptStats | None, window: int) -> tuple[float, float]:
@@ -236,7 +227,7 @@ class Hive:
             return self
 
     @staticmethod
-    def check_pipeline(config: "Hive.Config", view: Any) -> list[Unmet]:
+    def check_pipeline(config: "Hive.Config", view: Any) -> list[PipelineProblem]:
         """Stage 1 ranks by response entropy: some generate stage must record it."""
         generators = [sid for sid, alias in view.aliases.items() if alias.startswith("generate.")]
         if any(getattr(view.configs.get(sid), "entropy", False) is True for sid in generators):
@@ -244,30 +235,24 @@ class Hive:
         sample = [sid for sid in generators if view.aliases[sid] == "generate.sample"]
         fix = (f"set `entropy: true` on `{sample[0]}` (`--set stages.{sample[0]}.with.entropy=true`)" if sample
                else "generate with `generate.sample` and `entropy: true`")
-        return [Unmet((), "control.hive ranks prompts by their historical response entropy, and no generate stage "
-                          "records per-token entropy", fix)]
+        return [PipelineProblem(
+            (), "control.hive ranks prompts by their historical response entropy, and no generate stage "
+                "records per-token entropy", fix)]
 
     def __init__(self, config: Config):
         self.config = config
         self.epoch, self.cursor = 0, 0
         self.stats: dict[str, PromptStats] = {}
-        self.engine: Engine | None = None
-        self.resources: Resources | None = None
-        self._step, self._run_seed, self._policy_version = 0, 0, 0
+        self.run_ctx = RunContext(config.seed)
         self._metrics: dict[str, float] = {}
         self._entropy_sums: list[float] = []  # sum and count over survivors, then over kept
         self._reset_metrics()
 
-    @property
-    def seed(self) -> int:
-        return self._run_seed if self.config.seed is None else self.config.seed
-
     def setup(self, resources: Resources) -> None:
-        self.resources = resources
-        self.engine = resources.require_engine(ALIAS)
+        self.run_ctx.setup(resources, ALIAS, engine=True)
 
     def before_step(self, ctx: StepContext) -> None:
-        self._step, self._run_seed, self._policy_version = ctx.step, ctx.seed, ctx.policy_version
+        self.run_ctx.before_step(ctx)
         self._reset_metrics()
 
     def _reset_metrics(self) -> None:
@@ -278,16 +263,16 @@ class Hive:
     # --- selection ---------------------------------------------------------------------------
 
     def run(self, pool: PromptPool) -> Allocation:
-        cfg = self.config
+        cfg, at = self.config, self.run_ctx
         m = cfg.candidate_ratio * cfg.batch_size
         self.epoch, self.cursor = start_batch(self.epoch, self.cursor, m, len(pool))
-        order = epoch_order(self.seed, self.epoch, len(pool))[self.cursor : self.cursor + m]
+        order = epoch_order(at.seed, self.epoch, len(pool))[self.cursor : self.cursor + m]
         candidates = [pool[int(i)] for i in order]
         self.cursor += m
         scores = [edge_score(self.stats.get(p.prompt_id), cfg.history_size) for p in candidates]
         band = (cfg.min_success, cfg.max_success)
         readmit = {i for i in off_edge(scores, band)
-                   if visit_draw(self.seed, self.epoch, self._step, candidates[i].prompt_id) < cfg.explore}
+                   if visit_draw(at.seed, self.epoch, at.step, candidates[i].prompt_id) < cfg.explore}
         survivors, off = stage_one(scores, band, coarse_keep(cfg.coarse_ratio, m), readmit)
         entropies = self.prompt_entropies([candidates[i] for i in survivors])
         kept = [survivors[j] for j in stage_two(entropies, cfg.batch_size)]
@@ -297,21 +282,21 @@ class Hive:
         order = kept + [i for i in range(len(candidates)) if i not in set(kept)]
         entries = tuple(AllocationEntry(candidates[i], cfg.n_rollouts if i in set(kept) else 0,
                                         reason=reasons[i][0], why=reasons[i][1]) for i in order)
-        return Allocation(step=self._step, entries=entries)
+        return Allocation(step=at.step, entries=entries)
 
     def prompt_entropies(self, prompts: Sequence[Prompt]) -> list[float]:
         """``PE(x)`` of each prompt under the current policy: one batched ``score`` call."""
         if not prompts:
             return []
-        if self.engine is None:
+        if self.run_ctx.engine is None:
             raise RuntimeError(f"`{ALIAS}` was not set up with an engine (the runtime calls setup before run)")
         requests = [prompt_entropy_request(self._tokens(p), self.config.temperature) for p in prompts]
         self._metrics["tokens_scored"] += sum(len(r.response_token_ids) for r in requests)
-        return [float(np.mean(s.entropy)) for s in self.engine.score(requests)]
+        return [float(np.mean(s.entropy)) for s in self.run_ctx.engine.score(requests)]
 
     def _tokens(self, prompt: Prompt) -> list[int]:
-        if prompt.prompt_token_ids is None and self.resources is not None:
-            return prompt_tokens(self.resources.require_policy(ALIAS), prompt)
+        if prompt.prompt_token_ids is None and self.run_ctx.resources is not None:
+            return prompt_tokens(self.run_ctx.resources.require_policy(ALIAS), prompt)
         return prompt.prompt_token_ids or []
 
     def _count(self, candidates: int, off: set[int], readmit: set[int], survivors: list[int], kept: list[int],
@@ -373,7 +358,7 @@ class Hive:
 
     def observe(self, report: StepReport) -> None:
         for group in report.groups:
-            obs = observe_group(group, self._policy_version) if group.step == report.step else None
+            obs = observe_group(group, self.run_ctx.policy_version) if group.step == report.step else None
             if obs is None:
                 continue
             if group.prompt_id not in self.stats:

@@ -58,8 +58,7 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from gfcr.records import Allocation, ControlReason
-from gfcr.registry import StageConfig
-from gfcr.stages.update.component import Pairing
+from gfcr.registry import PipelineProblem, StageConfig
 
 ALIAS = "control.mc_grpo"
 
@@ -77,17 +76,18 @@ class McGrpo:
             return self.g + 1
 
     @staticmethod
-    def check_pipeline(config: "McGrpo.Config", view: Any) -> list[Pairing]:
+    def check_pipeline(config: "McGrpo.Config", view: Any) -> list[PipelineProblem]:
         """The update's advantage must be ``mc_grpo``: any other trains on the pivot as an ordinary rollout."""
         update = view.configs.get("update")
         advantage = getattr(getattr(update, "advantage", None), "use", None)
         if advantage is None or advantage == "mc_grpo":  # an update without an estimator registry (a test's)
             return []
-        return [Pairing(("g",), f"{ALIAS} allocates G + 1 = {config.g + 1} rollouts for MC-GRPO's median pivot, "
-                                f"but the update's advantage is `{advantage}`: the extra rollout would be trained "
-                                "on as an ordinary one",
-                        f"set the update's `advantage: {{use: mc_grpo, with: {{g: {config.g}}}}}`, or use "
-                        f"`control.fixed_n` with `n: {config.g + 1}` for a plain group of {config.g + 1}")]
+        return [PipelineProblem(
+            ("g",), f"{ALIAS} allocates G + 1 = {config.g + 1} rollouts for MC-GRPO's median pivot, "
+                    f"but the update's advantage is `{advantage}`: the extra rollout would be trained "
+                    "on as an ordinary one",
+            f"set the update's `advantage: {{use: mc_grpo, with: {{g: {config.g}}}}}`, or use "
+            f"`control.fixed_n` with `n: {config.g + 1}` for a plain group of {config.g + 1}")]
 
     def __init__(self, config: Config):
         self.config = config

@@ -115,10 +115,9 @@ from pydantic import Field, model_validator
 from gfcr.records import (
     Allocation, AllocationEntry, Origin, Prompt, PromptPool, RolloutGroup, StepContext, StepReport,
 )
-from gfcr.registry import StageConfig
-from gfcr.stages.replay.reuse import keep, load_entries, reuse, save_entries
-from gfcr.stages.replay.stored import StoredRollout
-from gfcr.stages.update.component import Pairing
+from gfcr.registry import PipelineProblem, StageConfig
+from gfcr.stages.common.reuse import keep, load_entries, reuse, save_entries
+from gfcr.stages.common.stored import StoredRollout
 
 ENTRIES = "entries.parquet"
 _SALT = 0x50494C54  # "PILT": this stage's draws differ from other seeded draws of the step
@@ -199,14 +198,15 @@ class PilotCommit:
             return self
 
     @staticmethod
-    def check_pipeline(config: "PilotCommit.Config", view: Any) -> list[Pairing]:
+    def check_pipeline(config: "PilotCommit.Config", view: Any) -> list[PipelineProblem]:
         """Without ``replay.pilot_join`` the pilot groups would be trained on at once and commits without pilots."""
         if JOIN_STAGE in view.aliases.values():
             return []
-        return [Pairing((), f"no `{JOIN_STAGE}` stage: the pilot groups would reach the update on their own step "
-                            "and the committed groups would lack their pilots",
-                        "add `join: {use: replay.pilot_join, from: {groups: <verifier>, allocation: <this stage>}}` "
-                        "and take the update `from: join`")]
+        return [PipelineProblem(
+            (), f"no `{JOIN_STAGE}` stage: the pilot groups would reach the update on their own step "
+                "and the committed groups would lack their pilots",
+            "add `join: {use: replay.pilot_join, from: {groups: <verifier>, allocation: <this stage>}}` "
+            "and take the update `from: join`")]
 
     def __init__(self, config: Config):
         self.config = config

@@ -95,10 +95,11 @@ from pydantic import Field, model_validator
 
 from gfcr.records import Allocation, AllocationEntry, ControlReason, Prompt, PromptPool, StepContext
 from gfcr.registry import Seed, StageConfig
-from gfcr.stages.filter.verify import score_text
-from gfcr.stages.generate.sample import step_seed
-from gfcr.stages.resources import Engine, GenerationRequest, Policy, Resources, SamplingParams, prompt_tokens
-from gfcr.stages.control.uniform import start_batch
+from gfcr.stages.common.epochs import start_batch
+from gfcr.stages.common.run_context import RunContext
+from gfcr.stages.common.seeds import step_seed
+from gfcr.stages.resources import GenerationRequest, Resources, SamplingParams, prompt_tokens
+from gfcr.stages.verifiers.scoring import score_text
 
 ALIAS = "control.sgpo"
 TRIVIAL, UNSOLVED, LEARNABLE = "trivial", "unsolved", "learnable"
@@ -168,25 +169,16 @@ class Sgpo:
         self.config = config
         self.profile: dict[str, int] | None = None  # prompt id -> successes of profile_samples
         self.cursors: dict[str, list[int]] = {}  # phase -> [epoch, cursor]
-        self.policy: Policy | None = None
-        self.engine: Engine | None = None
-        self.resources: Resources | None = None
-        self._step, self._run_seed = 0, 0
+        self.run_ctx = RunContext(config.seed)
         self._labels: dict[str, tuple[str, int]] = {}  # prompt id -> (label, G or 0)
         self._profile_seed: int | None = None
         self._spent = (0, 0)  # rollouts and tokens the profile cost (charged to the step that ran it)
 
-    @property
-    def seed(self) -> int:
-        return self._run_seed if self.config.seed is None else self.config.seed
-
     def setup(self, resources: Resources) -> None:
-        self.resources = resources
-        self.policy = resources.require_policy(ALIAS)
-        self.engine = resources.require_engine(ALIAS)
+        self.run_ctx.setup(resources, ALIAS, policy=True, engine=True)
 
     def before_step(self, ctx: StepContext) -> None:
-        self._step, self._run_seed = ctx.step, ctx.seed
+        self.run_ctx.before_step(ctx)
 
     # --- the profile ----------------------------------------------------------------------
 
@@ -194,7 +186,7 @@ class Sgpo:
         """Take a profile (prompt id -> successes out of ``profile_samples``) and label it; the
         unsolved prompts are sub-sampled with ``seed`` (default: the stage's)."""
         self.profile = {pid: int(s) for pid, s in successes.items()}
-        self._profile_seed = self.seed if seed is None else seed
+        self._profile_seed = self.run_ctx.seed if seed is None else seed
         n, cfg = self.config.profile_samples, self.config
         self._labels = {}
         for pid, s in self.profile.items():
@@ -209,13 +201,14 @@ class Sgpo:
     def _run_profile(self, pool: PromptPool) -> tuple[int, int]:
         """Sample every profiled prompt ``N`` times under the current (initial) policy, score
         the samples, take the profile; returns the ``(rollouts, tokens)`` spent."""
-        if self.engine is None or self.policy is None:
+        run = self.run_ctx
+        if run.engine is None or run.policy is None:
             raise RuntimeError(f"{ALIAS} was not set up with a policy and engine (it profiles through them)")
         cfg, prompts = self.config, self._profiled_prompts(pool)
-        params = SamplingParams(cfg.temperature, 1.0, cfg.max_new_tokens, (), step_seed(self.seed, "sgpo-profile"))
-        requests = [GenerationRequest(f"{p.prompt_id}@profile", tuple(prompt_tokens(self.policy, p)),
+        params = SamplingParams(cfg.temperature, 1.0, cfg.max_new_tokens, (), step_seed(run.seed, "sgpo-profile"))
+        requests = [GenerationRequest(f"{p.prompt_id}@profile", tuple(prompt_tokens(run.policy, p)),
                                       cfg.profile_samples, params) for p in prompts]
-        results = self.engine.generate(requests)
+        results = run.engine.generate(requests)
         successes, tokens = {}, 0
         for prompt, completions in zip(prompts, results, strict=True):
             if prompt.verifier is None:
@@ -225,15 +218,15 @@ class Sgpo:
             tokens += sum(len(c.token_ids) for c in completions)
         self.use_profile(successes)
         rollouts = len(prompts) * cfg.profile_samples
-        if self.resources is not None:
-            self.resources.charge_generation(rollouts, tokens)
+        if run.resources is not None:
+            run.resources.charge_generation(rollouts, tokens)
         return rollouts, tokens
 
     def _profiled_prompts(self, pool: PromptPool) -> list[Prompt]:
         k = self.config.profile_prompts
         if k is None or k >= len(pool):
             return list(pool)
-        picked = np.sort(np.random.default_rng([self.seed, 7]).permutation(len(pool))[:k])
+        picked = np.sort(np.random.default_rng([self.run_ctx.seed, 7]).permutation(len(pool))[:k])
         return [pool[int(i)] for i in picked]
 
     # --- the curriculum -------------------------------------------------------------------
@@ -250,7 +243,7 @@ class Sgpo:
         profiled_now = self.profile is None
         if profiled_now:
             self._spent = self._run_profile(pool)
-        phase = self.phase_at(self._step)
+        phase = self.phase_at(self.run_ctx.step)
         prompts = self._phase_prompts(pool, phase)
         while not prompts and phase + 1 < len(self.config.group_sizes):  # an empty phase is skipped
             phase += 1
@@ -259,7 +252,7 @@ class Sgpo:
         picked = self._next_batch(phase, len(prompts))
         entries = tuple(self._entry(prompts[i], g, phase) for i in picked)
         skipped = self._skipped(pool) if profiled_now else ()
-        return Allocation(step=self._step, entries=entries + skipped,
+        return Allocation(step=self.run_ctx.step, entries=entries + skipped,
                           controller_state=self._metrics(phase, g, prompts, entries))
 
     def _next_batch(self, phase: int, size: int) -> list[int]:
@@ -268,7 +261,7 @@ class Sgpo:
         batch = min(self.config.batch_size, size)
         epoch, cursor = self.cursors.get(str(phase), [0, 0])
         epoch, cursor = start_batch(epoch, cursor, batch, size)
-        order = np.random.default_rng([self.seed, phase, epoch]).permutation(size)[cursor : cursor + batch]
+        order = np.random.default_rng([self.run_ctx.seed, phase, epoch]).permutation(size)[cursor : cursor + batch]
         self.cursors[str(phase)] = [epoch, cursor + batch]
         return [int(i) for i in order]
 

@@ -49,9 +49,9 @@ from pydantic import Field
 
 from gfcr.records import Prompt, PromptStats, RolloutGroup
 from gfcr.registry import StageConfig
-from gfcr.stages.control.prompt_stats import beta_update, observe_group, stats_from_state, stats_to_state, \
+from gfcr.stages.common.fingerprints import fingerprints
+from gfcr.stages.common.prompt_stats import beta_update, observe_group, stats_from_state, stats_to_state, \
     stats_with_prior
-from gfcr.stages.filter.fingerprints import fingerprints
 from gfcr.stages.resources import Policy, Resources, prompt_tokens
 
 EMBEDDINGS = "embeddings.npy"

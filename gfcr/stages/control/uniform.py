@@ -33,27 +33,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-import numpy as np
 from pydantic import Field
 
-from gfcr.errors import GfcrError
 from gfcr.records import Allocation, AllocationEntry, ControlReason, PromptPool, StepContext
 from gfcr.registry import Seed, StageConfig
-
-
-def start_batch(epoch: int, cursor: int, batch_size: int, pool_size: int) -> tuple[int, int]:
-    """``(epoch, cursor)`` where the next batch starts: a new epoch when the current one has
-    fewer than ``batch_size`` prompts left (``drop_last``)."""
-    if batch_size > pool_size:
-        raise GfcrError(f"a call draws {batch_size} prompts, more than the pool's {pool_size}",
-                        "lower the stage's `batch_size` (and `candidate_ratio`, where it has one), "
-                        "or give the data more prompts")
-    return (epoch + 1, 0) if cursor + batch_size > pool_size else (epoch, cursor)
-
-
-def epoch_order(seed: int, epoch: int, pool_size: int) -> np.ndarray:
-    """The seeded permutation of the pool for one epoch: reproducible from ``(seed, epoch)``."""
-    return np.random.default_rng([seed, epoch]).permutation(pool_size)
+from gfcr.stages.common.epochs import epoch_order, start_batch
+from gfcr.stages.common.run_context import RunContext
 
 
 class UniformControl:
@@ -67,23 +52,22 @@ class UniformControl:
     def __init__(self, config: Config):
         self.config = config
         self.epoch, self.cursor = 0, 0
-        self._step, self._run_seed = 0, 0
+        self.run_ctx = RunContext(config.seed)
 
     def before_step(self, ctx: StepContext) -> None:
-        self._step, self._run_seed = ctx.step, ctx.seed
+        self.run_ctx.before_step(ctx)
 
     def run(self, pool: PromptPool) -> Allocation:
         size = self.config.batch_size
         self.epoch, self.cursor = start_batch(self.epoch, self.cursor, size, len(pool))
-        seed = self._run_seed if self.config.seed is None else self.config.seed
-        picked = epoch_order(seed, self.epoch, len(pool))[self.cursor : self.cursor + size]
+        picked = epoch_order(self.run_ctx.seed, self.epoch, len(pool))[self.cursor : self.cursor + size]
         start, self.cursor = self.cursor, self.cursor + size
         entries = tuple(
             AllocationEntry(pool[int(i)], self.config.n_rollouts, reason=f"uniform(epoch={self.epoch})",
                             why=ControlReason("next_in_epoch", "position", start + k, {"epoch": self.epoch}))
             for k, i in enumerate(picked)
         )
-        return Allocation(step=self._step, entries=entries)
+        return Allocation(step=self.run_ctx.step, entries=entries)
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "cursor": self.cursor}

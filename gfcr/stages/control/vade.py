@@ -106,10 +106,11 @@ from pydantic import Field
 from gfcr.records import (Allocation, AllocationEntry, ControlReason, Prompt, PromptPool, PromptStats, StepContext,
                           StepReport)
 from gfcr.registry import Seed, StageConfig
-from gfcr.stages.control.beta_thompson import thompson_draw
-from gfcr.stages.control.prompt_stats import (beta_update, observe_group, stats_from_state, stats_to_state,
+from gfcr.stages.common.epochs import epoch_order, start_batch
+from gfcr.stages.common.prompt_stats import (beta_update, observe_group, stats_from_state, stats_to_state,
                                               stats_with_prior)
-from gfcr.stages.control.uniform import epoch_order, start_batch
+from gfcr.stages.common.run_context import RunContext
+from gfcr.stages.control.beta_thompson import thompson_draw
 
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 PriorCount = Annotated[float, Field(gt=0.0)]
@@ -157,15 +158,11 @@ class Vade:
         self.config = config
         self.epoch, self.cursor = 0, 0
         self.stats: dict[str, PromptStats] = {}
-        self._step, self._run_seed, self._policy_version = 0, 0, 0
+        self.run_ctx = RunContext(config.seed)
         self._taken: set[str] = set()  # prompts chosen by earlier loop rounds of this step
 
-    @property
-    def seed(self) -> int:
-        return self._run_seed if self.config.seed is None else self.config.seed
-
     def before_step(self, ctx: StepContext) -> None:
-        self._step, self._run_seed, self._policy_version = ctx.step, ctx.seed, ctx.policy_version
+        self.run_ctx.before_step(ctx)
         self._taken = set()
 
     def posterior(self, prompt_id: str, step: int) -> tuple[float, float]:
@@ -179,8 +176,8 @@ class Vade:
 
     def run(self, pool: PromptPool) -> Allocation:
         candidates = self._candidates(pool)
-        posteriors = [self.posterior(p.prompt_id, self._step) for p in candidates]
-        draws = np.array([thompson_draw(self.seed, self.epoch, self._step, p.prompt_id, a, b)
+        posteriors = [self.posterior(p.prompt_id, self.run_ctx.step) for p in candidates]
+        draws = np.array([thompson_draw(self.run_ctx.seed, self.epoch, self.run_ctx.step, p.prompt_id, a, b)
                           for p, (a, b) in zip(candidates, posteriors)])
         gains = information_gain(draws)
         chosen = [int(i) for i in largest_gain(gains, min(self.config.batch_size, len(candidates)))]
@@ -191,7 +188,7 @@ class Vade:
         entries = tuple(self._entry(candidates[i], draws[i], gains[i], posteriors[i], rank.get(i), cutoff)
                         for i in listed)
         self._taken.update(candidates[i].prompt_id for i in chosen)
-        return Allocation(step=self._step, entries=entries,
+        return Allocation(step=self.run_ctx.step, entries=entries,
                           controller_state=self._metrics(candidates, chosen, draws, gains, posteriors))
 
     def _candidates(self, pool: PromptPool) -> list[Prompt]:
@@ -199,7 +196,7 @@ class Vade:
             return [p for p in pool if p.prompt_id not in self._taken]
         m = self.config.candidate_ratio * self.config.batch_size
         self.epoch, self.cursor = start_batch(self.epoch, self.cursor, m, len(pool))
-        order = epoch_order(self.seed, self.epoch, len(pool))[self.cursor : self.cursor + m]
+        order = epoch_order(self.run_ctx.seed, self.epoch, len(pool))[self.cursor : self.cursor + m]
         self.cursor += m
         return [pool[int(i)] for i in order]
 
@@ -218,7 +215,7 @@ class Vade:
                  posteriors: list[tuple[float, float]]) -> dict[str, Any]:
         ids = [candidates[i].prompt_id for i in chosen]
         seen = [self.stats[p] for p in ids if p in self.stats and self.stats[p].last_selected_step is not None]
-        idle = [self._step - s.last_selected_step for s in seen]
+        idle = [self.run_ctx.step - s.last_selected_step for s in seen]
         return {
             "epoch": self.epoch, "candidates": len(candidates), "chosen": len(chosen),
             "gain_mean": float(np.mean(gains[chosen])), "gain_min": float(np.min(gains[chosen])),
@@ -231,7 +228,7 @@ class Vade:
     def observe(self, report: StepReport) -> None:
         cfg = self.config
         for group in report.groups:
-            obs = observe_group(group, self._policy_version) if group.step == report.step else None
+            obs = observe_group(group, self.run_ctx.policy_version) if group.step == report.step else None
             if obs is None:
                 continue
             stats = stats_with_prior(self.stats, group.prompt_id, cfg.history_size, cfg.prior_alpha, cfg.prior_beta)

@@ -74,7 +74,7 @@ from pydantic import Field, model_validator
 
 from gfcr.records import PromptStats, RolloutGroup, RolloutGroups, StepContext
 from gfcr.registry import StageConfig
-from gfcr.stages.control.prompt_stats import (
+from gfcr.stages.common.prompt_stats import (
     beta_mean, beta_update, observe_group, stats_from_state, stats_to_state, stats_with_prior,
 )
 

@@ -110,12 +110,11 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from gfcr.records import PromptPool, Rollout, RolloutGroup, RolloutGroups, StepContext
-from gfcr.registry import StageConfig
+from gfcr.registry import PipelineProblem, StageConfig
 from gfcr.spec.problems import fixable
 from gfcr.stages.filter.down_sampling import kept_count, linear_ratio, max_variance_subset, top_fraction
 from gfcr.stages.resources import Engine, Policy, Resources, ScoreRequest, prompt_tokens
 from gfcr.stages.update.advantage import AdvantageSpec, estimate_all
-from gfcr.stages.update.component import Pairing
 
 Ratio = Annotated[float, Field(gt=0.0, le=1.0)]
 MIN_GROUP = 2  # a group keeps at least this many rollouts: a lone rollout has no baseline
@@ -162,26 +161,28 @@ class D3S:
             return self.token_keep_start < 1.0
 
     @staticmethod
-    def check_pipeline(config: "D3S.Config", view: Any) -> list[Pairing]:
+    def check_pipeline(config: "D3S.Config", view: Any) -> list[PipelineProblem]:
         """The selection's estimator is the update's; an upstream ``generate.sample`` records entropy."""
         found = []
         update = view.configs.get("update")
         theirs = getattr(update, "advantage", None)
         if isinstance(theirs, AdvantageSpec) and not _same_estimator(config.advantage, theirs):
-            found.append(Pairing(("advantage",), f"the selection's advantage estimator (`{config.advantage.use}` "
-                                 f"{config.advantage.with_}) is not the update's (`{theirs.use}` {theirs.with_}): "
-                                 "Var(A) and |A| would be measured on other advantages than the update uses",
-                                 f"set this stage's `advantage` to the update's (`advantage: {{use: {theirs.use}}}` "
-                                 "with the same `with`)"))
+            found.append(PipelineProblem(
+                ("advantage",), f"the selection's advantage estimator (`{config.advantage.use}` "
+                f"{config.advantage.with_}) is not the update's (`{theirs.use}` {theirs.with_}): "
+                "Var(A) and |A| would be measured on other advantages than the update uses",
+                f"set this stage's `advantage` to the update's (`advantage: {{use: {theirs.use}}}` "
+                "with the same `with`)"))
         if config.token_level and config.entropy == "recorded":
             for sid, alias in view.upstream:
                 if alias == "generate.sample" and not getattr(view.configs.get(sid), "entropy", True):
-                    found.append(Pairing(("token_keep_start",), f"the token level ranks tokens by |A|·H and "
-                                         f"`{sid}` (generate.sample) does not record entropy: every rollout would "
-                                         "be scored again through the engine, one forward pass each",
-                                         f"set `entropy: true` on `{sid}` (--set stages.{sid}.with.entropy=true); "
-                                         "or `entropy: scored` here to pay that pass (an engine that records no "
-                                         "entropy, vLLM); or turn the token level off (`token_keep_start: 1.0`)"))
+                    found.append(PipelineProblem(
+                        ("token_keep_start",), f"the token level ranks tokens by |A|·H and "
+                        f"`{sid}` (generate.sample) does not record entropy: every rollout would "
+                        "be scored again through the engine, one forward pass each",
+                        f"set `entropy: true` on `{sid}` (--set stages.{sid}.with.entropy=true); "
+                        "or `entropy: scored` here to pay that pass (an engine that records no "
+                        "entropy, vLLM); or turn the token level off (`token_keep_start: 1.0`)"))
         return found
 
     def __init__(self, config: Config):

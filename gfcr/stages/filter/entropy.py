@@ -61,9 +61,8 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from gfcr.records import Rollout, RolloutGroup, RolloutGroups
-from gfcr.registry import StageConfig
+from gfcr.registry import PipelineProblem, StageConfig
 from gfcr.spec.problems import fixable
-from gfcr.stages.update.component import Pairing
 
 RECORDS_ENTROPY = {"generate.sample": lambda c: c.entropy,
                    "generate.tree": lambda c: c.entropy or c.uncertainty == "entropy"}
@@ -101,15 +100,16 @@ class EntropyGate:
             return self
 
     @staticmethod
-    def check_pipeline(config: "EntropyGate.Config", view: Any) -> list[Pairing]:
+    def check_pipeline(config: "EntropyGate.Config", view: Any) -> list[PipelineProblem]:
         """An upstream generator that records token entropies."""
         found = []
         for sid, alias in view.upstream:
             records, stage_config = RECORDS_ENTROPY.get(alias), view.configs.get(sid)
             if records is not None and stage_config is not None and not records(stage_config):
-                found.append(Pairing(("action",), f"filter.entropy gates on recorded token entropies, and `{sid}` "
-                                                  f"({alias}) does not record them",
-                                     f"set `entropy: true` on `{sid}` (--set stages.{sid}.with.entropy=true)"))
+                found.append(PipelineProblem(
+                    ("action",), f"filter.entropy gates on recorded token entropies, and `{sid}` "
+                                 f"({alias}) does not record them",
+                    f"set `entropy: true` on `{sid}` (--set stages.{sid}.with.entropy=true)"))
         return found
 
     def __init__(self, config: Config):

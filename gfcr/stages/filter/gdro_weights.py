@@ -77,7 +77,7 @@ from pydantic import Field, model_validator
 
 from gfcr.records import RolloutGroup, RolloutGroups, StepReport
 from gfcr.registry import StageConfig
-from gfcr.stages.control.passk_bins import Edges, Margin, PassKBins, Window, check_edges
+from gfcr.stages.common.passk_bins import Edges, Margin, PassKBins, Window, check_edges
 
 
 def bin_weights(scores: dict[int, float], present: list[int], eta: float, gamma: float,

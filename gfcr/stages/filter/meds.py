@@ -12,7 +12,7 @@ with ``log`` the natural logarithm; an incorrect rollout that HDBSCAN leaves as 
 correct rollout, keeps its reward. Per step, for each prompt, this stage
 
 1. fingerprints the group's incorrect rollouts with one extra forward pass of the policy
-   (``gfcr.stages.filter.fingerprints``: per-layer mean-pooled hidden states of the response,
+   (``gfcr.stages.common.fingerprints``: per-layer mean-pooled hidden states of the response,
    unit-normalised and concatenated);
 2. clusters the prompt's memory together with the new fingerprints (``gfcr.stages.filter.
    error_memory``; HDBSCAN, ``min_cluster_size``), so ``|C_k|`` counts past and present members;
@@ -91,11 +91,10 @@ import numpy as np
 from pydantic import Field
 
 from gfcr.records import PromptPool, Rollout, RolloutGroup, RolloutGroups, StepContext
-from gfcr.registry import StageConfig
+from gfcr.registry import PipelineProblem, StageConfig
+from gfcr.stages.common.fingerprints import check_layers, fingerprints
 from gfcr.stages.filter.error_memory import ErrorMemory, clusters
-from gfcr.stages.filter.fingerprints import check_layers, fingerprints
 from gfcr.stages.resources import Policy, Resources, prompt_tokens
-from gfcr.stages.update.component import Pairing
 
 COMPONENT = "meds"
 SCORERS = ("filter.verify",)  # stages that write `Rollout.correct`
@@ -125,13 +124,13 @@ class MEDS:
             "decoder layers whose states make the fingerprint (0 is the first, -1 the last); null: all"))
 
     @staticmethod
-    def check_pipeline(config: "MEDS.Config", view: Any) -> list[Pairing]:
+    def check_pipeline(config: "MEDS.Config", view: Any) -> list[PipelineProblem]:
         """Correctness must be known: a verifier upstream."""
         if any(alias in SCORERS for _, alias in view.upstream):
             return []
-        return [Pairing((), "nothing upstream of this stage marks rollouts correct, so there are no errors to "
-                            "remember", "put it after the verifier: `from: reward`, where reward is "
-                                        "`{use: filter.verify}`")]
+        return [PipelineProblem((), "nothing upstream of this stage marks rollouts correct, so there are no errors to "
+                                    "remember", "put it after the verifier: `from: reward`, where reward is "
+                                                "`{use: filter.verify}`")]
 
     def __init__(self, config: Config):
         self.config = config

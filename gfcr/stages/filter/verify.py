@@ -21,10 +21,10 @@ leaves nothing running (a thread could only be abandoned, still burning a CPU). 
 processes (default: 2, or 1 on a one-CPU machine) score a step's rollouts in parallel; they
 start on first use (about 0.3 s each) and end with the run. A verifier function may carry a
 ``prepare()`` attribute (the ``math`` verifier imports math-verify in it), called once in each
-worker, untimed, before its first use. ``timeout_s: null`` (Python callers only, via
-``score_text``) calls the verifier in this thread, unguarded.
-``score_text`` and ``score_rollout`` are the same scoring for callers with no pool, such
-as the runtime's evaluation on a held-out set.
+worker, untimed, before its first use. The scoring itself is ``gfcr.stages.verifiers.scoring``
+(``score_text``, ``score_rollout``), for callers with no stage in front of them, such as the
+runtime's evaluation on a held-out set; there ``timeout_s=None`` calls the verifier in this
+thread, unguarded.
 
 Fan-out: the stage scores through ``Resources.map`` (set in ``setup``), which runs a pure
 function over ``(text, VerifierSpec)`` items: in this process by default, in batches of Ray
@@ -64,104 +64,20 @@ YAML:
 from __future__ import annotations
 
 import functools
-from typing import Annotated, Sequence
+from typing import Annotated
 
 from pydantic import Field, field_validator
 
-from gfcr.records import PromptPool, Rollout, RolloutGroups, VerifierSpec
+from gfcr.records import PromptPool, RolloutGroups, VerifierSpec
 from gfcr.registry import Registry, StageConfig
 from gfcr.spec.problems import fixable
 from gfcr.stages.resources import Map, Resources, in_process_map
-from gfcr.stages.verifiers import VERIFIERS, Score, Verifier, check_verifier_name
-from gfcr.stages.verifiers.pool import Call, Overran, WorkerDied, default_workers, describe, shared_pool
+from gfcr.stages.verifiers import VERIFIERS, Verifier, check_verifier_name
+from gfcr.stages.verifiers.scoring import DEFAULT_MEMORY_MB, response_text, score_item, score_texts, write_score
 
-DEFAULT_MEMORY_MB = 2048  # sympy on a hard expression stays well under this
 MIN_MEMORY_MB = 256  # a worker's Python, pydantic and math-verify need about 150 MB of address space
 
 ALIAS = "filter.verify"
-
-
-@functools.cache
-def _prepare(verifier: Verifier) -> None:
-    """Run the verifier's optional ``prepare()`` once in this process (the unguarded path)."""
-    prepare = getattr(verifier, "prepare", None)
-    if callable(prepare):
-        prepare()
-
-
-def _reward(score: Score, format_weight: float) -> float:
-    return (1.0 - format_weight) * float(score.correct) + format_weight * float(score.formatted)
-
-
-def _verdict(outcome: Score | BaseException, format_weight: float) -> tuple[float, Score]:
-    """(reward, score) of a pool call's outcome: an overrun, a dead worker or a verifier error scores 0."""
-    if isinstance(outcome, Score):
-        return _reward(outcome, format_weight), outcome
-    if isinstance(outcome, (Overran, WorkerDied)):
-        return 0.0, Score(False, False, None, str(outcome))
-    return 0.0, Score(False, False, None, f"verifier error: {describe(outcome)}")
-
-
-def score_texts(items: Sequence[tuple[str, VerifierSpec]], *, format_weight: float = 0.0, timeout_s: float = 5.0,
-                memory_mb: int | None = DEFAULT_MEMORY_MB, workers: int | None = None,
-                verifiers: Registry[Verifier] = VERIFIERS) -> list[tuple[float, Score]]:
-    """``score_text`` of many ``(text, spec)`` pairs, in parallel on this process's worker pool."""
-    calls = [Call(verifiers.get(spec.name), text, spec.ground_truth, dict(spec.options)) for text, spec in items]
-    if not calls:
-        return []
-    pool = shared_pool(workers or default_workers(), memory_mb)
-    return [_verdict(outcome, format_weight) for outcome in pool.map(calls, timeout_s)]
-
-
-def score_text(text: str, spec: VerifierSpec, *, format_weight: float = 0.0, timeout_s: float | None = 5.0,
-               memory_mb: int | None = DEFAULT_MEMORY_MB, workers: int | None = None,
-               verifiers: Registry[Verifier] = VERIFIERS) -> tuple[float, Score]:
-    """(reward, score) of ``text`` against ``spec``. A verifier error, timeout or dead worker
-    scores 0 with the reason recorded; an unknown verifier name is a RegistryError (a
-    configuration mistake, not a bad response). ``timeout_s=None`` calls the verifier in this
-    thread, unguarded (no worker process, no limits)."""
-    if timeout_s is not None:
-        (scored,) = score_texts([(text, spec)], format_weight=format_weight, timeout_s=timeout_s,
-                                memory_mb=memory_mb, workers=workers, verifiers=verifiers)
-        return scored
-    verifier = verifiers.get(spec.name)
-    _prepare(verifier)
-    try:
-        score = verifier(text, spec.ground_truth, dict(spec.options))
-    except Exception as exc:
-        return 0.0, Score(False, False, None, f"verifier error: {type(exc).__name__}: {exc}")
-    return _reward(score, format_weight), score
-
-
-def score_item(item: tuple[str, VerifierSpec], *, format_weight: float = 0.0, timeout_s: float | None = 5.0,
-               memory_mb: int | None = DEFAULT_MEMORY_MB, workers: int | None = None,
-               verifiers: Registry[Verifier] = VERIFIERS) -> tuple[float, Score]:
-    """``score_text`` of one ``(text, spec)`` pair: the pure function ``Resources.map`` runs."""
-    text, spec = item
-    return score_text(text, spec, format_weight=format_weight, timeout_s=timeout_s, memory_mb=memory_mb,
-                      workers=workers, verifiers=verifiers)
-
-
-def score_rollout(rollout: Rollout, spec: VerifierSpec, *, format_weight: float = 0.0,
-                  timeout_s: float | None = 5.0, verifiers: Registry[Verifier] = VERIFIERS) -> None:
-    """Score ``rollout.text`` against ``spec`` and write reward, correct, components and reason."""
-    reward, score = score_text(_text(rollout), spec, format_weight=format_weight, timeout_s=timeout_s,
-                               verifiers=verifiers)
-    write_score(rollout, reward, score)
-
-
-def _text(rollout: Rollout) -> str:
-    if rollout.text is None:
-        raise ValueError(f"rollout {rollout.rollout_id} has no text to verify; "
-                         "the generate stage must decode responses into `Rollout.text`")
-    return rollout.text
-
-
-def write_score(rollout: Rollout, reward: float, score: Score) -> None:
-    """Write a verifier's verdict onto ``rollout``: reward, correct, components and reason."""
-    rollout.reward, rollout.correct = reward, score.correct
-    rollout.reward_components = {"correct": float(score.correct), "format": float(score.formatted)}
-    rollout.reward_reason = score.reason
 
 
 class Verify:
@@ -216,7 +132,7 @@ class Verify:
     def run(self, groups: RolloutGroups, pool: PromptPool) -> RolloutGroups:
         cfg = self.config
         todo = [r for r in groups.rollouts() if r.reward is None]
-        items = [(_text(r), self.spec_for(r.prompt_id, pool)) for r in todo]
+        items = [(response_text(r), self.spec_for(r.prompt_id, pool)) for r in todo]
         if self.map is in_process_map:  # the whole step at once, so the pool's workers run in parallel
             results = score_texts(items, format_weight=cfg.format_weight, timeout_s=cfg.timeout_s,
                                   memory_mb=cfg.memory_mb, workers=cfg.workers, verifiers=self.verifiers)

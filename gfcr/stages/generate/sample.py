@@ -53,7 +53,6 @@ YAML:
 
 from __future__ import annotations
 
-import zlib
 from typing import Annotated, Sequence
 
 import numpy as np
@@ -65,6 +64,7 @@ from gfcr.records import (
 )
 from gfcr.registry import Seed, StageConfig
 from gfcr.spec.problems import fixable
+from gfcr.stages.common.seeds import step_seed
 from gfcr.stages.engine import (
     Completion, Exit, InFlightController, InFlightView, SamplingParams, Steer, splice,
 )
@@ -73,11 +73,6 @@ from gfcr.stages.resources import Engine, GenerationRequest, Policy, Resources, 
 STATUS = {"stop": RolloutStatus.COMPLETED, "length": RolloutStatus.TRUNCATED,
           "aborted": RolloutStatus.ABORTED_PARTIAL, "pruned": RolloutStatus.PRUNED,
           "exited": RolloutStatus.COMPLETED}  # exited: cut at a step and answered by a controller
-
-
-def step_seed(*parts: object) -> int:
-    """A 31-bit seed from any parts (stable across processes, unlike ``hash``)."""
-    return zlib.crc32(":".join(map(str, parts)).encode()) & 0x7FFFFFFF
 
 
 class Sample:

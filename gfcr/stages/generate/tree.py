@@ -91,8 +91,9 @@ from gfcr.records import (
 )
 from gfcr.registry import Seed, StageConfig
 from gfcr.spec.problems import fixable
+from gfcr.stages.common.seeds import step_seed
 from gfcr.stages.engine import Completion, ResponsePrefix, SamplingParams, splice
-from gfcr.stages.generate.sample import STATUS, step_seed
+from gfcr.stages.generate.sample import STATUS
 from gfcr.stages.generate.tree_topology import parents, segment_tree
 from gfcr.stages.resources import Engine, GenerationRequest, Policy, Resources, prompt_tokens
 

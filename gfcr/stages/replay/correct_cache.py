@@ -72,8 +72,8 @@ from pydantic import Field, model_validator
 
 from gfcr.records import Origin, Rollout, RolloutGroup, RolloutGroups, StepContext, rollout_id
 from gfcr.registry import StageConfig
-from gfcr.stages.replay.reuse import keep, load_entries, reuse, save_entries
-from gfcr.stages.replay.stored import StoredRollout
+from gfcr.stages.common.reuse import keep, load_entries, reuse, save_entries
+from gfcr.stages.common.stored import StoredRollout
 
 ENTRIES = "entries.parquet"
 COUNTS = ("groups_without_correct", "groups_joined", "rollouts_replayed", "tokens_replayed", "evicted_stale")

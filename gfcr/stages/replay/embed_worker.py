@@ -49,7 +49,7 @@ from typing import IO, Any, Sequence
 import numpy as np
 
 from gfcr.errors import ModelError
-from gfcr.stages.replay.embedder import resolve_embedder
+from gfcr.stages.common.embedding import resolve_embedder
 
 NICE = 10  # added to the worker's niceness: it yields the cores to the step
 WATCH_SECONDS = 0.5  # how often the worker checks that its parent is alive
@@ -247,10 +247,10 @@ def _serve(argv: list[str]) -> None:
     try:
         import torch
 
-        from gfcr.stages.replay.embedder import Embedder, _load
+        from gfcr.stages.common.embedding import Embedder, load_model
 
         torch.set_num_threads(1)
-        embedder = Embedder(name, Path(folder), _load(Path(folder), name))
+        embedder = Embedder(name, Path(folder), load_model(Path(folder), name))
     except ModelError as exc:
         _send(outbox, ("error", exc.message, exc.fix))
         return

@@ -1,7 +1,7 @@
 """RLEP's experience pool: verified successes per prompt, seeded from a run directory or a JSONL
 file, or filled online, and saved as parquet with the stage's checkpoint.
 
-An entry is a ``StoredRollout`` (``gfcr.stages.replay.stored``): token ids, segments with their
+An entry is a ``StoredRollout`` (``gfcr.stages.common.stored``): token ids, segments with their
 policy versions and behaviour log-probs, text, reward, the step that generated it. The pool keeps
 at most ``max_per_prompt`` entries per prompt (the oldest leave first) and skips an entry whose
 token ids equal one of its prompt's stored entries.
@@ -31,8 +31,8 @@ import numpy as np
 
 from gfcr.errors import DataError, GfcrError, Location, Problem
 from gfcr.records import Origin, PromptPool, Rollout, RolloutStatus, Segment, SegmentOrigin
-from gfcr.stages.replay.store_files import ENTRIES, read_entries, write_entries
-from gfcr.stages.replay.stored import StoredRollout, stored_bytes, stored_from
+from gfcr.stages.common.store_files import ENTRIES, read_entries, write_entries
+from gfcr.stages.common.stored import StoredRollout, stored_bytes, stored_from
 
 POOL_FILE = "pool.parquet"
 SEED_STEP = -1  # the step of an entry read from a JSONL file: before the run

@@ -85,7 +85,6 @@ With the stored behaviour log-probs and truncated importance sampling in the upd
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -97,9 +96,9 @@ from gfcr.records import (
 )
 from gfcr.records.group import FINISHED
 from gfcr.records.rollout import REUSED_ORIGINS
-from gfcr.registry import StageConfig, UpdateNeed
+from gfcr.registry import PipelineProblem, StageConfig, UpdateNeed
+from gfcr.stages.common.stored import StoredRollout
 from gfcr.stages.replay.experience_pool import ExperiencePool, seed_jsonl, seed_run_dir
-from gfcr.stages.replay.stored import StoredRollout
 from gfcr.stages.resources import Engine, Policy, Resources, ScoreRequest, prompt_tokens
 
 ALIAS = "replay.rlep"
@@ -124,15 +123,6 @@ class SeedFrom(StageConfig):
         if self.stage is not None and self.run_dir is None:
             raise ValueError("`seed_from.stage` names a store in `seed_from.run_dir`; set `run_dir` or remove `stage`")
         return self
-
-
-@dataclass(frozen=True)
-class Unmet:
-    """A requirement of the stage's Config on the pipeline (``check_pipeline``)."""
-
-    key: tuple[str, ...]
-    message: str
-    fix: str
 
 
 class RLEP:
@@ -169,7 +159,7 @@ class RLEP:
             return self
 
     @staticmethod
-    def check_pipeline(config: "RLEP.Config", view: Any) -> list[Unmet]:
+    def check_pipeline(config: "RLEP.Config", view: Any) -> list[PipelineProblem]:
         """``store`` names a ``replay.store`` upstream."""
         found = []
         if config.store is not None and dict(view.upstream).get(config.store) != "replay.store":
@@ -177,9 +167,10 @@ class RLEP:
             alias = view.aliases.get(config.store)
             what = ("the pipeline has no stage `{0}`" if alias is None else "`{0}` is `%s`, not a `replay.store`" % alias
                     if alias != "replay.store" else "`{0}` is not upstream of this stage (it would run after it)")
-            found.append(Unmet(("store",), "`store`: " + what.format(config.store),
-                               f"read from the store (`from: {stores[0]}`) and set `store: {stores[0]}`" if stores
-                               else "add a `replay.store` stage before this one, or remove `store`"))
+            found.append(PipelineProblem(
+                ("store",), "`store`: " + what.format(config.store),
+                f"read from the store (`from: {stores[0]}`) and set `store: {stores[0]}`" if stores
+                else "add a `replay.store` stage before this one, or remove `store`"))
         return found
 
     @staticmethod

@@ -83,8 +83,8 @@ from pydantic import Field
 
 from gfcr.records import Origin, RolloutGroup, RolloutGroups, StepContext, rollout_id
 from gfcr.registry import StageConfig, UpdateNeed
-from gfcr.stages.replay.reuse import keep, load_entries, reuse, save_entries
-from gfcr.stages.replay.stored import StoredRollout
+from gfcr.stages.common.reuse import keep, load_entries, reuse, save_entries
+from gfcr.stages.common.stored import StoredRollout
 
 ENTRIES = "entries.parquet"
 _SALT = 0x444F5453  # "DOTS": this stage's draws differ from other seeded draws of the step

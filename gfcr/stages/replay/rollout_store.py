@@ -55,9 +55,10 @@ from pydantic import Field, model_validator
 from gfcr.errors import CheckpointError
 from gfcr.records import Rollout
 from gfcr.registry import StageConfig
-from gfcr.stages.replay.embedder import PACKAGED
-from gfcr.stages.replay.store_files import ENTRIES, PROMPTS, read_entries, read_prompts, write_entries, write_prompts
-from gfcr.stages.replay.stored import AddResult, Hit, PromptHit, StoredRollout, stored_from
+from gfcr.stages.common.embedding import PACKAGED
+from gfcr.stages.common.store_files import ENTRIES, PROMPTS, read_entries, read_prompts, write_entries, write_prompts
+from gfcr.stages.common.stored import StoredRollout, stored_from
+from gfcr.stages.replay.store_results import AddResult, Hit, PromptHit
 from gfcr.stages.replay.vector_index import IndexSettings, VectorIndex
 
 RESPONSES_INDEX, PROMPTS_INDEX = "responses.faiss", "prompts.faiss"
@@ -122,7 +123,7 @@ class StoreConfig(StageConfig):
 
 
 class TextEmbedder(Protocol):
-    """What the store needs of an embedder (``gfcr.stages.replay.embedder.Embedder``)."""
+    """What the store needs of an embedder (``gfcr.stages.common.embedding.Embedder``)."""
 
     dim: int
 

@@ -71,8 +71,8 @@ from pydantic import Field
 
 from gfcr.records import Origin, Prompt, PromptPool, Rollout, RolloutGroups, StepContext, StepOutputs
 from gfcr.records.group import FINISHED
+from gfcr.stages.common.embedding import load_embedder
 from gfcr.stages.replay.embed_worker import worker_embedder
-from gfcr.stages.replay.embedder import load_embedder
 from gfcr.stages.replay.rollout_store import ReplayStore, StoreConfig
 
 

@@ -78,7 +78,7 @@ class PairingContext:
                 "correction": self.correction}[kind]
 
 
-Pairing = PipelineProblem  # the old name, until the control and filter stages import PipelineProblem
+
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,10 @@ from gfcr.graph import compile_pipeline, load_pipeline
 from gfcr.records import Prompt, PromptPool, PromptStats, StepContext, StepReport
 from gfcr.runtime import LocalRunner
 from gfcr.spec import load_spec_text
-from gfcr.stages.control.beta_thompson import BetaThompson, closest_to_target, thompson_draw
-from gfcr.stages.control.prompt_stats import (
+from gfcr.stages.common.prompt_stats import (
     beta_mean, beta_update, observe_group, stats_from_state, stats_to_state,
 )
+from gfcr.stages.control.beta_thompson import BetaThompson, closest_to_target, thompson_draw
 from gfcr.stages.testing import scored_group
 from tests.conftest import REPO
 

@@ -14,9 +14,9 @@ from pydantic import ValidationError
 from gfcr.errors import GfcrError
 from gfcr.graph import load_pipeline
 from gfcr.records import Prompt, PromptPool, StepContext, StepReport
+from gfcr.stages.common.epochs import epoch_order
+from gfcr.stages.common.prompt_stats import visit_draw
 from gfcr.stages.control.depo import Depo, decide
-from gfcr.stages.control.prompt_stats import visit_draw
-from gfcr.stages.control.uniform import epoch_order
 from gfcr.stages.testing import scored_group
 from tests.conftest import REPO
 

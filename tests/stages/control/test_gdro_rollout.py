@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 
 from gfcr.cli.main import app
 from gfcr.records import Allocation, AllocationEntry, Prompt, StepReport
+from gfcr.stages.common.passk_bins import PassKBins
 from gfcr.stages.control.gdro_rollout import GdroRollout, arm_probabilities, best_arms
-from gfcr.stages.control.passk_bins import PassKBins
 from gfcr.stages.testing import scored_group
 from tests.conftest import REPO
 

@@ -15,8 +15,8 @@ from gfcr.graph import compile_pipeline
 from gfcr.records import Prompt, PromptPool, PromptStats, StepContext, StepReport
 from gfcr.runtime import LocalRunner
 from gfcr.spec import load_spec_text
+from gfcr.stages.common.prompt_stats import visit_draw
 from gfcr.stages.control.greso import Greso, skip_probability
-from gfcr.stages.control.prompt_stats import visit_draw
 from gfcr.stages.testing import scored_group
 
 EASY, HARD, MIXED = [1, 1, 1, 1], [0, 0, 0, 0], [1, 0, 1, 0]

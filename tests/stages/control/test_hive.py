@@ -19,8 +19,8 @@ from gfcr.errors import GraphError
 from gfcr.graph import load_pipeline
 from gfcr.records import (Observation, Prompt, PromptPool, PromptStats, Rollout, RolloutGroup, Segment,
                           StepContext, StepReport, group_id, rollout_id)
+from gfcr.stages.common.prompt_stats import observe_group, stats_from_state, stats_to_state
 from gfcr.stages.control.hive import Hive, coarse_keep, edge_score, prompt_entropy_request, stage_one, stage_two
-from gfcr.stages.control.prompt_stats import observe_group, stats_from_state, stats_to_state
 from gfcr.stages.engine import Scored, ScoreRequest
 from gfcr.stages.resources import Resources
 from gfcr.stages.testing import scored_group
@@ -97,7 +97,7 @@ def test_stage_one_ranks_re_admitted_prompts_with_the_unseen():
 
 
 def test_off_edge_prompts_are_re_admitted_by_seeded_draws():
-    from gfcr.stages.control.prompt_stats import visit_draw
+    from gfcr.stages.common.prompt_stats import visit_draw
 
     pool = pool_of(list(range(2, 10)))  # 8 prompts, all seen and all correct: every one off the edge
     config = dict(batch_size=4, candidate_ratio=2, seed=0)

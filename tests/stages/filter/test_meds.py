@@ -22,8 +22,8 @@ from gfcr.records import Origin, Prompt, PromptPool, Rollout, RolloutGroup, Roll
 from gfcr.runtime.session import Run
 from gfcr.runtime.state_tree import read_tree, write_tree
 from gfcr.spec import PolicySpec
+from gfcr.stages.common.fingerprints import fingerprints
 from gfcr.stages.filter.error_memory import ErrorMemory, clusters
-from gfcr.stages.filter.fingerprints import fingerprints
 from gfcr.stages.filter.meds import MEDS, meds_penalty
 from gfcr.stages.resources import Resources
 from tests.conftest import REPO

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from gfcr.errors import GraphError, RegistryError
+from gfcr.errors import GraphError
 from gfcr.graph import load_pipeline
 from gfcr.records import Prompt, PromptPool, Rollout, RolloutGroup, RolloutGroups, Segment, VerifierSpec
-from gfcr.stages.filter.verify import Verify, score_rollout, score_text
+from gfcr.stages.filter.verify import Verify
 from gfcr.stages.verifiers import Score, make_verifier_registry
 from tests.conftest import BASE
 
@@ -148,13 +148,3 @@ def test_misconfigured_pipelines_stop_with_a_clear_error():
         verify([group("p:0", ["1"])], PromptPool([Prompt("p:0", text="q")]))
     with pytest.raises(ValueError, match="has no text to verify"):
         verify([group("p:0", [None])], pool(VerifierSpec("arithmetic", "1")))
-
-
-def test_scoring_without_a_pool_for_evaluation():
-    assert score_text("Answer: 7", VerifierSpec("arithmetic", "7"), timeout_s=None) == (
-        1.0, Score(True, True, "7", "answer 7 == 7"))
-    with pytest.raises(RegistryError, match="unknown verifier `gsm9k`"):  # a configuration mistake stops the run
-        score_text("7", VerifierSpec("gsm9k", "7"))
-    (r,) = group("e:0", ["so 7"]).rollouts
-    score_rollout(r, VerifierSpec("arithmetic", "7"), format_weight=0.5)
-    assert (r.reward, r.reward_components) == (0.5, {"correct": 1.0, "format": 0.0})

@@ -17,8 +17,9 @@ from gfcr.graph import load_pipeline
 from gfcr.records import Allocation, AllocationEntry, Origin, Prompt, SegmentOrigin, StepContext, StepReport
 from gfcr.runtime.session import Run
 from gfcr.runtime.state_tree import read_tree, write_tree
+from gfcr.stages.common.seeds import step_seed
 from gfcr.stages.engine import ScoreRequest, row_seed
-from gfcr.stages.generate.sample import Sample, step_seed
+from gfcr.stages.generate.sample import Sample
 from gfcr.stages.generate.speculative import Speculative, accepted_length
 from gfcr.stages.resources import Resources
 from tests.conftest import REPO

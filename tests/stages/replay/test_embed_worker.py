@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from gfcr.errors import ModelError
+from gfcr.stages.common.embedding import load_embedder
 from gfcr.stages.replay.embed_worker import WorkerEmbedder, worker_embedder
-from gfcr.stages.replay.embedder import load_embedder
 from gfcr.stages.replay.rollout_store import ReplayStore, StoreConfig, _one_torch_thread
 from tests.conftest import REPO
 from tests.stages.replay.test_rollout_store import PROMPTS, _rollout

@@ -13,9 +13,9 @@ from pydantic import ValidationError
 
 from gfcr.errors import CheckpointError
 from gfcr.records import Rollout, Segment
-from gfcr.stages.replay.embedder import load_embedder
+from gfcr.stages.common.embedding import load_embedder
+from gfcr.stages.common.store_files import ENTRIES
 from gfcr.stages.replay.rollout_store import RESPONSES_INDEX, ReplayStore, StoreConfig
-from gfcr.stages.replay.store_files import ENTRIES
 
 DIM = 384
 PROMPTS = {"p:0": "2 + 2 =", "p:1": "Name a city in France.", "p:2": "7 - 5 =", "p:3": "3 * 3 =", "p:4": "9 / 3 ="}

@@ -12,8 +12,8 @@ import pytest
 
 from gfcr.records import VerifierSpec
 from gfcr.stages.data.humaneval import HumanEvalSource
-from gfcr.stages.filter.verify import score_text
 from gfcr.stages.verifiers.code import CodeOptions, build_program, extract_code, verify_code
+from gfcr.stages.verifiers.scoring import score_text
 
 PROMPT = 'def add(a, b):\n    """The sum of a and b."""\n'
 TESTS = "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(-1, 1) == 0\n"

@@ -16,12 +16,13 @@ from gfcr.records import VerifierSpec
 from gfcr.runtime.lineage import read_lineage
 from gfcr.runtime.rundir import RunDir
 from gfcr.runtime.session import Run
-from gfcr.stages.filter.verify import Verify, score_text
+from gfcr.stages.filter.verify import Verify
 from gfcr.stages.verifiers import VERIFIERS, Score
 from gfcr.stages.verifiers.arithmetic import verify_arithmetic
 from gfcr.stages.verifiers.gsm8k import verify_gsm8k
 from gfcr.stages.verifiers.math_equiv import verify_math
 from gfcr.stages.verifiers.pool import Overran, VerifierPool, WorkerDied
+from gfcr.stages.verifiers.scoring import score_text
 
 # 21 characters that send sympy (inside math-verify) into a power tower that holds the GIL for
 # minutes: a thread's timeout never fires, and neither does math-verify's own signal.alarm

@@ -1,11 +1,11 @@
-"""What the reusing Replay stages share (``replay.rollout_replay``, ``replay.correct_cache``):
-keeping a rollout for a later step, making a reused copy of it, and saving kept rollouts with
-a checkpoint.
+"""What the stages that reuse rollouts share (``replay.rollout_replay``, ``replay.correct_cache``,
+``control.pilot_commit``): keeping a rollout for a later step, making a reused copy of it, and
+saving kept rollouts with a checkpoint.
 
-A kept rollout is a ``StoredRollout`` (``gfcr.stages.replay.stored``: token ids, segments with
+A kept rollout is a ``StoredRollout`` (``gfcr.stages.common.stored``: token ids, segments with
 policy versions and behaviour log-probs, outcome, step), without an embedding: these stages
 look rollouts up by prompt id only, so they own no ``ReplayStore`` and pay for no embedder. Their
-files are the store's ``entries.parquet`` format (``gfcr.stages.replay.store_files``): plain
+files are the store's ``entries.parquet`` format (``gfcr.stages.common.store_files``): plain
 columns, no pickle.
 
 A reused copy (``reuse``) is a new ``Rollout`` with a new id in the group it joins, the same
@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Iterable
 
 from gfcr.records import Origin, Rollout
-from gfcr.stages.replay.store_files import read_entries, write_entries
-from gfcr.stages.replay.stored import StoredRollout, stored_from
+from gfcr.stages.common.store_files import read_entries, write_entries
+from gfcr.stages.common.stored import StoredRollout, stored_from
 
 
 def keep(rollout: Rollout, entry_id: int, step: int) -> StoredRollout:

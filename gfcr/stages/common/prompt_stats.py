@@ -1,6 +1,6 @@
-"""Per-prompt statistics shared by the Control stages that learn from past groups: what a
-group tells about its prompt, a Beta posterior over the prompt's success rate, and
-``PromptStats`` as plain checkpointable data.
+"""Per-prompt statistics shared by the stages that learn from past groups (the Control
+selectors, ``filter.beta_difficulty``): what a group tells about its prompt, a Beta posterior
+over the prompt's success rate, and ``PromptStats`` as plain checkpointable data.
 
 The record itself is ``gfcr.records.PromptStats`` (history ring buffer, GRESO's easy/hard
 streaks, ``beta_alpha`` / ``beta_beta``); this module holds the functions around it:

@@ -1,4 +1,8 @@
-"""Reasoning fingerprints for ``filter.meds``: a rollout summarised by the policy's layer-wise states.
+"""Reasoning fingerprints: a rollout summarised by the policy's layer-wise states.
+
+``filter.meds`` fingerprints whole rollouts; ``control.dots``, ``control.early_exit`` and the
+success predictor of ``control.gps`` / ``control.depo`` embed a prompt (or a partial
+response) with the last layer's fingerprint.
 
 MEDS (arXiv 2604.11297) describes each rollout by the layer-wise logits of the policy's forward
 pass. The engine protocol gives per-token log-probs and entropies only (``Engine.score``), no

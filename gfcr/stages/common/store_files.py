@@ -1,5 +1,7 @@
 """The replay store's metadata as parquet: ``entries.parquet`` (one row per stored rollout, token
-ids, segments and log-probs as list columns) and ``prompts.parquet`` (one row per prompt).
+ids, segments and log-probs as list columns) and ``prompts.parquet`` (one row per prompt). The
+stages that keep rollouts without a store (``gfcr.stages.common.reuse``) and RLEP's experience
+pool save theirs as ``entries.parquet`` too.
 
 Parquet holds plain columns, never pickled objects, so a store from anywhere is data. A file
 that cannot be read, or that lacks a column, is a ``CheckpointError`` naming it.
@@ -16,7 +18,7 @@ import pyarrow.parquet as pq
 
 from gfcr.errors import CheckpointError
 from gfcr.records import Origin, RolloutStatus, Segment, SegmentOrigin
-from gfcr.stages.replay.stored import StoredRollout
+from gfcr.stages.common.stored import StoredRollout
 
 ENTRIES, PROMPTS = "entries.parquet", "prompts.parquet"
 _FIX = ("the replay store's checkpoint files are damaged: delete this checkpoint directory to resume from an "

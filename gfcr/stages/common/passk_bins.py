@@ -42,7 +42,7 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from gfcr.records import RolloutGroup
-from gfcr.stages.control.prompt_stats import observe_group
+from gfcr.stages.common.prompt_stats import observe_group
 
 # Config field types shared by the two GDRO stages (each declares its own default).
 Edges = Annotated[tuple[float, ...], Field(min_length=1, description=(
