@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's gfcr, even where another one is installed
 
-from gfcr.stages.update.describe import component_infos, markdown_table  # noqa: E402
+from gfcr.stages.components.describe import component_infos, markdown_table  # noqa: E402
 
 DOC = ROOT / "docs" / "update-catalog.md"
 COMMAND = "python scripts/update_catalog_doc.py"

@@ -62,7 +62,7 @@ def stages(family: Annotated[Optional[str], typer.Option(help="only this family"
 
 def _list_components(family: str | None, as_json: bool, fmt: ListFormat) -> None:
     """``gfcr stages --components``: every advantage estimator, loss and aggregation."""
-    from gfcr.stages.update.describe import COLUMNS, component_infos, markdown_table
+    from gfcr.stages.components.describe import COLUMNS, component_infos, markdown_table
 
     if family is not None:
         err.print("`--family` filters stages; `--components` lists the update's components, drop one of them")

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ValidationError
 from gfcr.errors import GraphError, Problem, RegistryError, did_you_mean, known
 from gfcr.graph.model import Binding, CompiledPipeline, DataBinding, LoopBlock, Node, PipelineView, PlanItem
 from gfcr.records import StepOutputs
-from gfcr.registry import DATA_SOURCES, STAGES, NeedsOfUpdate, Port, Registry, StageInfo, UpdateNeed, has_role, stage_info
+from gfcr.registry import DATA_SOURCES, STAGES, ChecksPipeline, FixesGroupSize, NeedsOfUpdate, Port, Registry, StageInfo, UpdateNeed, has_role, stage_info
 from gfcr.spec import UPDATE_ID, PipelineSpec, SourceMap, StageSpec, load_spec
 from gfcr.spec.loader import check_references
 from gfcr.spec.models import ALIAS
@@ -296,10 +296,9 @@ class _Compiler:
                         configs: dict[str, BaseModel | None]) -> None:
         """Each stage's own requirements on the pipeline around it (``check_pipeline``)."""
         for sid, info in infos.items():
-            check = getattr(info.cls, "check_pipeline", None)
-            if check is None or configs.get(sid) is None:
+            if not has_role(info.cls, ChecksPipeline) or configs.get(sid) is None:
                 continue
-            for p in check(configs[sid], self.view(sid, graph, infos, configs)):
+            for p in info.cls.check_pipeline(configs[sid], self.view(sid, graph, infos, configs)):
                 self.problem(_stage_path(sid) + ("with",) + tuple(p.key), p.message, p.fix)
 
     @staticmethod
@@ -315,11 +314,11 @@ class _Compiler:
                         upstream.append(u)
                         nxt.append(u)
             frontier = nxt
-        fixed = next((u for u in upstream if getattr(configs.get(u), "rollouts_per_prompt", None) is not None), None)
+        fixed = next((u for u in upstream if isinstance(configs.get(u), FixesGroupSize)), None)
         return PipelineView(tuple((u, infos[u].alias) for u in upstream),
-                            getattr(configs[fixed], "rollouts_per_prompt") if fixed else None, fixed,
+                            configs[fixed].rollouts_per_prompt if fixed else None, fixed,
                             {s: info.alias for s, info in infos.items()}, dict(configs),
-                            _update_needs(upstream, infos, configs))
+                            _update_needs(upstream, infos, configs), {s: info.family for s, info in infos.items()})
 
     def plan(self, graph: nx.MultiDiGraph, infos: dict[str, StageInfo]) -> tuple[PlanItem, ...] | None:
         """Units (stages, loop blocks) in dependency order, ties in the author's order; an ingest

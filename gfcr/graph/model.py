@@ -35,7 +35,11 @@ class PipelineView:
     where it did not validate), for a pairing with a stage that is not upstream;
     ``update_needs``: what the upstream stages declare they need of the update (the
     ``NeedsOfUpdate`` role, ``replay.rollout_replay``'s ``decoupled_clip`` correction), as
-    ``(id, need)``, nearest first, which the update's own check reads."""
+    ``(id, need)``, nearest first, which the update's own check reads; ``families``: every
+    stage's family by id.
+
+    A check asks what the other stages *do* through ``having(Capability)`` (the capabilities of
+    ``gfcr.registry.lifecycle``), never which alias they have."""
 
     upstream: tuple[tuple[str, str], ...]
     rollouts_per_prompt: int | None
@@ -43,6 +47,18 @@ class PipelineView:
     aliases: Mapping[str, str] = field(default_factory=dict)
     configs: Mapping[str, Any] = field(default_factory=dict)
     update_needs: tuple[tuple[str, UpdateNeed], ...] = ()
+    families: Mapping[str, str] = field(default_factory=dict)
+
+    def having(self, capability: type, upstream: bool = False) -> list[tuple[str, Any]]:
+        """``(id, config)`` of the stages (only those upstream, nearest first, with ``upstream``)
+        whose validated Config declares ``capability``."""
+        ids = [sid for sid, _ in self.upstream] if upstream else list(self.configs)
+        return [(sid, self.configs[sid]) for sid in ids if isinstance(self.configs.get(sid), capability)]
+
+    def in_family(self, family: str, upstream: bool = False) -> list[str]:
+        """Ids of the stages of ``family`` (only those upstream, nearest first, with ``upstream``)."""
+        ids = [sid for sid, _ in self.upstream] if upstream else list(self.families)
+        return [sid for sid in ids if self.families.get(sid) == family]
 
 
 @dataclass(frozen=True)

@@ -64,47 +64,47 @@ BUILTIN_STAGES = {
 }
 
 BUILTIN_ADVANTAGE_ESTIMATORS = {
-    "mean_std": "gfcr.stages.update.advantage.mean_std:MeanStd",
-    "mean": "gfcr.stages.update.advantage.mean:Mean",
-    "median": "gfcr.stages.update.advantage.median:Median",
-    "gapo": "gfcr.stages.update.advantage.gapo:GAPO",
-    "mc_grpo": "gfcr.stages.update.advantage.mc_grpo:MCGRPO",
-    "rloo": "gfcr.stages.update.advantage.rloo:RLOO",
-    "reinforce_pp": "gfcr.stages.update.advantage.reinforce_pp:ReinforcePP",
-    "dr_grpo": "gfcr.stages.update.advantage.dr_grpo:DrGRPO",
-    "krpo": "gfcr.stages.update.advantage.krpo:KRPO",
-    "pvpo": "gfcr.stages.update.advantage.pvpo:PVPO",
-    "gdpo": "gfcr.stages.update.advantage.gdpo:GDPO",
-    "stratified": "gfcr.stages.update.advantage.stratified:Stratified",
-    "grpo_lead": "gfcr.stages.update.advantage.grpo_lead:GRPOLead",
-    "xrpo": "gfcr.stages.update.advantage.xrpo:XRPO",
-    "tic_grpo": "gfcr.stages.update.advantage.tic_grpo:TICLengthCorrected",
-    "tree": "gfcr.stages.update.advantage.tree:TreeAdvantage",
+    "mean_std": "gfcr.stages.components.advantage.mean_std:MeanStd",
+    "mean": "gfcr.stages.components.advantage.mean:Mean",
+    "median": "gfcr.stages.components.advantage.median:Median",
+    "gapo": "gfcr.stages.components.advantage.gapo:GAPO",
+    "mc_grpo": "gfcr.stages.components.advantage.mc_grpo:MCGRPO",
+    "rloo": "gfcr.stages.components.advantage.rloo:RLOO",
+    "reinforce_pp": "gfcr.stages.components.advantage.reinforce_pp:ReinforcePP",
+    "dr_grpo": "gfcr.stages.components.advantage.dr_grpo:DrGRPO",
+    "krpo": "gfcr.stages.components.advantage.krpo:KRPO",
+    "pvpo": "gfcr.stages.components.advantage.pvpo:PVPO",
+    "gdpo": "gfcr.stages.components.advantage.gdpo:GDPO",
+    "stratified": "gfcr.stages.components.advantage.stratified:Stratified",
+    "grpo_lead": "gfcr.stages.components.advantage.grpo_lead:GRPOLead",
+    "xrpo": "gfcr.stages.components.advantage.xrpo:XRPO",
+    "tic_grpo": "gfcr.stages.components.advantage.tic_grpo:TICLengthCorrected",
+    "tree": "gfcr.stages.components.advantage.tree:TreeAdvantage",
 }
 
 BUILTIN_LOSSES = {
-    "ppo_clip": "gfcr.stages.update.loss.ppo_clip:PPOClip",
-    "gspo": "gfcr.stages.update.loss.gspo:GSPO",
-    "gspo_token": "gfcr.stages.update.loss.gspo_token:GSPOToken",
-    "cispo": "gfcr.stages.update.loss.cispo:CISPO",
-    "tic_grpo": "gfcr.stages.update.loss.tic_grpo:TICGRPO",
-    "tr_grpo": "gfcr.stages.update.loss.tr_grpo:TRGRPO",
+    "ppo_clip": "gfcr.stages.components.loss.ppo_clip:PPOClip",
+    "gspo": "gfcr.stages.components.loss.gspo:GSPO",
+    "gspo_token": "gfcr.stages.components.loss.gspo_token:GSPOToken",
+    "cispo": "gfcr.stages.components.loss.cispo:CISPO",
+    "tic_grpo": "gfcr.stages.components.loss.tic_grpo:TICGRPO",
+    "tr_grpo": "gfcr.stages.components.loss.tr_grpo:TRGRPO",
 }
 
 BUILTIN_AGGREGATIONS = {
-    "token_mean": "gfcr.stages.update.aggregation.token_mean:TokenMean",
-    "seq_mean_token_mean": "gfcr.stages.update.aggregation.seq_mean_token_mean:SeqMeanTokenMean",
-    "seq_mean_token_sum": "gfcr.stages.update.aggregation.seq_mean_token_sum:SeqMeanTokenSum",
-    "daro": "gfcr.stages.update.aggregation.daro:DARO",
-    "lambda_grpo": "gfcr.stages.update.aggregation.lambda_grpo:LambdaGRPO",
+    "token_mean": "gfcr.stages.components.aggregation.token_mean:TokenMean",
+    "seq_mean_token_mean": "gfcr.stages.components.aggregation.seq_mean_token_mean:SeqMeanTokenMean",
+    "seq_mean_token_sum": "gfcr.stages.components.aggregation.seq_mean_token_sum:SeqMeanTokenSum",
+    "daro": "gfcr.stages.components.aggregation.daro:DARO",
+    "lambda_grpo": "gfcr.stages.components.aggregation.lambda_grpo:LambdaGRPO",
 }
 
 BUILTIN_CORRECTIONS = {
-    "none": "gfcr.stages.update.correction.none:NoCorrection",
-    "tis": "gfcr.stages.update.correction.tis:TIS",
-    "decoupled_clip": "gfcr.stages.update.correction.decoupled_clip:DecoupledClip",
-    "recompute_old": "gfcr.stages.update.correction.recompute_old:RecomputeOld",
-    "staleness": "gfcr.stages.update.correction.staleness:Staleness",
+    "none": "gfcr.stages.components.correction.none:NoCorrection",
+    "tis": "gfcr.stages.components.correction.tis:TIS",
+    "decoupled_clip": "gfcr.stages.components.correction.decoupled_clip:DecoupledClip",
+    "recompute_old": "gfcr.stages.components.correction.recompute_old:RecomputeOld",
+    "staleness": "gfcr.stages.components.correction.staleness:Staleness",
 }
 
 BUILTIN_DATA_SOURCES = {

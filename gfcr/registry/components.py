@@ -29,7 +29,7 @@ name that is a near miss of one of these (``token_correction``, ``estimate_batch
 
 Parameters are typed loosely (``Any``): this layer imports neither torch nor ``gfcr.stages``;
 the records (``Requirement``, ``TokenCorrection``) live with the components in
-``gfcr.stages.update``.
+``gfcr.stages.components``.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from gfcr.registry.lifecycle import NEAR_MISS_RATIO, PipelineProblem, Stateful
 @runtime_checkable
 class ChecksPairing(Protocol):
     """A staticmethod ``pairing_problems(config, ctx) -> [problem]``: what the component's Config
-    needs of the other components and the pipeline (``ctx``: ``gfcr.stages.update.component.PairingContext``;
+    needs of the other components and the pipeline (``ctx``: ``gfcr.stages.components.base.PairingContext``;
     keys relative to the update's ``with``)."""
 
     @staticmethod

@@ -144,6 +144,134 @@ class NeedsOfUpdate(Protocol):
     def update_needs(config: Any) -> Sequence[UpdateNeed]: ...
 
 
+def _is_member(name: str, protocol: type) -> bool:
+    """A method a capability Protocol declares (its data members are its annotations)."""
+    return not name.startswith("_") and callable(vars(protocol)[name])
+
+
+# --- capabilities: what a stage's Config says it is, for the other stages' checks ---------------------
+#
+# A stage never asks which alias another stage has. Where a check needs to know what the stages
+# around it do ("does any generator record entropies?", "what group size is fixed upstream?"), it
+# asks ``PipelineView.having(Capability)`` for the stages whose Config declares that capability:
+# a property (or field, or ClassVar) of the Config under the capability's name. Registration
+# refuses a Config name that is a near miss of one (``record_entropy``), as for the lifecycle.
+
+
+@runtime_checkable
+class PicksBatch(Protocol):
+    """A selector that draws ``batch_size`` prompts a step from the pool (``gfcr validate``
+    checks the data can give that many)."""
+
+    batch_size: int
+
+
+@runtime_checkable
+class FixesGroupSize(Protocol):
+    """Allocates the same ``rollouts_per_prompt`` to every prompt it keeps (``control.fixed_n``,
+    ``control.mc_grpo``'s G + 1); ``group_size_setting(n)`` is the ``key=value`` of its ``with``
+    that makes it allocate ``n`` (for a fix: ``n=8``, ``g=7``)."""
+
+    rollouts_per_prompt: int
+
+    def group_size_setting(self, n: int) -> str: ...
+
+
+@runtime_checkable
+class SizesEachGroup(Protocol):
+    """Sets each prompt's group size itself, prompt by prompt (an allocator: DARS, XRPO, CoBA ...);
+    a fixed size after it would undo its allocation."""
+
+    sizes_each_group: bool
+
+
+@runtime_checkable
+class RecordsEntropy(Protocol):
+    """A generator whose rollouts carry per-token entropies when ``records_entropy`` is true."""
+
+    records_entropy: bool
+
+
+@runtime_checkable
+class MarksCorrect(Protocol):
+    """Writes ``Rollout.correct`` (a verifier)."""
+
+    marks_correct: bool
+
+
+@runtime_checkable
+class DropsFinishes(Protocol):
+    """Drops the rollouts whose finish reason is in ``dropped_finishes`` from their groups."""
+
+    dropped_finishes: frozenset[str]
+
+
+@runtime_checkable
+class BuildsTrees(Protocol):
+    """Generates tree groups (``RolloutGroup.tree``), which tree advantages read."""
+
+    builds_trees: bool
+
+
+@runtime_checkable
+class ServesStore(Protocol):
+    """A replay store other stages may name as their pool (``replay.store``)."""
+
+    serves_store: bool
+
+
+@runtime_checkable
+class ReplaysFresh(Protocol):
+    """Replays groups so that ``replays_fresh_fraction`` of the batch is fresh (DOTS's rollout
+    replay), a fraction a selector of fresh prompts must agree with."""
+
+    replays_fresh_fraction: float
+
+
+@runtime_checkable
+class EstimatesAdvantages(Protocol):
+    """An update whose Config names its advantage estimator (``update.grpo``'s ``advantage``:
+    a component spec with ``use`` and ``with_``)."""
+
+    advantage: Any
+
+
+# --- what a data source (``DATA_SOURCES``) may offer ``gfcr validate`` ----------------------------------
+
+
+@runtime_checkable
+class ChecksRows(Protocol):
+    """A data source that checks its rows cheaply before a run (file and line of each bad row)."""
+
+    def check(self, on_error: str) -> list[Any]: ...  # [gfcr.errors.Problem]
+
+
+@runtime_checkable
+class CountsPrompts(Protocol):
+    """A data source that counts its prompts up to ``limit`` (None when it cannot say cheaply)."""
+
+    def count_prompts(self, limit: int) -> int | None: ...
+
+
+CAPABILITIES: tuple[type, ...] = (PicksBatch, FixesGroupSize, SizesEachGroup, RecordsEntropy, MarksCorrect,
+                                  DropsFinishes, BuildsTrees, ServesStore, ReplaysFresh, EstimatesAdvantages)
+def capability_members(capability: type) -> tuple[str, ...]:
+    """The names a capability Protocol declares: its data members and its methods."""
+    return (*capability.__annotations__, *(n for n in vars(capability) if _is_member(n, capability)))
+
+
+def declares(config: type, capability: type) -> bool:
+    """Whether the Config class ``config`` declares ``capability`` (a field, property, ClassVar or
+    method of each of its names). ``isinstance(config_instance, capability)`` says the same of an
+    instance; ``issubclass`` cannot, for a Protocol with data members."""
+    fields = getattr(config, "model_fields", {})
+    return all(name in fields or hasattr(config, name) for name in capability_members(capability))
+
+
+CAPABILITY_NAMES: frozenset[str] = frozenset(
+    name for cap in CAPABILITIES for name in capability_members(cap))
+
+
 ROLES: tuple[type, ...] = (Stage, SetsUp, BeforeStep, Observes, ReportsMetrics, Stateful, OwnsFiles, EndsLoop,
                            InFlightController, HostsInFlight, ChecksPipeline, NeedsOfUpdate)
 METHODS: dict[type, tuple[str, ...]] = {
@@ -190,8 +318,32 @@ def _own_methods(cls: type) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def _config_names(config: Any) -> list[str]:
+    """Public names a stage's Config defines: its fields, properties, methods and ClassVars
+    (pydantic's own and ``StageConfig``'s left out)."""
+    own = [k for k in getattr(config, "__mro__", ()) if "__pydantic_fields__" in vars(k)
+           and not k.__module__.startswith("pydantic") and k.__name__ != "StageConfig"]
+    names = [n for k in own for n in (*vars(k).get("__annotations__", {}), *vars(k))]
+    return [n for n in dict.fromkeys(names) if not n.startswith("_") and n != "model_config"]
+
+
+def check_capability_names(alias: str, config: Any) -> None:
+    """RegistryError naming the first name of the stage's Config that is a near miss of a capability."""
+    for name in _config_names(config):
+        if name in CAPABILITY_NAMES:
+            continue
+        match = difflib.get_close_matches(name, CAPABILITY_NAMES, n=1, cutoff=NEAR_MISS_RATIO)
+        if match:
+            raise RegistryError(
+                f"stage `{alias}`: its Config defines `{name}`, which is not a capability: the other stages' "
+                f"checks would never read it", f"did you mean `{match[0]}`? Rename it, or make it private "
+                f"(`_{name}`) if it is a helper")
+
+
 def check_lifecycle_names(alias: str, cls: type) -> None:
-    """RegistryError naming the first method of ``cls`` that is a near miss of a lifecycle method."""
+    """RegistryError naming the first method of ``cls`` that is a near miss of a lifecycle method,
+    or the first name of its Config that is a near miss of a capability."""
+    check_capability_names(alias, vars(cls).get("Config"))
     for name in _own_methods(cls):
         if name in LIFECYCLE_NAMES:
             continue

@@ -23,14 +23,14 @@ from gfcr.engines.models import ModelError, check_model
 from gfcr.errors import DataError, Problem
 from gfcr.graph import CompiledPipeline
 from gfcr.records import PromptPool
+from gfcr.registry import ChecksRows, CountsPrompts, PicksBatch
 
 
 def input_problems(pipeline: CompiledPipeline) -> list[Problem]:
     """Every problem of the pipeline's data files and policy model, cheaply found."""
     problems: list[Problem] = []
     for binding in (pipeline.data, pipeline.eval):
-        check = getattr(binding.cls, "check", None) if binding is not None else None
-        if check is not None:
+        if binding is not None and issubclass(binding.cls, ChecksRows):
             problems += binding.cls(binding.config).check(binding.on_error)
     problems += pool_problems(pipeline)
     policy = pipeline.spec.policy
@@ -47,9 +47,9 @@ def pool_problems(pipeline: CompiledPipeline) -> list[Problem]:
     """A stage reading the pool whose ``batch_size`` exceeds the most prompts the data can give
     (counted no further than the largest such batch: a large file is not read to its end)."""
     readers = [node for node in pipeline.nodes.values() if any(p.type is PromptPool for p in node.info.inputs)
-               and isinstance(getattr(node.config, "batch_size", None), int)]
+               and isinstance(node.config, PicksBatch) and isinstance(node.config.batch_size, int)]
     data = pipeline.data
-    if not readers or getattr(data.cls, "count_prompts", None) is None:
+    if not readers or not issubclass(data.cls, CountsPrompts):
         return []
     size = data.cls(data.config).count_prompts(max(node.config.batch_size for node in readers))
     problems = []

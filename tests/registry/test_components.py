@@ -15,7 +15,7 @@ from gfcr.registry import Stateful
 from gfcr.registry.catalog import (ADVANTAGE_ESTIMATORS, AGGREGATIONS, CORRECTIONS, LOSSES, make_component_registry)
 from gfcr.registry.components import (AddsBatchTerm, ChecksPairing, CorrectsTokens, EstimatesBatch, LimitsStaleness,
                                       check_component_names, declared, provides)
-from gfcr.stages.update.component import ComponentConfig
+from gfcr.stages.components.base import ComponentConfig
 
 
 class Loss:

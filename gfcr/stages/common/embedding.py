@@ -19,7 +19,7 @@ import importlib.util
 import os
 import threading
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -72,6 +72,14 @@ def _offline() -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+@runtime_checkable
+class EncodesInWorker(Protocol):
+    """An embedder that encodes in a worker process and reports that process's CPU seconds with
+    the vectors (``replay.store``'s), so the caller charges the worker's CPU, not its own."""
+
+    def encode_with_cpu(self, texts: Sequence[str], batch_size: int) -> tuple[np.ndarray, float]: ...
 
 
 class Embedder:

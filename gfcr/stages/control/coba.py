@@ -70,7 +70,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import replace
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -118,6 +118,7 @@ class Coba:
     """CoBA-RL (abstract only): a capability-shifted Beta value curve, heap-greedy marginal allocation."""
 
     class Config(StageConfig):
+        sizes_each_group: ClassVar[bool] = True  # a capability: it sizes each prompt's group itself
         mean_rollouts: Annotated[int, Field(ge=1, description=(
             "rollouts per selected prompt on average: the step spends exactly mean_rollouts * |batch|"))] = 8
         n_min: Annotated[int, Field(ge=1, description="rollouts every selected prompt gets at least")] = 2

@@ -100,12 +100,12 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 from fractions import Fraction
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
 from gfcr.records import Allocation, AllocationEntry, RolloutGroup, RolloutGroups, StepContext
-from gfcr.registry import PipelineProblem, StageConfig
+from gfcr.registry import EstimatesAdvantages, PipelineProblem, StageConfig
 
 ALIAS = "control.dars"
 # the update's advantage estimators whose normalisation DARS's two variants assume
@@ -141,6 +141,7 @@ class Dars:
     """DARS: N rollouts per prompt, then a difficulty-adaptive top-up of ΔN (ET or HW), capped at N_max."""
 
     class Config(StageConfig):
+        sizes_each_group: ClassVar[bool] = True  # a capability: it sizes each prompt's group itself
         n: Annotated[int, Field(ge=1, description="N: first-stage rollouts per prompt (reference rollout.n)")] = 8
         n_max: Annotated[int, Field(ge=1, description=(
             "N_max: most rollouts a prompt gets in a step, first stage and top-up together "
@@ -164,7 +165,7 @@ class Dars:
         """The groups come back through a loop's feedback edge, not from a generate stage upstream;
         ``std`` matches the update's advantage when that is ``mean`` or ``mean_std``."""
         problems = []
-        generators = [sid for sid, alias in view.upstream if alias.startswith("generate.")]
+        generators = view.in_family("generate", upstream=True)
         if generators:
             problems.append(PipelineProblem(
                 (), f"`{generators[0]}` ({view.aliases[generators[0]]}) is upstream of {ALIAS}: its top-up would be "
@@ -172,7 +173,8 @@ class Dars:
                 "put the stage in a loop block with the rollout, verify and merge stages and read `groups` from the "
                 "loop's until stage: `from: {allocation: pick, groups: merged}`, `loops: {dars: {stages: [topup, "
                 "rollout, reward, merged], until: merged, max_rounds: 2}}` (pipelines/dars_arith.yaml)"))
-        advantage = getattr(getattr(view.configs.get("update"), "advantage", None), "use", None)
+        update = view.configs.get("update")
+        advantage = update.advantage.use if isinstance(update, EstimatesAdvantages) else None
         if advantage in STD_OF_ADVANTAGE and STD_OF_ADVANTAGE[advantage] != config.std:
             problems.append(PipelineProblem(
                 ("std",), f"std: {str(config.std).lower()} sizes the top-up for an advantage "

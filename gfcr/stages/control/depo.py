@@ -98,7 +98,7 @@ import numpy as np
 from pydantic import Field
 
 from gfcr.records import Allocation, AllocationEntry, ControlReason, Prompt, PromptPool, StepContext, StepReport
-from gfcr.registry import PipelineProblem, Seed
+from gfcr.registry import FixesGroupSize, PipelineProblem, Seed
 from gfcr.stages.common.epochs import epoch_order, start_batch
 from gfcr.stages.common.prompt_stats import visit_draw
 from gfcr.stages.common.run_context import RunContext
@@ -139,15 +139,15 @@ class Depo:
 
     @staticmethod
     def check_pipeline(config: "Depo.Config", view: Any) -> list[PipelineProblem]:
-        """Every ``control.fixed_n`` of the pipeline must give groups of ``group_size``."""
+        """Every stage of the pipeline that fixes the group size must give groups of ``group_size``."""
         out = []
-        for sid, alias in view.aliases.items():
-            other = view.configs.get(sid)
-            if alias == "control.fixed_n" and other is not None and other.n != config.group_size:
+        for sid, other in view.having(FixesGroupSize):
+            if other.rollouts_per_prompt != config.group_size:
+                n = other.rollouts_per_prompt
                 out.append(PipelineProblem(("group_size",), (
                     f"control.depo predicts zero-variance groups of group_size {config.group_size}, and `{sid}` "
-                    f"(control.fixed_n) rolls out {other.n} per prompt"),
-                    f"set the same size on both (`--set stages.<this stage>.with.group_size={other.n}`)"))
+                    f"({view.aliases[sid]}) rolls out {n} per prompt"),
+                    f"set the same size on both (`--set stages.<this stage>.with.group_size={n}`)"))
         return out
 
     def __init__(self, config: Config):

@@ -122,7 +122,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from gfcr.records import Allocation, AllocationEntry, ControlReason, Prompt, PromptPool, StepContext
-from gfcr.registry import PipelineProblem, StageConfig
+from gfcr.registry import PipelineProblem, ReplaysFresh, StageConfig
 from gfcr.spec.problems import fixable
 from gfcr.stages.common.fingerprints import fingerprints
 from gfcr.stages.common.run_context import RunContext
@@ -229,14 +229,14 @@ class Dots:
 
     @staticmethod
     def check_pipeline(config: "Dots.Config", view: Any) -> list[PipelineProblem]:
-        """A ``replay.rollout_replay`` in the pipeline must replay at the same sigma."""
+        """A rollout replay in the pipeline (``replay.rollout_replay``) must replay at the same sigma."""
         out = []
-        for sid, alias in view.aliases.items():
-            other = view.configs.get(sid)
-            if alias == "replay.rollout_replay" and other is not None and other.fresh_fraction != config.fresh_fraction:
+        for sid, other in view.having(ReplaysFresh):
+            if other.replays_fresh_fraction != config.fresh_fraction:
                 out.append(PipelineProblem(("fresh_fraction",), (
                     f"control.dots selects sigma * B fresh prompts with fresh_fraction {config.fresh_fraction:g}, "
-                    f"and `{sid}` (replay.rollout_replay) fills the batch for fresh_fraction {other.fresh_fraction:g}"),
+                    f"and `{sid}` ({view.aliases[sid]}) fills the batch for fresh_fraction "
+                    f"{other.replays_fresh_fraction:g}"),
                     f"set the same `fresh_fraction` on both (`--set stages.{sid}.with.fresh_fraction="
                     f"{config.fresh_fraction:g}`)"))
         return out

@@ -79,7 +79,7 @@ import numpy as np
 from pydantic import Field
 
 from gfcr.records import StepReport
-from gfcr.registry import PipelineProblem, StageConfig
+from gfcr.registry import DropsFinishes, FixesGroupSize, PipelineProblem, StageConfig
 from gfcr.stages.common.fingerprints import fingerprints
 from gfcr.stages.control.success_predictor import LogisticSuccess
 from gfcr.stages.engine import InFlightView, LiveRow, Steer
@@ -107,11 +107,9 @@ class EarlyExit:
     @staticmethod
     def check_pipeline(config: "EarlyExit.Config", view: Any) -> list[PipelineProblem]:
         """Pruned rows must leave their groups (a ``filter.finish_reason`` dropping ``pruned``), and
-        an allocation of ``control.fixed_n`` must give more rows than ``keep``, or nothing is pruned."""
+        a fixed group size (``control.fixed_n``) must give more rows than ``keep``, or nothing is pruned."""
         found = []
-        drops = [sid for sid, alias in view.aliases.items() if alias == "filter.finish_reason"
-                 and view.configs.get(sid) is not None and "pruned" in view.configs[sid].reasons
-                 and view.configs[sid].action == "drop"]
+        drops = [sid for sid, other in view.having(DropsFinishes) if "pruned" in other.dropped_finishes]
         if not drops:
             found.append(PipelineProblem(
                 ("keep",), "the rows this controller prunes stay in their groups: no "
@@ -119,13 +117,15 @@ class EarlyExit:
                 "pruned partials as wrong answers and the update would train on them",
                 "add `gone: {use: filter.finish_reason, from: rollout, with: {reasons: [pruned], "
                 "action: drop}}` after the generate stage and read from it"))
-        small = [sid for sid, alias in view.aliases.items() if alias == "control.fixed_n"
-                 and view.configs.get(sid) is not None and view.configs[sid].n <= config.keep]
-        for sid in small:
+        for sid, other in view.having(FixesGroupSize):
+            if other.rollouts_per_prompt > config.keep:
+                continue
+            key, _, above = other.group_size_setting(config.keep).partition("=")
             found.append(PipelineProblem(("keep",), f"`keep: {config.keep}` leaves nothing to prune: `{sid}` "
-                                         f"(control.fixed_n) allocates {view.configs[sid].n} rows a prompt",
-                                         f"oversample: set `{sid}`'s `n` above {config.keep} (ARRoL's 2x: "
-                                         f"{2 * config.keep}), or lower `keep`"))
+                                         f"({view.aliases[sid]}) allocates {other.rollouts_per_prompt} rows a prompt",
+                                         f"oversample: set `{sid}`'s `{key}` above {above} (ARRoL's 2x: "
+                                         f"{other.group_size_setting(2 * config.keep).partition('=')[2]}), "
+                                         "or lower `keep`"))
         return found
 
     def __init__(self, config: Config):

@@ -30,12 +30,7 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from gfcr.records import Allocation
-from gfcr.registry import PipelineProblem, StageConfig
-
-# control stages that set each prompt's group size themselves
-ALLOCATORS = frozenset({"control.sgpo", "control.dars", "control.gdro_rollout", "control.xrpo", "control.coba",
-                        "control.pilot_commit", "control.ar3po", "control.mc_grpo"})
-
+from gfcr.registry import PipelineProblem, SizesEachGroup, StageConfig
 
 class FixedN:
     """A fixed group size for every prompt that is not skipped."""
@@ -48,13 +43,16 @@ class FixedN:
             """The group size this stage fixes (read by ``gfcr validate``'s pairing checks)."""
             return self.n
 
+        def group_size_setting(self, n: int) -> str:
+            return f"n={n}"
+
     @staticmethod
     def check_pipeline(config: "FixedN.Config", view: Any) -> list[PipelineProblem]:
         """A fixed n after a stage that sizes each prompt's group would undo its allocation."""
         return [PipelineProblem(("n",), f"`{sid}` ({alias}) upstream sets each prompt's group size itself; a fixed "
                                        f"n = {config.n} would overwrite them",
                                 f"remove this stage and take the rollout stage `from: {sid}`")
-                for sid, alias in view.upstream if alias in ALLOCATORS]
+                for sid, alias in view.upstream if isinstance(view.configs.get(sid), SizesEachGroup)]
 
     def __init__(self, config: Config):
         self.config = config

@@ -93,7 +93,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import replace
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -136,6 +136,7 @@ class GdroRollout:
     """Rollout-GDRO: EXP3P per difficulty bin over group sizes, exact budget by dynamic programming."""
 
     class Config(StageConfig):
+        sizes_each_group: ClassVar[bool] = True  # a capability: it sizes each prompt's group itself
         mean_rollouts: Annotated[int, Field(ge=1, description=(
             "n_bar: rollouts per kept prompt on average; the step spends exactly n_bar * |batch|"))] = 4
         min_rollouts: Annotated[int, Field(ge=1, description="n_min: the smallest arm (group size)")] = 2

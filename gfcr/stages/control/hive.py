@@ -123,7 +123,7 @@ from pydantic import Field, model_validator
 
 from gfcr.records import (Allocation, AllocationEntry, ControlReason, Prompt, PromptPool, PromptStats, StepContext,
                           StepReport)
-from gfcr.registry import PipelineProblem, StageConfig
+from gfcr.registry import PipelineProblem, RecordsEntropy, StageConfig
 from gfcr.spec.problems import fixable
 from gfcr.stages.common.epochs import epoch_order, start_batch
 from gfcr.stages.common.prompt_stats import observe_group, stats_from_state, stats_to_state, visit_draw
@@ -229,12 +229,11 @@ class Hive:
     @staticmethod
     def check_pipeline(config: "Hive.Config", view: Any) -> list[PipelineProblem]:
         """Stage 1 ranks by response entropy: some generate stage must record it."""
-        generators = [sid for sid, alias in view.aliases.items() if alias.startswith("generate.")]
-        if any(getattr(view.configs.get(sid), "entropy", False) is True for sid in generators):
+        generators = view.having(RecordsEntropy)
+        if any(generator.records_entropy for _, generator in generators):
             return []
-        sample = [sid for sid in generators if view.aliases[sid] == "generate.sample"]
-        fix = (f"set `entropy: true` on `{sample[0]}` (`--set stages.{sample[0]}.with.entropy=true`)" if sample
-               else "generate with `generate.sample` and `entropy: true`")
+        fix = (f"set `entropy: true` on `{generators[0][0]}` (`--set stages.{generators[0][0]}.with.entropy=true`)"
+               if generators else "generate with `generate.sample` and `entropy: true`")
         return [PipelineProblem(
             (), "control.hive ranks prompts by their historical response entropy, and no generate stage "
                 "records per-token entropy", fix)]

@@ -53,12 +53,12 @@ YAML (``pipelines/mc_grpo_arith.yaml`` is a whole pipeline):
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from pydantic import Field
 
 from gfcr.records import Allocation, ControlReason
-from gfcr.registry import PipelineProblem, StageConfig
+from gfcr.registry import EstimatesAdvantages, PipelineProblem, StageConfig
 
 ALIAS = "control.mc_grpo"
 
@@ -67,6 +67,7 @@ class McGrpo:
     """G + 1 rollouts per selected prompt, for MC-GRPO's median pivot."""
 
     class Config(StageConfig):
+        sizes_each_group: ClassVar[bool] = True  # a capability: it sizes each prompt's group itself
         g: Annotated[int, Field(ge=1, description=(
             "G: rollouts per prompt that carry gradient; the stage allocates G + 1 (one is the median pivot)"))] = 8
 
@@ -75,11 +76,14 @@ class McGrpo:
             """The group size this stage fixes, G + 1 (read by ``gfcr validate``'s pairing checks)."""
             return self.g + 1
 
+        def group_size_setting(self, n: int) -> str:
+            return f"g={n - 1}"
+
     @staticmethod
     def check_pipeline(config: "McGrpo.Config", view: Any) -> list[PipelineProblem]:
         """The update's advantage must be ``mc_grpo``: any other trains on the pivot as an ordinary rollout."""
         update = view.configs.get("update")
-        advantage = getattr(getattr(update, "advantage", None), "use", None)
+        advantage = update.advantage.use if isinstance(update, EstimatesAdvantages) else None
         if advantage is None or advantage == "mc_grpo":  # an update without an estimator registry (a test's)
             return []
         return [PipelineProblem(

@@ -107,7 +107,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -170,6 +170,7 @@ class PilotCommit:
     """Pilot-Commit: pilot rollouts judge candidates; kept prompts are committed later with their pilots."""
 
     class Config(StageConfig):
+        sizes_each_group: ClassVar[bool] = True  # a capability: it sizes each prompt's group itself
         batch_size: Annotated[int, Field(ge=1, description=(
             "B: prompts committed per step (the update batch); the candidate batch upstream is 3 B"))] = 128
         n_pilot: Annotated[int, Field(ge=1, description="pilot rollouts per candidate prompt")] = 16

@@ -88,7 +88,7 @@ from __future__ import annotations
 
 import zlib
 from fractions import Fraction
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -136,6 +136,7 @@ class Sgpo:
     """sGPO: one offline profile, trivial prompts skipped, G ~ 1/p0, an easy-to-hard curriculum."""
 
     class Config(StageConfig):
+        sizes_each_group: ClassVar[bool] = True  # a capability: it sizes each prompt's group itself
         batch_size: Annotated[int, Field(ge=1, description="prompts dispatched per call")]
         group_sizes: list[Annotated[int, Field(ge=2)]] = Field(
             default_factory=lambda: [2, 4, 8], description="the buckets of G, ascending; one curriculum phase each")

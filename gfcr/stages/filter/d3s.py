@@ -110,11 +110,11 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from gfcr.records import PromptPool, Rollout, RolloutGroup, RolloutGroups, StepContext
-from gfcr.registry import PipelineProblem, StageConfig
+from gfcr.registry import EstimatesAdvantages, PipelineProblem, RecordsEntropy, StageConfig
 from gfcr.spec.problems import fixable
 from gfcr.stages.filter.down_sampling import kept_count, linear_ratio, max_variance_subset, top_fraction
 from gfcr.stages.resources import Engine, Policy, Resources, ScoreRequest, prompt_tokens
-from gfcr.stages.update.advantage import AdvantageSpec, estimate_all
+from gfcr.stages.components.advantage import AdvantageSpec, estimate_all
 
 Ratio = Annotated[float, Field(gt=0.0, le=1.0)]
 MIN_GROUP = 2  # a group keeps at least this many rollouts: a lone rollout has no baseline
@@ -162,10 +162,10 @@ class D3S:
 
     @staticmethod
     def check_pipeline(config: "D3S.Config", view: Any) -> list[PipelineProblem]:
-        """The selection's estimator is the update's; an upstream ``generate.sample`` records entropy."""
+        """The selection's estimator is the update's; the generators upstream record entropy."""
         found = []
         update = view.configs.get("update")
-        theirs = getattr(update, "advantage", None)
+        theirs = update.advantage if isinstance(update, EstimatesAdvantages) else None
         if isinstance(theirs, AdvantageSpec) and not _same_estimator(config.advantage, theirs):
             found.append(PipelineProblem(
                 ("advantage",), f"the selection's advantage estimator (`{config.advantage.use}` "
@@ -174,11 +174,11 @@ class D3S:
                 f"set this stage's `advantage` to the update's (`advantage: {{use: {theirs.use}}}` "
                 "with the same `with`)"))
         if config.token_level and config.entropy == "recorded":
-            for sid, alias in view.upstream:
-                if alias == "generate.sample" and not getattr(view.configs.get(sid), "entropy", True):
+            for sid, generator in view.having(RecordsEntropy, upstream=True):
+                if not generator.records_entropy:
                     found.append(PipelineProblem(
                         ("token_keep_start",), f"the token level ranks tokens by |A|·H and "
-                        f"`{sid}` (generate.sample) does not record entropy: every rollout would "
+                        f"`{sid}` ({view.aliases[sid]}) does not record entropy: every rollout would "
                         "be scored again through the engine, one forward pass each",
                         f"set `entropy: true` on `{sid}` (--set stages.{sid}.with.entropy=true); "
                         "or `entropy: scored` here to pay that pass (an engine that records no "

@@ -61,11 +61,8 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from gfcr.records import Rollout, RolloutGroup, RolloutGroups
-from gfcr.registry import PipelineProblem, StageConfig
+from gfcr.registry import PipelineProblem, RecordsEntropy, StageConfig
 from gfcr.spec.problems import fixable
-
-RECORDS_ENTROPY = {"generate.sample": lambda c: c.entropy,
-                   "generate.tree": lambda c: c.entropy or c.uncertainty == "entropy"}
 
 
 def mean_entropy(r: Rollout) -> float:
@@ -103,12 +100,11 @@ class EntropyGate:
     def check_pipeline(config: "EntropyGate.Config", view: Any) -> list[PipelineProblem]:
         """An upstream generator that records token entropies."""
         found = []
-        for sid, alias in view.upstream:
-            records, stage_config = RECORDS_ENTROPY.get(alias), view.configs.get(sid)
-            if records is not None and stage_config is not None and not records(stage_config):
+        for sid, generator in view.having(RecordsEntropy, upstream=True):
+            if not generator.records_entropy:
                 found.append(PipelineProblem(
                     ("action",), f"filter.entropy gates on recorded token entropies, and `{sid}` "
-                                 f"({alias}) does not record them",
+                                 f"({view.aliases[sid]}) does not record them",
                     f"set `entropy: true` on `{sid}` (--set stages.{sid}.with.entropy=true)"))
         return found
 

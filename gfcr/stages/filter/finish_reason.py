@@ -63,6 +63,10 @@ class FinishReasonFilter:
         action: Literal["mask", "drop"] = Field("mask", description="mask: keep its reward in the group's baseline "
                                                 "but zero its loss mask (DAPO); drop: remove it from its group")
 
+        @property
+        def dropped_finishes(self) -> frozenset[str]:  # a capability (gfcr.registry.DropsFinishes)
+            return frozenset(self.reasons) if self.action == "drop" else frozenset()
+
     def __init__(self, config: Config):
         self.config = config
 

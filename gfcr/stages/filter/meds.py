@@ -91,13 +91,12 @@ import numpy as np
 from pydantic import Field
 
 from gfcr.records import PromptPool, Rollout, RolloutGroup, RolloutGroups, StepContext
-from gfcr.registry import PipelineProblem, StageConfig
+from gfcr.registry import MarksCorrect, PipelineProblem, StageConfig
 from gfcr.stages.common.fingerprints import check_layers, fingerprints
 from gfcr.stages.filter.error_memory import ErrorMemory, clusters
 from gfcr.stages.resources import Policy, Resources, prompt_tokens
 
 COMPONENT = "meds"
-SCORERS = ("filter.verify",)  # stages that write `Rollout.correct`
 COUNTS = ("errors_fingerprinted", "penalised", "error_clusters", "tokens_fingerprinted")
 
 
@@ -126,7 +125,7 @@ class MEDS:
     @staticmethod
     def check_pipeline(config: "MEDS.Config", view: Any) -> list[PipelineProblem]:
         """Correctness must be known: a verifier upstream."""
-        if any(alias in SCORERS for _, alias in view.upstream):
+        if view.having(MarksCorrect, upstream=True):
             return []
         return [PipelineProblem((), "nothing upstream of this stage marks rollouts correct, so there are no errors to "
                                     "remember", "put it after the verifier: `from: reward`, where reward is "

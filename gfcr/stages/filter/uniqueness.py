@@ -75,10 +75,9 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from gfcr.records import Rollout, RolloutGroup, RolloutGroups, StepContext
-from gfcr.registry import PipelineProblem, StageConfig
+from gfcr.registry import MarksCorrect, PipelineProblem, StageConfig
 from gfcr.stages.filter.strategy_clusters import Clustering, EmbeddingClustering
 
-SCORERS = ("filter.verify",)  # stages that write `Rollout.correct`
 
 
 class Uniqueness:
@@ -98,7 +97,7 @@ class Uniqueness:
     @staticmethod
     def check_pipeline(config: "Uniqueness.Config", view: Any) -> list[PipelineProblem]:
         """Correctness must be known: a verifier upstream."""
-        if any(alias in SCORERS for _, alias in view.upstream):
+        if view.having(MarksCorrect, upstream=True):
             return []
         return [PipelineProblem((), "nothing upstream of this stage marks rollouts correct, so there are no "
                                     "correct rollouts to cluster",

@@ -64,7 +64,7 @@ YAML:
 from __future__ import annotations
 
 import functools
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 from pydantic import Field, field_validator
 
@@ -84,6 +84,7 @@ class Verify:
     """Score unscored rollouts with their prompt's verifier; reward in [0, 1]."""
 
     class Config(StageConfig):
+        marks_correct: ClassVar[bool] = True  # a capability (gfcr.registry.MarksCorrect)
         verifier: str | None = Field(None, description="verifier for every prompt; default: each prompt's own")
         format_weight: Annotated[float, Field(ge=0.0, le=1.0, description="weight of the format term")] = 0.0
         timeout_s: Annotated[float, Field(gt=0.0, le=3600.0, description=(

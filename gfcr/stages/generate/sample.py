@@ -96,6 +96,10 @@ class Sample:
                               "response after its first token", "remove the empty string from `stop`")
             return stop
 
+        @property
+        def records_entropy(self) -> bool:  # a capability (gfcr.registry.RecordsEntropy)
+            return self.entropy
+
     _alias = "generate.sample"  # in set-up errors; the generators that extend this one name themselves
 
     def __init__(self, config: Config):

@@ -81,7 +81,7 @@ YAML:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field, field_validator
@@ -161,6 +161,12 @@ class Tree:
                               "response after its first token", "remove the empty string from `stop`")
             return stop
 
+        builds_trees: ClassVar[bool] = True  # capabilities (gfcr.registry.BuildsTrees, RecordsEntropy)
+
+        @property
+        def records_entropy(self) -> bool:
+            return self.entropy or self.uncertainty == "entropy"
+
     def __init__(self, config: Config):
         self.config = config
         self.policy: Policy | None = None
@@ -182,7 +188,7 @@ class Tree:
         cfg, round_ = self.config, ctx.round or 0
         seed = ctx.seed if cfg.seed is None else cfg.seed
         params = SamplingParams(cfg.temperature, cfg.top_p, cfg.max_new_tokens, tuple(cfg.stop),
-                                step_seed(seed, allocation.step, round_), cfg.entropy or cfg.uncertainty == "entropy")
+                                step_seed(seed, allocation.step, round_), cfg.records_entropy)
         entries = allocation.active()
         gids = [group_id(e.prompt_id, allocation.step, round_) for e in entries]
         prompts = [tuple(prompt_tokens(self.policy, e.prompt)) for e in entries]

@@ -96,7 +96,7 @@ from gfcr.records import (
 )
 from gfcr.records.group import FINISHED
 from gfcr.records.rollout import REUSED_ORIGINS
-from gfcr.registry import PipelineProblem, StageConfig, UpdateNeed
+from gfcr.registry import PipelineProblem, ServesStore, StageConfig, UpdateNeed
 from gfcr.stages.common.stored import StoredRollout
 from gfcr.stages.replay.experience_pool import ExperiencePool, seed_jsonl, seed_run_dir
 from gfcr.stages.resources import Engine, Policy, Resources, ScoreRequest, prompt_tokens
@@ -162,11 +162,11 @@ class RLEP:
     def check_pipeline(config: "RLEP.Config", view: Any) -> list[PipelineProblem]:
         """``store`` names a ``replay.store`` upstream."""
         found = []
-        if config.store is not None and dict(view.upstream).get(config.store) != "replay.store":
-            stores = [sid for sid, alias in view.aliases.items() if alias == "replay.store"]
+        stores = [sid for sid, _ in view.having(ServesStore)]
+        if config.store is not None and config.store not in {sid for sid, _ in view.having(ServesStore, upstream=True)}:
             alias = view.aliases.get(config.store)
             what = ("the pipeline has no stage `{0}`" if alias is None else "`{0}` is `%s`, not a `replay.store`" % alias
-                    if alias != "replay.store" else "`{0}` is not upstream of this stage (it would run after it)")
+                    if config.store not in stores else "`{0}` is not upstream of this stage (it would run after it)")
             found.append(PipelineProblem(
                 ("store",), "`store`: " + what.format(config.store),
                 f"read from the store (`from: {stores[0]}`) and set `store: {stores[0]}`" if stores

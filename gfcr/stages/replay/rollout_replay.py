@@ -124,6 +124,10 @@ class RolloutReplay:
         zero_variance: Annotated[bool, Field(description=(
             "replay groups whose rewards are all equal too (the reference does); false leaves them out of the draw"))] = True
 
+        @property
+        def replays_fresh_fraction(self) -> float:  # a capability (gfcr.registry.ReplaysFresh)
+            return self.fresh_fraction
+
     def __init__(self, config: Config):
         self.config = config
         self.buffer: dict[str, BufferedGroup] = {}  # prompt id -> latest group; insertion order is FIFO order

@@ -55,7 +55,7 @@ from pydantic import Field, model_validator
 from gfcr.errors import CheckpointError
 from gfcr.records import Rollout
 from gfcr.registry import StageConfig
-from gfcr.stages.common.embedding import PACKAGED
+from gfcr.stages.common.embedding import PACKAGED, EncodesInWorker
 from gfcr.stages.common.store_files import ENTRIES, PROMPTS, read_entries, read_prompts, write_entries, write_prompts
 from gfcr.stages.common.stored import StoredRollout, stored_from
 from gfcr.stages.replay.store_results import AddResult, Hit, PromptHit
@@ -241,9 +241,8 @@ class ReplayStore:
 
     def _encode(self, texts: list[str]) -> np.ndarray:
         start, cpu = time.perf_counter(), time.thread_time()
-        with_cpu = getattr(self.embedder, "encode_with_cpu", None)  # a worker process: its CPU time, not ours
-        if with_cpu is not None:
-            vectors, worker_cpu = with_cpu(texts, batch_size=self.config.embed_batch_size)
+        if isinstance(self.embedder, EncodesInWorker):  # a worker process: its CPU time, not ours
+            vectors, worker_cpu = self.embedder.encode_with_cpu(texts, batch_size=self.config.embed_batch_size)
         else:
             vectors, worker_cpu = self.embedder.encode(texts, batch_size=self.config.embed_batch_size), 0.0
         self.embed_seconds += time.perf_counter() - start

@@ -65,7 +65,7 @@ YAML:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from pydantic import Field
 
@@ -80,6 +80,7 @@ class Store:
     """Add every step's rollouts to a FAISS-indexed replay store; pass the groups through."""
 
     class Config(StoreConfig):
+        serves_store: ClassVar[bool] = True  # a capability (gfcr.registry.ServesStore)
         kept_only: Annotated[bool, Field(description=(
             "store only the groups (and rollouts) the filters kept; false stores dropped groups too"))] = False
         correct_only: Annotated[bool, Field(description="store only rollouts a verifier judged correct")] = False

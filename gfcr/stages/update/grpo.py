@@ -1,10 +1,10 @@
 """update.grpo: the GRPO-family policy update, assembled from four registered components.
 
 For every included group, an advantage estimator (``advantage: {use: ..., with: {...}}``;
-``gfcr.stages.update.advantage``) gives one advantage per rollout, a scalar or a ``[T]``
+``gfcr.stages.components.advantage``) gives one advantage per rollout, a scalar or a ``[T]``
 array, and optionally a ``[T]`` loss mask; the advantage is scaled by the group's and the
 rollout's sample weight. A loss (``loss: {use: ..., with: {...}}``;
-``gfcr.stages.update.loss``) turns each token's log-ratio against the behaviour policy
+``gfcr.stages.components.loss``) turns each token's log-ratio against the behaviour policy
 ``mu`` (the log-probs the engine recorded) and its advantage into a per-token loss; the
 default, ``ppo_clip``, is the clipped surrogate
 
@@ -16,14 +16,14 @@ added, ``+ kl_coef * KL_t``. Every token has a weight ``w_t``: the product of th
 ``loss_mask`` (a Filter stage's), the estimator's loss mask, the correction's staleness limit
 and, in a tree group, the shared-prefix weight (``1/k`` on a position that ``k`` leaves share:
 ``gfcr.stages.update.tree_weights``). An aggregation (``aggregation: {use: ...}``;
-``gfcr.stages.update.aggregation``) makes one scalar of the weighted per-token losses:
+``gfcr.stages.components.aggregation``) makes one scalar of the weighted per-token losses:
 ``token_mean`` by default (DAPO: every token of the batch weighs the same, a shared prefix
 counts once), ``seq_mean_token_mean`` (GRPO as written) or ``seq_mean_token_sum`` (Dr.GRPO).
 One AdamW step per call, with gradient-norm clipping, over micro-batches whose gradients
 accumulate. ``gfcr validate`` checks the components against each other and the pipeline
 (for example, Dr.GRPO's estimator needs its aggregation).
 
-An off-policy correction (``correction: {use: ...}``; ``gfcr.stages.update.correction``),
+An off-policy correction (``correction: {use: ...}``; ``gfcr.stages.components.correction``),
 ``none`` by default, says how stale tokens (replayed, cached or resumed rollouts) are taken:
 ``tis`` (truncated importance sampling, ``with: {cap: 2.0}``), ``decoupled_clip`` (AReaL's
 decoupled PPO for stale tokens, which is also DOTS' clip centred on the stale ratio
@@ -99,16 +99,16 @@ import numpy as np
 from pydantic import Field, field_validator
 
 from gfcr.records import PromptPool, Rollout, RolloutGroup, RolloutGroups, UpdateReport
-from gfcr.registry import PipelineProblem, StageConfig, Stateful
+from gfcr.registry import BuildsTrees, FixesGroupSize, PipelineProblem, StageConfig, Stateful
 from gfcr.registry.components import (AddsBatchTerm, CorrectsTokens, LearnsParameters, LimitsStaleness,
                                       ReportsStepMetrics, declared, provides)
 from gfcr.spec.problems import fixable
 from gfcr.stages.resources import Policy, Resources, prompt_tokens
-from gfcr.stages.update.advantage import AdvantageSpec, estimate_all
-from gfcr.stages.update.aggregation import AggregationSpec, Row
-from gfcr.stages.update.component import PairingContext
-from gfcr.stages.update.correction import CorrectionSpec, CorrectionStats
-from gfcr.stages.update.loss import LossSpec
+from gfcr.stages.components.advantage import AdvantageSpec, estimate_all
+from gfcr.stages.components.aggregation import AggregationSpec, Row
+from gfcr.stages.components.base import PairingContext
+from gfcr.stages.components.correction import CorrectionSpec, CorrectionStats
+from gfcr.stages.components.loss import LossSpec
 from gfcr.stages.update.logprobs import padded, response_logprobs
 from gfcr.stages.update.tree_weights import shared_prefix_weights
 
@@ -199,9 +199,12 @@ class GRPOUpdate:
     def check_pipeline(config: "GRPOUpdate.Config", view: Any) -> list[PipelineProblem]:
         """The components' pairings with each other and with the pipeline, and what the upstream
         stages need of the update (``view.update_needs``), for ``gfcr validate``."""
+        fixing = view.configs.get(view.rollouts_from) if view.rollouts_from else None
         ctx = PairingContext(config.advantage.use, config.loss.use, config.aggregation.use,
                              view.rollouts_per_prompt, view.rollouts_from, view.upstream, config.correction.use,
-                             declared(config.loss.component_class(), "token_corrections"))
+                             declared(config.loss.component_class(), "token_corrections"),
+                             fixing.group_size_setting if isinstance(fixing, FixesGroupSize) else None,
+                             bool(view.having(BuildsTrees, upstream=True)))
         specs = (config.advantage, config.loss, config.aggregation, config.correction)
         return [p for spec in specs for p in spec.pairing_problems(ctx)] + unmet_needs(ctx, view)
 

@@ -48,9 +48,23 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 from gfcr.stages.verifiers.base import Score
+
+@runtime_checkable
+class Prepared(Protocol):
+    """A verifier with a ``prepare()`` attribute: a slow one-off set-up (the ``math`` verifier's
+    import of math-verify) that each worker runs once, untimed, before its first call."""
+
+    def prepare(self) -> None: ...
+
+
+def prepare_once(verifier: object) -> None:
+    """Run the verifier's ``prepare()`` when it has one."""
+    if isinstance(verifier, Prepared) and callable(verifier.prepare):
+        verifier.prepare()
+
 
 STARTUP_TIMEOUT_S = 120.0  # a worker's start and a verifier's prepare(), untimed by the call's limit
 _HEADER = struct.Struct("!Q")
@@ -379,9 +393,7 @@ def _serve() -> None:
             _, key, blob = message
             try:
                 verifier = pickle.loads(blob)
-                prepare = getattr(verifier, "prepare", None)
-                if callable(prepare):
-                    prepare()
+                prepare_once(verifier)
                 verifiers[key] = verifier
                 _send(out, ("loaded", None))
             except BaseException as exc:  # noqa: BLE001  (reported to the parent)

@@ -27,7 +27,7 @@ from typing import Sequence
 from gfcr.records import Rollout, VerifierSpec
 from gfcr.registry import Registry
 from gfcr.stages.verifiers import VERIFIERS, Score, Verifier
-from gfcr.stages.verifiers.pool import Call, Overran, WorkerDied, default_workers, describe, shared_pool
+from gfcr.stages.verifiers.pool import Call, prepare_once, Overran, WorkerDied, default_workers, describe, shared_pool
 
 DEFAULT_MEMORY_MB = 2048  # sympy on a hard expression stays well under this
 
@@ -35,9 +35,7 @@ DEFAULT_MEMORY_MB = 2048  # sympy on a hard expression stays well under this
 @functools.cache
 def _prepare(verifier: Verifier) -> None:
     """Run the verifier's optional ``prepare()`` once in this process (the unguarded path)."""
-    prepare = getattr(verifier, "prepare", None)
-    if callable(prepare):
-        prepare()
+    prepare_once(verifier)
 
 
 def _reward(score: Score, format_weight: float) -> float:

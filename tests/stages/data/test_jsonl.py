@@ -175,7 +175,7 @@ def test_docstring_example_runs_and_its_yaml_validates(module):
 
 def test_metadata_fields_feed_the_pvpo_reference_reward(tmp_path):
     from gfcr.stages.testing import scored_group
-    from gfcr.stages.update.advantage import AdvantageSpec
+    from gfcr.stages.components.advantage import AdvantageSpec
 
     path = write(tmp_path / "anchored.jsonl", [{"prompt": "1 + 1?", "answer": 2, "reference_reward": 0.25},
                                                {"prompt": "2 + 2?", "answer": 4, "reference_reward": 1}])

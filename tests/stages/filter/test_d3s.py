@@ -23,7 +23,7 @@ from gfcr.spec import load_spec
 from gfcr.stages.filter.d3s import D3S
 from gfcr.stages.filter.down_sampling import kept_count, linear_ratio, max_variance_subset, top_fraction
 from gfcr.stages.testing import scored_group
-from gfcr.stages.update.advantage.mean_std import MeanStd
+from gfcr.stages.components.advantage.mean_std import MeanStd
 
 PIPELINE = Path(__file__).resolve().parents[3] / "pipelines" / "d3s_arith.yaml"
 

@@ -19,7 +19,7 @@ from gfcr.runtime.lineage import lineage_rows
 from gfcr.spec import load_spec_text
 from gfcr.stages.filter.finish_reason import FinishReasonFilter
 from gfcr.stages.testing import scored_group
-from gfcr.stages.update.advantage.mean import Mean
+from gfcr.stages.components.advantage.mean import Mean
 
 QUICKSTART = Path(__file__).resolve().parents[3] / "pipelines" / "quickstart.yaml"
 

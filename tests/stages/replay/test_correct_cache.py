@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from gfcr.records import Origin, RolloutGroup, RolloutGroups, Segment, StepContext
 from gfcr.stages.replay.correct_cache import CorrectCache
 from gfcr.stages.testing import scored_group
-from gfcr.stages.update.advantage.mean_std import MeanStd
+from gfcr.stages.components.advantage.mean_std import MeanStd
 
 
 def ctx(step: int, version: int | None = None) -> StepContext:

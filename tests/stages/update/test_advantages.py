@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from gfcr.registry.catalog import ADVANTAGE_ESTIMATORS, BUILTIN_ADVANTAGE_ESTIMATORS
 from gfcr.stages.testing import scored_group
-from gfcr.stages.update.advantage import AdvantageSpec, lower_median
+from gfcr.stages.components.advantage import AdvantageSpec, lower_median
 
 NAMES = sorted(BUILTIN_ADVANTAGE_ESTIMATORS)
 # krpo's Kalman filter starts at 0, so equal non-zero rewards get non-zero advantages (the method,
@@ -153,5 +153,5 @@ def test_every_estimator_is_registered_with_a_strict_frozen_config_and_a_cited_d
 @pytest.mark.parametrize("module", ["base", "mean_std", "mean", "median", "gapo", "mc_grpo", "group_stats", "gdpo",
                                     "stratified", "grpo_lead", "xrpo"])
 def test_module_examples_run(module):
-    result = doctest.testmod(importlib.import_module(f"gfcr.stages.update.advantage.{module}"))
+    result = doctest.testmod(importlib.import_module(f"gfcr.stages.components.advantage.{module}"))
     assert result.attempted > 0 and result.failed == 0

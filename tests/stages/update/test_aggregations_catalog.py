@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from gfcr.cli.main import app
 from gfcr.records import RolloutGroups
 from gfcr.registry.catalog import AGGREGATIONS, BUILTIN_AGGREGATIONS, LOSSES
-from gfcr.stages.update.aggregation import Row
+from gfcr.stages.components.aggregation import Row
 from tests.stages.update.test_tree_and_off_policy import POOL, stage_and_policy, token_logprobs, tree_group
 
 QUICKSTART = str(Path(__file__).resolve().parents[3] / "pipelines" / "quickstart.yaml")

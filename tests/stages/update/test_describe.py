@@ -15,8 +15,8 @@ from gfcr.graph import compile_pipeline
 from gfcr.registry.catalog import (BUILTIN_ADVANTAGE_ESTIMATORS, BUILTIN_AGGREGATIONS, BUILTIN_CORRECTIONS,
                                    BUILTIN_LOSSES)
 from gfcr.spec import load_spec_text
-from gfcr.stages.update.component import ComponentConfig, Requirement
-from gfcr.stages.update.describe import component_infos, describe, first_sentence, markdown_table
+from gfcr.stages.components.base import ComponentConfig, Requirement
+from gfcr.stages.components.describe import component_infos, describe, first_sentence, markdown_table
 from tests.conftest import REPO
 
 cli = CliRunner()

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gfcr.records import RolloutGroup, RolloutGroups
-from gfcr.stages.update.loss.ppo_clip import PPOClip
+from gfcr.stages.components.loss.ppo_clip import PPOClip
 from tests.stages.update.test_tree_and_off_policy import (
     hand_gradients, rollout, stage_and_policy, stage_gradients, token_logprobs,
 )

@@ -17,9 +17,9 @@ from typer.testing import CliRunner
 from gfcr.cli.main import app
 from gfcr.records import Prompt, PromptPool, Rollout, RolloutGroup, RolloutGroups, Segment, group_id, rollout_id
 from gfcr.stages.testing import scored_group
-from gfcr.stages.update.advantage import AdvantageSpec, estimate_all
-from gfcr.stages.update.advantage.mc_grpo import MCGRPO
-from gfcr.stages.update.component import PairingContext
+from gfcr.stages.components.advantage import AdvantageSpec, estimate_all
+from gfcr.stages.components.advantage.mc_grpo import MCGRPO
+from gfcr.stages.components.base import PairingContext
 from tests.stages.update.test_tree_and_off_policy import stage_and_policy, tree_group
 
 QUICKSTART = Path(__file__).resolve().parents[3] / "pipelines" / "quickstart.yaml"
@@ -51,7 +51,7 @@ def values(advantages):
 
 @pytest.mark.parametrize("module", ["rloo", "reinforce_pp", "dr_grpo", "krpo", "pvpo", "mc_grpo"])
 def test_module_examples_run(module):
-    result = doctest.testmod(importlib.import_module(f"gfcr.stages.update.advantage.{module}"))
+    result = doctest.testmod(importlib.import_module(f"gfcr.stages.components.advantage.{module}"))
     assert result.attempted > 0 and result.failed == 0
 
 
@@ -213,9 +213,15 @@ def test_pvpo_errors_name_the_prompt_and_the_fix():
 
 # --- mc_grpo: G + 1 rollouts from a Control stage ------------------------------------------------
 
+SETTINGS = {"control.fixed_n": lambda n: f"n={n}", "control.mc_grpo": lambda n: f"g={n - 1}"}
+
+
 def ctx(n, sid="budget", alias="control.fixed_n"):
+    """What update.grpo hands the estimator: the group size fixed upstream, and the ``key=value``
+    of the fixing stage's capability (``group_size_setting``; none for a stage without it)."""
     upstream = () if n is None else ((sid, alias),)
-    return PairingContext("mc_grpo", "ppo_clip", "token_mean", n, None if n is None else sid, upstream)
+    return PairingContext("mc_grpo", "ppo_clip", "token_mean", n, None if n is None else sid, upstream,
+                          rollouts_setting=SETTINGS.get(alias))
 
 
 def test_mc_grpo_needs_a_fixed_allocation():

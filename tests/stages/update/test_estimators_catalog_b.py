@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from gfcr.cli.main import app
 from gfcr.records import Rollout, RolloutGroup, Segment, group_id, rollout_id
-from gfcr.stages.update.advantage import AdvantageSpec, estimate_all
+from gfcr.stages.components.advantage import AdvantageSpec, estimate_all
 
 QUICKSTART = str(Path(__file__).resolve().parents[3] / "pipelines" / "quickstart.yaml")
 S2, S3 = math.sqrt(2), math.sqrt(3)

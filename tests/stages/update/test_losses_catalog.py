@@ -23,9 +23,9 @@ from typer.testing import CliRunner
 from gfcr.cli.main import app
 from gfcr.records import RolloutGroups
 from gfcr.registry.catalog import BUILTIN_LOSSES, LOSSES
-from gfcr.stages.update.aggregation import Row
-from gfcr.stages.update.aggregation.seq_mean_token_mean import SeqMeanTokenMean
-from gfcr.stages.update.aggregation.token_mean import TokenMean
+from gfcr.stages.components.aggregation import Row
+from gfcr.stages.components.aggregation.seq_mean_token_mean import SeqMeanTokenMean
+from gfcr.stages.components.aggregation.token_mean import TokenMean
 from tests.stages.update.test_tree_and_off_policy import (
     DELTAS,
     POOL,

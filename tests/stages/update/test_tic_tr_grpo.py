@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from gfcr.cli.main import app
 from gfcr.registry.catalog import LOSSES
-from gfcr.stages.update.advantage import AdvantageSpec
-from gfcr.stages.update.aggregation.seq_mean_token_mean import SeqMeanTokenMean
+from gfcr.stages.components.advantage import AdvantageSpec
+from gfcr.stages.components.aggregation.seq_mean_token_mean import SeqMeanTokenMean
 from tests.stages.update.test_estimators_catalog_b import group
 from tests.stages.update.test_losses_catalog import (
     QUICKSTART,

@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 from gfcr.cli.main import app
 from gfcr.records import Rollout, RolloutGroup, RolloutGroups, Segment, TreeIndex
 from gfcr.stages.generate.tree_topology import segment_tree
-from gfcr.stages.update.advantage.tree import TreeAdvantage
-from gfcr.stages.update.component import PairingContext
+from gfcr.stages.components.advantage.tree import TreeAdvantage
+from gfcr.stages.components.base import PairingContext
 from tests.conftest import REPO
 from tests.stages.update.test_tree_and_off_policy import (
     SHARED_ONCE, hand_gradients, stage_and_policy, stage_gradients, surrogate, token_logprobs, tree_group,
@@ -154,7 +154,7 @@ def test_pairing_needs_a_tree_generator_upstream():
                                                                      ("rollout", "generate.sample")))
     (problem,) = TreeAdvantage.pairing_problems(config, ctx)
     assert problem.key == ("advantage", "use") and "generate.tree" in problem.fix
-    ok = PairingContext("tree", "ppo_clip", "token_mean", upstream=(("rollout", "generate.tree"),))
+    ok = PairingContext("tree", "ppo_clip", "token_mean", upstream=(("rollout", "generate.tree"),), trees_upstream=True)
     assert TreeAdvantage.pairing_problems(config, ok) == []
 
 

@@ -1,0 +1,41 @@
+"""advantage ``mean``: Dr. GRPO's mean-centred advantage (Liu et al., 2025, arXiv 2503.20783).
+
+With ``r`` the group's rewards, ``A = r - mean(r)``: no division by the std, which Dr. GRPO
+shows biases the update towards too easy and too hard questions.
+
+Deviations:
+- a group whose rewards are all equal, or a group of one rollout, gets exactly 0.0 (the
+  mean's rounding would otherwise leave tiny non-zero values for non-binary rewards);
+- unscored rollouts (NaN rewards) raise ValueError naming the group.
+
+Example:
+
+>>> from gfcr.stages.testing import scored_group
+>>> Mean(Mean.Config()).estimate(scored_group("p:0", [1.0, 0.0, 0.0, 0.0])).values
+(0.75, -0.25, -0.25, -0.25)
+
+YAML:
+
+.. code-block:: yaml
+
+    update: {use: update.grpo, from: keep, with: {advantage: {use: mean}}}
+"""
+
+from __future__ import annotations
+
+from gfcr.records import RolloutGroup
+from gfcr.stages.components.advantage.base import Advantages, EstimatorConfig, checked_rewards, has_no_baseline
+
+
+class Mean:
+    """Dr. GRPO: rewards centred on the group mean."""
+
+    class Config(EstimatorConfig):
+        pass
+
+    def __init__(self, config: Config):
+        self.config = config
+
+    def estimate(self, group: RolloutGroup) -> Advantages:
+        r = checked_rewards(group)  # [G]
+        return Advantages.scalars(r * 0.0 if has_no_baseline(r) else r - r.mean())

@@ -1,0 +1,50 @@
+"""advantage ``mean_std``: GRPO's group-normalised advantage (Shao et al., 2024, arXiv 2402.03300).
+
+With ``r`` the group's ``G`` rewards, ``A = (r - mean(r)) / (std(r) + eps)``. ``std`` is the
+unbiased sample std (``std_ddof: 1``), as TRL, verl (``torch.std``) and the peer hand loop
+compute it; ``std_ddof: 0`` gives the population std. ``eps`` defaults to verl's 1e-6 (TRL
+uses 1e-4).
+
+Deviations:
+- a group whose rewards are all equal, or a group of one rollout, gets exactly 0.0 (verl
+  gives a singleton group its raw reward: mean 0, std 1; a lone rollout has no baseline here);
+- unscored rollouts (NaN rewards) raise ValueError naming the group.
+
+Example:
+
+>>> from gfcr.stages.testing import scored_group
+>>> [round(a, 4) for a in MeanStd(MeanStd.Config()).estimate(scored_group("p:0", [0.0, 1.0])).values]
+[-0.7071, 0.7071]
+
+YAML:
+
+.. code-block:: yaml
+
+    update: {use: update.grpo, from: keep, with: {advantage: {use: mean_std, with: {eps: 1.0e-6, std_ddof: 1}}}}
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from gfcr.records import RolloutGroup
+from gfcr.stages.components.advantage.base import Advantages, EstimatorConfig, checked_rewards, has_no_baseline
+
+
+class MeanStd:
+    """GRPO: rewards centred on the group mean and divided by the group std."""
+
+    class Config(EstimatorConfig):
+        eps: Annotated[float, Field(ge=0.0, description="added to the std")] = 1e-6
+        std_ddof: Literal[0, 1] = Field(1, description="1: sample std (TRL, verl); 0: population std")
+
+    def __init__(self, config: Config):
+        self.config = config
+
+    def estimate(self, group: RolloutGroup) -> Advantages:
+        r = checked_rewards(group)  # [G]
+        if has_no_baseline(r):
+            return Advantages.scalars(r * 0.0)
+        return Advantages.scalars((r - r.mean()) / (r.std(ddof=self.config.std_ddof) + self.config.eps))

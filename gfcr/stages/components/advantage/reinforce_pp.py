@@ -1,0 +1,102 @@
+"""advantage ``reinforce_pp``: REINFORCE++ with baseline (Hu et al., 2025, "REINFORCE++: A Simple
+and Efficient Approach for Aligning Large Language Models", arXiv 2501.03262; some versions are
+titled "... An Efficient RLHF Algorithm with Robustness to Both Prompt and Reward Models"), as
+OpenRLHF computes it (``--advantage_estimator reinforce_baseline``;
+``openrlhf/trainer/ppo_utils/experience_maker.py``, ``compute_advantages_and_returns``).
+
+It needs the whole batch, so the update calls ``estimate_batch(groups, pool)``:
+
+1. per group, ``c_i = r_i - mean(r)`` (the group mean as baseline, no std division);
+2. every response token carries its response's ``c_i`` (OpenRLHF's return with ``gamma = 1``
+   and the reward on the last token), so across the update's batch of groups, with ``n_i``
+   the tokens of response ``i`` that count in the loss and ``N = sum_i n_i``:
+
+       mu    = sum_i n_i c_i / N                   (a token mean: a response weighs its length)
+       var   = sum_i n_i (c_i - mu)^2 / N          (population variance over tokens)
+       A_i   = (c_i - mu) / sqrt(max(var, 1e-8))
+
+   The batch mean IS subtracted again (it is not 0 once responses differ in length), and
+   ``std_norm: false`` (OpenRLHF's ``--no_advantage_std_norm``) keeps ``A_i = c_i - mu``.
+
+``estimate(group)`` alone normalises the batch of that one group.
+
+Deviations:
+- the KL is not in the reward: OpenRLHF's REINFORCE++ folds ``-kl_coef * KL_t`` into each
+  token's reward (so the per-token returns differ) unless ``--use_kl_loss``; in gfcr the KL is
+  a term of the loss (``update.with.kl_coef``), so every token of a response has the same
+  advantage;
+- ``n_i`` counts the response tokens the rollout's own ``loss_mask`` keeps (all when it has
+  none), OpenRLHF's ``action_mask``; the update's other token weights (a tree's shared-prefix
+  weights, the staleness limit) are not seen by the estimator;
+- a group whose rewards are all equal, or a group of one rollout, has ``c = 0`` exactly before
+  the batch step (it can still get ``-mu / std`` from the batch, as in OpenRLHF); a batch with
+  no counted token gets 0.0; computed in float64 (OpenRLHF: float32); unscored rollouts (NaN
+  rewards) raise ValueError naming the group.
+
+Example (one group of one-token responses: c = [0.5, -0.5, -0.5, 0.5], mu = 0, var = 0.25):
+
+>>> from gfcr.stages.testing import scored_group
+>>> ReinforcePP(ReinforcePP.Config()).estimate(scored_group("p:0", [1.0, 0.0, 0.0, 1.0])).values
+(1.0, -1.0, -1.0, 1.0)
+
+YAML:
+
+.. code-block:: yaml
+
+    update: {use: update.grpo, from: keep, with: {advantage: {use: reinforce_pp, with: {std_norm: true}}}}
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+from pydantic import Field
+
+from gfcr.records import Rollout, RolloutGroup
+from gfcr.stages.components.advantage.base import Advantages, EstimatorConfig, checked_rewards, has_no_baseline
+
+VAR_FLOOR = 1e-8  # OpenRLHF's var.clamp(min=1e-8) before rsqrt
+
+
+def group_centred(group: RolloutGroup) -> np.ndarray:
+    """``r - mean(r)`` ``[G]``; exactly 0 for a group with no baseline."""
+    r = checked_rewards(group)
+    return r * 0.0 if has_no_baseline(r) else r - r.mean()
+
+
+def counted_tokens(rollout: Rollout) -> int:
+    """The response tokens that count in the loss (OpenRLHF's ``action_mask``)."""
+    return len(rollout) if rollout.loss_mask is None else int(np.count_nonzero(rollout.loss_mask))
+
+
+class ReinforcePP:
+    """Group-mean baseline, then token-weighted whitening across the update's batch."""
+
+    class Config(EstimatorConfig):
+        std_norm: bool = Field(True, description="divide by the batch's token std (OpenRLHF's default; "
+                                                 "false: --no_advantage_std_norm)")
+
+    def __init__(self, config: Config):
+        self.config = config
+
+    def estimate(self, group: RolloutGroup) -> Advantages:
+        return self.estimate_batch([group], None)[0]
+
+    def estimate_batch(self, groups: Sequence[RolloutGroup], pool: Any) -> list[Advantages]:
+        centred = [group_centred(g) for g in groups]  # per group [G]
+        c = np.concatenate(centred) if centred else np.zeros(0)  # [B*G]
+        n = np.array([counted_tokens(r) for g in groups for r in g.rollouts], dtype=np.float64)  # [B*G]
+        a = self._whitened(c, n)
+        bounds = np.cumsum([len(x) for x in centred])[:-1]
+        return [Advantages.scalars(part) for part in np.split(a, bounds)]
+
+    def _whitened(self, c: np.ndarray, n: np.ndarray) -> np.ndarray:
+        total = n.sum()
+        if total == 0:
+            return c * 0.0
+        mu = float((n * c).sum() / total)
+        if not self.config.std_norm:
+            return c - mu
+        var = float((n * (c - mu) ** 2).sum() / total)
+        return (c - mu) / np.sqrt(max(var, VAR_FLOOR))

@@ -1,0 +1,66 @@
+"""loss ``ppo_clip``: the clipped surrogate of PPO (Schulman et al., 2017, arXiv 1707.06347) as
+GRPO (arXiv 2402.03300) uses it per token, with DAPO's decoupled clip range (arXiv 2503.14476,
+"clip-higher") and an optional dual clip (Ye et al., 2020, arXiv 1912.09729; verl's
+``clip_ratio_c``).
+
+With ``rho_t = pi_theta(y_t) / pi_prox(y_t)`` and advantage ``A_t``:
+
+    l_t = -min(rho_t A_t, clip(rho_t, 1 - eps_low, 1 + eps_high) A_t)
+
+and with ``dual_clip: c`` (``c > 1``), for ``A_t < 0`` the loss is further capped at
+``-c A_t``: ``l_t = min(l_t, -c A_t)``, so a token whose ratio has grown far beyond the clip
+range cannot pull an unbounded negative advantage (verl: ``clip_ratio_c = 3.0``).
+
+``clipped`` marks the tokens whose ratio lies outside ``[1 - eps_low, 1 + eps_high]`` (the
+``clip_fraction`` metric), whatever the advantage's sign.
+
+Deviations: none (verl, TRL and the peer hand loop compute the same surrogate).
+
+Example (a token whose probability rose 50% with a positive advantage is clipped):
+
+>>> import math, torch
+>>> loss = PPOClip(PPOClip.Config(clip=(0.2, 0.28)))
+>>> t = loss.terms(torch.tensor([[math.log(1.5)]]), torch.tensor([[2.0]]), torch.ones(1, 1))
+>>> round(float(t.per_token), 4), bool(t.clipped)
+(-2.56, True)
+
+YAML:
+
+.. code-block:: yaml
+
+    update: {use: update.grpo, from: keep, with: {loss: {use: ppo_clip, with: {clip: [0.2, 0.28], dual_clip: 3.0}}}}
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import Field
+
+from gfcr.stages.components.loss.base import LossConfig, LossTerms
+
+
+class PPOClip:
+    """Token-level clipped surrogate, optionally dual-clipped."""
+
+    class Config(LossConfig):
+        clip: tuple[Annotated[float, Field(ge=0.0)], Annotated[float, Field(ge=0.0)]] = Field(
+            (0.2, 0.2), description="(eps_low, eps_high) of the ratio clip; [0.2, 0.28] is DAPO's clip-higher")
+        dual_clip: Annotated[float, Field(gt=1.0)] | None = Field(
+            None, description="cap the loss of negative advantages at -c A (verl's clip_ratio_c, 3.0); null: off")
+
+    def __init__(self, config: Config):
+        self.config = config
+
+    def terms(self, log_ratio: Any, advantages: Any, weight: Any) -> LossTerms:
+        import torch
+
+        eps_low, eps_high = self.config.clip
+        ratio = torch.exp(log_ratio)
+        surrogate = torch.min(ratio * advantages, torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * advantages)
+        per_token = -surrogate
+        if self.config.dual_clip is not None:
+            capped = torch.min(per_token, -self.config.dual_clip * advantages)
+            per_token = torch.where(advantages < 0, capped, per_token)
+        detached = ratio.detach()
+        return LossTerms(per_token, detached, (detached < 1 - eps_low) | (detached > 1 + eps_high))

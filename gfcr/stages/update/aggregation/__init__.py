@@ -1,5 +1,0 @@
-"""Loss aggregations for ``update.*`` stages: a registry of their own (see ``base``)."""
-
-from gfcr.stages.update.aggregation.base import Aggregation, AggregationConfig, AggregationSpec, Row, counted_lengths
-
-__all__ = ["Aggregation", "AggregationConfig", "AggregationSpec", "Row", "counted_lengths"]

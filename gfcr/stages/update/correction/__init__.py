@@ -1,7 +1,0 @@
-"""Off-policy corrections for ``update.*`` stages: a registry of their own (see ``base``)."""
-
-from gfcr.stages.update.correction.base import (Correction, CorrectionConfig, CorrectionSpec, CorrectionStats,
-                                                TokenCorrection, kept_tokens, proximal_correction)
-
-__all__ = ["Correction", "CorrectionConfig", "CorrectionSpec", "CorrectionStats", "TokenCorrection", "kept_tokens",
-           "proximal_correction"]

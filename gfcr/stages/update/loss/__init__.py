@@ -1,5 +1,0 @@
-"""Policy losses for ``update.*`` stages: a registry of their own (see ``base``)."""
-
-from gfcr.stages.update.loss.base import Loss, LossConfig, LossSpec, LossTerms, sequence_mean
-
-__all__ = ["Loss", "LossConfig", "LossSpec", "LossTerms", "sequence_mean"]
