@@ -78,6 +78,7 @@ class FakeGenerate:
         length: Annotated[int, Field(ge=1, description="tokens per rollout")] = 8
         vocab_size: Annotated[int, Field(ge=2)] = 64
         seed: int = 0
+        marks_correct: ClassVar[bool] = True  # a capability (gfcr.registry.MarksCorrect): rewards are its verdicts
 
     def __init__(self, config: Config):
         self.config = config

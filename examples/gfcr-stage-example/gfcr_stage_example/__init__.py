@@ -1,5 +1,6 @@
-"""gfcr-stage-example: one Filter stage, registered with gfcr through the `gfcr.stages` entry point."""
+"""gfcr-stage-example: a Filter and a Control stage, registered with gfcr through the `gfcr.stages` entry point."""
 
 from gfcr_stage_example.max_mean_length import MaxMeanLength
+from gfcr_stage_example.skip_solved import SkipSolved
 
-__all__ = ["MaxMeanLength"]
+__all__ = ["MaxMeanLength", "SkipSolved"]
