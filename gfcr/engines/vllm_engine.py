@@ -48,6 +48,11 @@ Deviations:
   at the shortest prefix whose text contains one (the transformers engine's rule). The text
   is decoded from the token ids by the policy's tokenizer, not taken from vLLM's
   incremental detokenizer, so verifiers see the same text from both engines.
+- Greedy requests. vLLM refuses ``n > 1`` with temperature 0; its rows would all be alike,
+  so the engine asks for one and repeats it ``n`` times.
+- Continuations. A ``ResponsePrefix`` continues as a fresh draw from the same distribution:
+  vLLM's per-request generator restarts with the continued request, where the transformers
+  engine replays the uninterrupted row's uniforms (greedy continuations are equal on both).
 - Protocol v2. Requests carry their own params; a ``ResponsePrefix`` is sent as prompt +
   prefix token ids with ``max_tokens`` reduced by the prefix's length. In-flight control
   (a controller) and per-token entropy are refused with an error for now (vLLM's
@@ -302,13 +307,20 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
 
         prompts = [TokensPrompt(prompt_token_ids=list(r.context)) for r in requests]
-        sampling = [VLLMSamplingParams(**sampling_kwargs(r.params, r.n, request_seed(r.params.seed, r.request_id),
+        sampling = [VLLMSamplingParams(**sampling_kwargs(r.params, sent_n(r), request_seed(r.params.seed, r.request_id),
                                                          len(r.context) - len(r.prompt_token_ids)))
                     for r in requests]
         results = self.llm.generate(prompts, sampling, use_tqdm=False)
         return [[to_completion(o, r.params, self.policy.decode, self.replica,
                                r.prefix.token_ids if r.prefix else ())
-                 for o in sorted(result.outputs, key=lambda o: o.index)] for r, result in zip(requests, results)]
+                 for o in sorted(result.outputs, key=lambda o: o.index)] * (r.n // sent_n(r))
+                for r, result in zip(requests, results)]
+
+
+def sent_n(request: GenerationRequest) -> int:
+    """The samples asked of vLLM: greedy rows are all alike, and vLLM refuses n > 1 with greedy
+    sampling, so a greedy request asks for one and its completion is repeated ``n`` times."""
+    return 1 if request.params.temperature == 0 else request.n
 
 
 def start_llm(policy: HFPolicy, settings: VLLMSpec, seed: int) -> Any:

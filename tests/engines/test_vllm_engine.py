@@ -342,20 +342,21 @@ def test_stop_strings_cut_the_row_and_are_kept(real_engine):
 
 
 def test_weight_sync_makes_the_engine_follow_the_trained_policy(real_engine):
-    """Perturb the policy and bump its version: the next call syncs, and vLLM's log-probs
-    follow the new weights, not the old ones; an explicit sync restores the old weights."""
+    """Perturb the policy K = 3 times, bumping its version: each next call syncs, and vLLM's
+    log-probs follow the new weights, not the old ones; an explicit sync restores the old weights."""
     policy, engine, tol = real_engine
     original = {k: v.clone() for k, v in policy.model.state_dict().items()}
     requests, params = _requests(policy), SamplingParams(temperature=1.0, max_new_tokens=12, seed=3)
     try:
         torch.manual_seed(0)
-        with torch.no_grad():
-            for p in policy.model.parameters():
-                p.add_(0.05 * torch.randn_like(p))
-        policy.version += 1
-        results = _generate(engine, requests, params)
-        assert engine.policy_version == policy.version
-        assert _max_gap(_forward_logprobs(policy, requests, results, 1.0)) < tol
+        for _ in range(3):
+            with torch.no_grad():
+                for p in policy.model.parameters():
+                    p.add_(0.05 / 3 ** 0.5 * torch.randn_like(p))
+            policy.version += 1
+            results = _generate(engine, requests, params)
+            assert engine.policy_version == policy.version
+            assert _max_gap(_forward_logprobs(policy, requests, results, 1.0)) < tol
         policy.model.load_state_dict(original)
         assert _max_gap(_forward_logprobs(policy, requests, results, 1.0)) > 0.05, "the perturbation shows"
     finally:
