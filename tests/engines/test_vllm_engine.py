@@ -408,6 +408,37 @@ def test_seeded_prompts_past_one_steps_token_budget_sample(real_engine):
     assert len(prompt) >= 100 and all(len(g) == 1 for g in engine.generate(requests))
 
 
+class Watch:
+    """A test controller that ends nothing and counts how often it was asked."""
+
+    every = 1
+
+    def __init__(self):
+        self.views = 0
+
+    def steer(self, view):
+        from gfcr.stages.engine import Steer
+
+        self.views += 1
+        return Steer()
+
+
+def test_a_steered_call_samples_what_the_plain_call_does(real_engine):
+    """Driven step by step (a controller), each row its own vLLM request seeded as the row's
+    sample of the plain call, two rows in flight at a time: the same tokens and log-probs."""
+    policy, engine, tol = real_engine
+    params = SamplingParams(temperature=1.0, max_new_tokens=8, seed=11)
+    plain = _generate(engine, _requests(policy, 3), params)
+    watch = Watch()
+    steered = engine.generate([dataclasses.replace(r, params=params) for r in _requests(policy, 3)],
+                              controller=watch, max_in_flight=2)
+    assert _tokens(steered) == _tokens(plain) and watch.views >= 8
+    for g, h in zip(steered, plain):
+        for c, d in zip(g, h):
+            np.testing.assert_allclose(c.logprobs, d.logprobs, atol=tol)
+            assert c.finish_reason == d.finish_reason and c.text == d.text
+
+
 def test_grpo_update_syncs_the_engine(real_engine):
     """update.grpo calls sync_weights after its optimizer step; the engine's version follows."""
     from gfcr.records import Allocation, AllocationEntry, PromptPool
