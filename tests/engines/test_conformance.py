@@ -11,14 +11,13 @@ path); record entropies equal to a direct computation; sample
 the same with a bounded, refilled batch as with an unbounded one; and stop at a target
 number of complete groups with the rest aborted.
 
-What the vLLM engine does not do yet (per-token entropy; in-flight control on CUDA, not yet run
-there: issue 28 item 3) is a strict ``xfail`` on it, expecting its EngineError, so the suite
-fails the day it does; what it never
-does (a decode-loop score path) is not asked of it. A continued row on vLLM is a fresh draw from
-the same distribution (vLLM's per-request generator restarts with the request; the decode loop
-replays the uninterrupted row's uniforms), so at T > 0 the continuation test checks the
-prompt/response boundary instead: the new tokens' log-probs against a direct forward pass of
-prompt + prefix + new, and the text of prefix + new.
+What the vLLM engine never does (a decode-loop score path) is not asked of it; its in-flight
+control runs through vLLM's request-level engine (gfcr/engines/vllm_steps.py), its entropies
+come from the trained policy's forward pass (gfcr/engines/vllm_engine.py). A continued row on
+vLLM is a fresh draw from the same distribution (vLLM's per-request generator restarts with
+the request; the decode loop replays the uninterrupted row's uniforms), so at T > 0 the
+continuation test checks the prompt/response boundary instead: the new tokens' log-probs
+against a direct forward pass of prompt + prefix + new, and the text of prefix + new.
 
 Log-prob tolerances per engine (float32; measured 2026-12-02 on a shared 2-core host):
 
@@ -72,11 +71,9 @@ class Subject:
     logits: Callable[[tuple[int, ...]], torch.Tensor]  # [V] next-token logits, computed directly
     tol: float = 1e-5
     forward_tol: float = 1e-5
-    in_flight: bool = True
     max_new_tokens: int = 12
     exact_scorer: object | None = None
     replays_continuations: bool = True  # a continued row redraws the uninterrupted row's tokens
-    entropy: bool = True  # records per-token entropy
 
 
 class FakeDecodeScorer:
@@ -140,8 +137,8 @@ def _vllm(device: str) -> Subject:
         return policy.model(input_ids=torch.tensor([list(ctx)], device=device)).logits[0, -1].float().cpu()
 
     tol = 5e-5 if cpu else 2e-3  # see the table in the module docstring
-    return Subject(VLLMEngine(policy, settings), prompts, logits, tol=tol, forward_tol=tol, in_flight=cpu,
-                   replays_continuations=False, entropy=False)
+    return Subject(VLLMEngine(policy, settings), prompts, logits, tol=tol, forward_tol=tol,
+                   replays_continuations=False)
 
 
 DECODE_LOOP_ENGINES = [  # engines sampling through gfcr's own decode loop (gfcr/engines/decode.py)
@@ -161,15 +158,6 @@ def subject(request) -> Subject:
     return {"fake": _fake, "tiny-arith": lambda: _hf("tiny-arith"), "tiny-arith-mix": lambda: _hf("tiny-arith-mix"),
             "smollm2": lambda: _hf("smollm2-135m-instruct"), "tiny-arith-cuda": lambda: _hf("tiny-arith", "cuda"),
             "vllm-cpu": lambda: _vllm("cpu"), "vllm": lambda: _vllm("cuda")}[request.param]()
-
-
-def not_yet(request, supported: bool, what: str) -> None:
-    """A strict xfail, expecting the engine's GfcrError, where it does not do ``what`` yet."""
-    if not supported:
-        from gfcr.errors import GfcrError
-
-        request.applymarker(pytest.mark.xfail(raises=GfcrError, strict=True, reason=f"{what} on this engine: "
-                                              "issue 28 item 3"))
 
 
 def _requests(s: Subject, params: SamplingParams, n: int = 1) -> list[GenerationRequest]:
@@ -216,8 +204,7 @@ def _check_boundary(subject: Subject, prompt: tuple[int, ...], prefix: ResponseP
     assert rest.text == subject.engine.policy.decode(prefix.token_ids + rest.token_ids)  # the vLLM engine's policy
 
 
-def test_an_aborted_row_keeps_the_uninterrupted_prefix_and_its_segments_tile_it(subject, request):
-    not_yet(request, subject.in_flight, "in-flight control")
+def test_an_aborted_row_keeps_the_uninterrupted_prefix_and_its_segments_tile_it(subject):
     params = SamplingParams(temperature=1.0, max_new_tokens=subject.max_new_tokens, seed=5)
     whole = subject.engine.generate(_requests(subject, params, 2))
     cut = subject.engine.generate(_requests(subject, params, 2), controller=AbortAt(2))
@@ -246,8 +233,7 @@ class ExitAt:
                            for r, s in zip(rows, scored)})
 
 
-def test_an_exited_row_keeps_the_uninterrupted_tokens_before_its_cut_then_the_appended_ones(subject, request):
-    not_yet(request, subject.in_flight and subject.entropy, "in-flight control with entropy")
+def test_an_exited_row_keeps_the_uninterrupted_tokens_before_its_cut_then_the_appended_ones(subject):
     params = SamplingParams(temperature=1.0, max_new_tokens=subject.max_new_tokens, seed=5, entropy=True)
     appended = tuple(subject.prompts[0][:2])
     whole = subject.engine.generate(_requests(subject, params, 2))
@@ -318,8 +304,7 @@ def test_the_decode_score_path_gives_the_sampling_logprobs_bit_for_bit(subject, 
         np.testing.assert_allclose(s.logprobs, c.logprobs, atol=subject.forward_tol)
 
 
-def test_entropy_matches_a_direct_computation(subject, request):
-    not_yet(request, subject.entropy, "per-token entropy")
+def test_entropy_matches_a_direct_computation(subject):
     params = SamplingParams(temperature=0.7, max_new_tokens=subject.max_new_tokens, seed=2, entropy=True)
     requests = _requests(subject, params)
     for r, (c,) in zip(requests, subject.engine.generate(requests)):
@@ -339,8 +324,7 @@ def test_a_bounded_refilled_batch_samples_what_an_unbounded_one_does(subject):
             np.testing.assert_allclose(c.logprobs, d.logprobs, atol=subject.forward_tol)
 
 
-def test_stop_at_target_ends_with_enough_complete_groups_and_the_rest_aborted(subject, request):
-    not_yet(request, subject.in_flight, "in-flight control")
+def test_stop_at_target_ends_with_enough_complete_groups_and_the_rest_aborted(subject):
     params = SamplingParams(temperature=1.0, max_new_tokens=subject.max_new_tokens, seed=6)
     requests = [dataclasses.replace(r, request_id=f"{r.request_id}.{j}") for j in range(2)
                 for r in _requests(subject, params, 3)]
