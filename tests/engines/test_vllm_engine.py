@@ -181,6 +181,29 @@ def test_the_cpu_spec_refuses_what_has_no_meaning_there():
         _spec("{model: tiny-arith-h64, engine: vllm, device: cpu, vllm: {gpu_memory_utilization: 0.3}}")
 
 
+def test_validate_refuses_a_head_size_the_cpu_kernels_cannot_run():
+    from gfcr.graph import compile_pipeline
+    from gfcr.runtime.inputs import input_problems
+
+    def problems(model):
+        spec = _spec(f"{{model: {model}, engine: vllm, device: cpu}}")
+        return [f"{p.where} {p.message} {p.fix}" for p in input_problems(compile_pipeline(spec))]
+
+    assert problems("tiny-arith-h64") == []
+    (found,) = problems("tiny-arith")
+    assert "p.yaml:" in found and "heads of size 16; vLLM's CPU attention runs sizes 32, 64" in found
+    assert "`tiny-arith-h64`" in found
+
+
+@needs_cpu_build
+def test_the_head_sizes_validate_checks_are_vllms_own():
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    from gfcr.engines.models import VLLM_CPU_HEAD_SIZES
+
+    assert list(VLLM_CPU_HEAD_SIZES) == CPUAttentionBackend.get_supported_head_sizes()
+
+
 def test_a_broken_companion_wheel_names_the_uninstall():
     exc = RuntimeError("operator torchvision::nms does not exist")
     message = vllm_engine.import_failure(exc, "cpu")
