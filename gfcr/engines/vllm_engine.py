@@ -79,7 +79,9 @@ Deviations:
   refused before vLLM starts; ``tiny-arith-h64`` is the same model with 2 heads of 64). vLLM
   cuts torch to one intra-op thread in the process it serves from, the trainer's here, unless
   ``OMP_NUM_THREADS`` is set, so the engine sets it (when unset) to torch's current thread
-  count; vLLM also turns ``torch.set_num_threads`` into a no-op for the rest of the process.
+  count. vLLM's CPU worker also replaces ``torch.set_num_threads`` with a no-op, against
+  changes after it binds its threads to cores; in this process it binds none (only its
+  multiprocess executor does), so the engine puts the real one back.
   ``tensor_parallel_size`` is 1 (one worker, in this process).
 - Weight sync sends parameters only (vLLM recomputes buffers such as rotary tables) and
   does not re-run vLLM's post-loading weight processing, so the vLLM side must be
@@ -376,6 +378,7 @@ def start_llm(policy: HFPolicy, settings: VLLMSpec, seed: int) -> Any:
     if device == "cpu":
         check_head_size(policy)
     dtype = str(policy.dtype).removeprefix("torch.")
+    set_num_threads = torch.set_num_threads  # vLLM's CPU worker swaps in a no-op (see the module docstring)
     try:
         return LLM(**llm_kwargs(policy.path, dtype, settings, seed, device))
     except (RuntimeError, ValueError, OSError) as exc:
@@ -385,6 +388,8 @@ def start_llm(policy: HFPolicy, settings: VLLMSpec, seed: int) -> Any:
         raise EngineError(f"vLLM could not start policy `{policy.name}` from {policy.path}: {exc}\n"
                           f"    fix: {fix}, set policy.vllm.max_model_len for long-context models, or use "
                           "`engine: hf`") from exc
+    finally:
+        torch.set_num_threads = set_num_threads
 
 
 def import_llm(device: str) -> Any:

@@ -314,6 +314,18 @@ def _max_gap(pairs):
     return max(float(np.abs(ours - theirs).max()) for ours, theirs in pairs if len(ours))
 
 
+def test_the_trainer_keeps_its_threads(real_engine):
+    """vLLM would cut this process, the trainer's, to one torch thread and turn
+    ``torch.set_num_threads`` into a no-op; the engine keeps both."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    assert real_engine[1].device != "cpu" or os.environ["OMP_NUM_THREADS"] == str(before)
+
+
 def test_completions_are_grouped_end_at_eos_and_carry_one_logprob_per_token(real_engine):
     policy, engine, tol = real_engine
     results = _generate(engine, _requests(policy) + [GenerationRequest("none", (5, 6), 0)],
