@@ -144,7 +144,6 @@ def require_vllm(device: str = "cuda") -> None:
     """Fail fast, before any model loads, when vLLM, its build for ``device``, or a CUDA device
     is missing."""
     found = installed_vllm()
-    other = "cpu" if device == "cuda" else "cuda"
     if found is None:
         raise EngineError(f"policy.engine `vllm` needs the vllm package, which is not installed\n    fix: "
                           f"{INSTALL[device]}; or use `engine: hf` (the transformers engine)")
