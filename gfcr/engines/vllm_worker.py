@@ -9,10 +9,16 @@ at import time.
 Each rank hands the full (unsharded) Hugging Face tensors to its model's own
 ``load_weights``, which maps the checkpoint names onto vLLM's fused layers (q/k/v into
 ``qkv_proj``, gate/up into ``gate_up_proj``) and copies this rank's shard in place, so
-captured CUDA graphs stay valid. Two ways the tensors arrive:
+captured CUDA graphs stay valid. Three ways the tensors arrive:
 
 - ``gfcr_load_weights``: the tensors themselves, when the worker runs in the trainer's own
   process (tensor_parallel_size 1 with vLLM's engine core in-process);
+- ``gfcr_reload_weights``: the same, on vLLM's CPU worker, whose linear layers keep their
+  weights repacked for oneDNN (the loaded parameters are emptied after loading), so a plain
+  ``load_weights`` has nothing to copy into; vLLM's own ``reload_weights`` restores the
+  layers, loads, and repacks them. It repacks a tied parameter in its first owner only
+  (``embed_tokens``), so the LM head would keep the packed copy of the old embedding: every
+  layer that keeps its weight beside a packed copy is packed again;
 - ``gfcr_load_ipc``: CUDA IPC handles (``torch.multiprocessing.reductions.reduce_tensor``)
   of the trainer's parameters, when workers are processes of their own. Each worker opens
   the trainer's memory directly (no copy through the host); the handle names the trainer's
@@ -46,6 +52,13 @@ class WeightSync:
         self.model_runner.model.load_weights(weights=list(weights))
         return len(weights)
 
+    def gfcr_reload_weights(self, weights: Sequence[tuple[str, torch.Tensor]]) -> int:
+        """Load full Hugging Face tensors given in-process, through vLLM's in-place reload, which
+        re-runs each layer's post-loading processing (the CPU worker's weight repacking)."""
+        self.model_runner.reload_weights(weights_iterator=list(weights))
+        repack_kept_weights(self.model_runner.model)
+        return len(weights)
+
     def gfcr_load_ipc(self, device_uuid: str, handles: Sequence[tuple[str, tuple]]) -> int:
         """Open the trainer's tensors from their CUDA IPC handles and load them."""
         from torch.multiprocessing.reductions import rebuild_cuda_tensor
@@ -56,6 +69,20 @@ class WeightSync:
         torch.cuda.synchronize()  # the copies are done before the trainer's next optimizer step
         del weights
         return len(handles)
+
+
+def repack_kept_weights(model: Any) -> list[str]:
+    """Pack again the CPU GEMM copy (``cpu_linear``) of every layer that keeps its weight too (the
+    embedding and the LM head tied to it); returns their names."""
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+    names = []
+    for name, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if hasattr(module, "cpu_linear") and weight is not None and weight.numel():
+            dispatch_cpu_unquantized_gemm(module, remove_weight=False)
+            names.append(name)
+    return names
 
 
 def with_device(args: tuple, index: int) -> tuple:

@@ -12,14 +12,15 @@ found, is an exit-2 error at validate time instead of a failure after the run ha
   further than the largest batch);
 - ``policy.model`` is looked up as ``resolve_model`` would, without loading, converting or
   downloading anything (``gfcr.engines.models.check_model``); a problem is reported at the
-  spec's ``policy.model`` line.
+  spec's ``policy.model`` line. With ``engine: vllm`` on the CPU its attention head size is
+  read from config.json and checked against vLLM's CPU kernels (``check_vllm_cpu_heads``).
 
 Nothing here imports torch. A tokenizer or weights that do not load are still found by ``run``.
 """
 
 from __future__ import annotations
 
-from gfcr.engines.models import ModelError, check_model
+from gfcr.engines.models import ModelError, check_model, check_vllm_cpu_heads
 from gfcr.errors import DataError, Problem
 from gfcr.graph import CompiledPipeline
 from gfcr.records import PromptPool
@@ -37,6 +38,8 @@ def input_problems(pipeline: CompiledPipeline) -> list[Problem]:
     if policy is not None:
         try:
             check_model(policy.model)
+            if policy.engine == "vllm" and policy.where() == "cpu":
+                check_vllm_cpu_heads(policy.model)
         except ModelError as exc:
             problems.append(Problem(pipeline.spec.source.locate(("policy", "model")), "",
                                     exc.message, exc.fix))

