@@ -45,14 +45,14 @@ def deviations(method: str) -> dict[str, dict[str, Any]]:
     return {d["case"]: d for d in load(method).get("deviations", [])}
 
 
-def close(actual: Any, expected: Any) -> bool:
-    """Equal up to float rounding (relative 1e-6), recursively through lists and dicts."""
+def close(actual: Any, expected: Any, rel: float = REL, abs_: float = ABS) -> bool:
+    """Equal up to float rounding (relative 1e-6 by default), recursively through lists and dicts."""
     if isinstance(expected, dict):
         return isinstance(actual, dict) and actual.keys() == expected.keys() and all(
-            close(actual[k], expected[k]) for k in expected)
+            close(actual[k], expected[k], rel, abs_) for k in expected)
     if isinstance(expected, (list, tuple)):
         return isinstance(actual, (list, tuple)) and len(actual) == len(expected) and all(
-            close(a, e) for a, e in zip(actual, expected))
+            close(a, e, rel, abs_) for a, e in zip(actual, expected))
     if isinstance(expected, bool) or expected is None or isinstance(expected, str):
         return actual == expected
     if isinstance(expected, (int, float)):
@@ -60,20 +60,22 @@ def close(actual: Any, expected: Any) -> bool:
             return False
         if math.isinf(expected) or math.isnan(expected):
             return actual == expected or (math.isnan(expected) and math.isnan(actual))
-        return math.isclose(actual, expected, rel_tol=REL, abs_tol=ABS)
+        return math.isclose(actual, expected, rel_tol=rel, abs_tol=abs_)
     return actual == expected
 
 
 def check(method: str, case: dict[str, Any], run: Callable[[dict[str, Any]], Any]) -> None:
-    """gfcr's output for ``case`` equals the reference's, or the listed deviation's output."""
+    """gfcr's output for ``case`` equals the reference's, or the listed deviation's output (within
+    the file's ``tolerance``, ``{"rel", "abs"}``, where the reference computes in float32)."""
     actual = run(case["input"])
+    tol = load(method).get("tolerance", {"rel": REL, "abs": ABS})
     deviation = deviations(method).get(case["id"])
     if deviation is None:
-        assert close(actual, case["expected"]), (
+        assert close(actual, case["expected"], tol["rel"], tol["abs"]), (
             f"{method}/{case['id']}: gfcr gives {actual!r}, the reference {case['expected']!r}")
         return
-    assert not close(actual, case["expected"]), (
+    assert not close(actual, case["expected"], tol["rel"], tol["abs"]), (
         f"{method}/{case['id']} is listed as a deviation but gfcr now agrees with the reference: "
         "remove it from `deviations`")
-    assert close(actual, deviation["gfcr"]), (
+    assert close(actual, deviation["gfcr"], tol["rel"], tol["abs"]), (
         f"{method}/{case['id']}: gfcr gives {actual!r}, the recorded deviation {deviation['gfcr']!r}")
