@@ -112,7 +112,8 @@ def fidelity_markdown() -> str:
         data = json.loads(path.read_text())
         total, dev = len(data["cases"]), len(data.get("deviations", []))
         repo = f"{data['repository']}@{data['commit'][:7]}"
-        rows.append(f"| {data['method']} | `{data['stage']}` | {repo} | `{data['file']}`: {data['function']} "
+        where = f"`{data['file']}`: {data['function']}".replace("|", "\\|")  # a pipe would split the cell
+        rows.append(f"| {data['method']} | `{data['stage']}` | {repo} | {where} "
                     f"| {total} | {total - dev} | {dev} | [{path.name}](../tests/fidelity/{path.name}) |")
         reasons = Counter(d["reason"] for d in data.get("deviations", []))
         notes += [f"- **{data['method']}** ({n} case{'s' if n != 1 else ''}): {reason}" for reason, n in reasons.items()]
