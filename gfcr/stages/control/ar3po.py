@@ -58,6 +58,8 @@ Deviations (abstract-only, every rule a choice):
 - the rollouts of all stages form one group per prompt (``filter.merge_rounds``), so the
   update's group baseline is taken over all of a prompt's rollouts, whatever their stage.
 
+Fidelity: from the abstract: no public code; the rules above are this stage's reading.
+
 Example (``k = 2``, two stages: ``p:0`` is solved in stage 0, ``p:1`` is not and gets 2 more):
 
 >>> from gfcr.records import Allocation, AllocationEntry, Prompt, RolloutGroups, StepContext

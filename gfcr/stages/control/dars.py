@@ -47,16 +47,18 @@ Deviations:
   it). Here the top-up is always sampled stochastically, with the rollout stage's own
   temperature and a seed of its own loop round, as DARS intends: greedy top-ups would be
   copies of one response.
-- The rules are those of the research notes (``schedule_ET`` / ``schedule_HW``); the stored
-  version of the reference trainer read here instead hard-codes per-accuracy totals
-  (``resample_func1`` / ``resample_func2``). ``ceil`` is applied as the notes say (the older
-  ET table rounds: its total at ``acc = 1/8`` is 18, this schedule's 19).
+- ``arithmetic: exact`` computes ``ΔN`` in exact fractions; it differs from the reference's
+  float32 ceiling (the default) in 5 of the 900 reference cases, where the exact value is an
+  integer (for example ``N = 6``, ``acc = 0``, hw: 30 exactly, 31 in the reference) or float32
+  rounding lands just above one.
 - ``acc`` is the fraction of correct rollouts (verl's ``acc``); the reference averages the
   score, which is the same for a 0/1 reward. ``N`` in the formulas is the configured ``n``
   and ``acc`` is measured on the rollouts the group holds when the round starts.
 - A prompt whose first group was dropped in round 0, or has none, gets no top-up.
 - The reference trains on a 3072-prompt batch with full-batch updates ("Breadth"); the batch
   size is the selector's (``control.uniform``'s ``batch_size``).
+
+Fidelity: checked against yangzhch6/DARS@9b21b71: 900/900 cases (``tests/fidelity/dars.json``).
 
 Example:
 
@@ -102,6 +104,7 @@ from dataclasses import replace
 from fractions import Fraction
 from typing import Annotated, Any, ClassVar, Literal
 
+import numpy as np
 from pydantic import Field, model_validator
 
 from gfcr.records import Allocation, AllocationEntry, RolloutGroup, RolloutGroups, StepContext
@@ -110,16 +113,18 @@ from gfcr.registry import EstimatesAdvantages, PipelineProblem, StageConfig
 ALIAS = "control.dars"
 # the update's advantage estimators whose normalisation DARS's two variants assume
 STD_OF_ADVANTAGE = {"mean": False, "mean_std": True}
+Arithmetic = Literal["float32", "exact"]
 
 
 def topup_size(correct: int, n: int, n_max: int, schedule: Literal["et", "hw"], std: bool,
-               measured: int | None = None) -> int:
+               measured: int | None = None, arithmetic: Arithmetic = "float32") -> int:
     """DARS's ``ΔN`` for a prompt with ``correct`` of its ``measured`` (default ``n``) first-stage
-    rollouts right, ``N = n`` (exact fractions without std; with std, the ceiling ignores float
-    error below 1e-9)."""
+    rollouts right, ``N = n``: in the reference's float32 arithmetic, or in exact fractions."""
     measured = n if measured is None else measured
     if not 0 <= correct <= measured or measured < 1 or n < 1:
         raise ValueError(f"{correct} correct out of {measured} rollouts")
+    if arithmetic == "float32":
+        return min(max(_float32_topup(correct, measured, n, schedule, std), 0), n_max - n)
     acc = Fraction(correct, measured)
     if acc >= Fraction(1, 2):
         return 0
@@ -137,6 +142,21 @@ def topup_size(correct: int, n: int, n_max: int, schedule: Literal["et", "hw"], 
     return min(max(raw, 0), n_max - n)
 
 
+def _float32_topup(correct: int, measured: int, n: int, schedule: str, std: bool) -> int:
+    """The uncapped ``ΔN`` as the reference computes it: ``acc`` is verl's float32 mean of the 0/1
+    scores (numpy float32 scalars combine with Python floats as torch's 0-d tensors do), and
+    the float result is ceiled, so where the exact value is an integer rounding may add one."""
+    acc = np.float32(correct) / np.float32(measured)
+    if acc >= 0.5:
+        return 0
+    if acc == 0:
+        acc = 0.5 / n  # a Python float from here on, as in the reference
+    s = 2 * math.sqrt(acc * (1 - acc)) if std else 2 * acc * (1 - acc)
+    peak = n if std else 0.5 * n
+    target = 2 * (1 - acc) * peak if schedule == "hw" else peak
+    return math.ceil((target - n * s) / s)
+
+
 class Dars:
     """DARS: N rollouts per prompt, then a difficulty-adaptive top-up of ΔN (ET or HW), capped at N_max."""
 
@@ -152,6 +172,9 @@ class Dars:
         std: bool = Field(False, description=(
             "the advantage is divided by the group's std (reference grpo_use_std): S = 2 sqrt(acc(1-acc)) "
             "and A_peak = N instead of 2 acc(1-acc) and 0.5 N"))
+        arithmetic: Arithmetic = Field("float32", description=(
+            "float32: the reference's (verl's float32 accuracy, the float result ceiled: where the exact "
+            "ΔN is an integer rounding may add one); exact: exact fractions"))
 
         @model_validator(mode="after")
         def _cap_covers_first_stage(self) -> "Dars.Config":
@@ -221,7 +244,7 @@ class Dars:
             why = "no first-stage group" if group is None or not group.rollouts else "first-stage group dropped"
             return replace(entry, n_rollouts=0, stage_index=1, reason=f"{name}: {why}, no top-up")
         correct, size = _correct(group), len(group.rollouts)
-        dn = topup_size(correct, cfg.n, cfg.n_max, cfg.schedule, cfg.std, measured=size)
+        dn = topup_size(correct, cfg.n, cfg.n_max, cfg.schedule, cfg.std, measured=size, arithmetic=cfg.arithmetic)
         self._topup[entry.prompt_id] = (dn, correct, size)
         if 2 * correct >= size:
             return replace(entry, n_rollouts=0, stage_index=1,

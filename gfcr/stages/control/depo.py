@@ -65,6 +65,9 @@ Deviations:
   do; the unexamined remainder of a full batch is consumed with the epoch.
 - Only judged rollouts count; groups of earlier steps (replayed) are ignored.
 
+Fidelity: from the abstract: no public code (arXiv 2602.06375: code "upon acceptance"); the
+rules above are this stage's reading.
+
 Example (embeddings given by hand; a run computes them):
 
 >>> import numpy as np

@@ -60,6 +60,9 @@ the update sees ``sigma * B`` fresh groups and ``(1 - sigma) * B`` replayed ones
 round the ``B`` fresh groups a step make the replay stage add ``B (1 - sigma) / sigma`` more
 once its buffer holds them (from the second step on).
 
+Fidelity: checked against ASTRAL-Group/data-efficient-llm-rl@59df918: 24/24 cases
+(``tests/fidelity/dots.json``: the sampling distribution; the predictor and the draw are not compared).
+
 Deviations:
 - **No trained predictor.** The reference trains its query and reference projections (3-layer
   MLPs ending in LayerNorm) and a calibration head offline on another model's rollouts, then

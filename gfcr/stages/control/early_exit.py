@@ -48,6 +48,9 @@ Deviations (choices the abstract leaves open, seed_methods 2.16):
 - the group size: ``keep`` survivors per group, with the oversampling set by the allocation;
 - the head's test-time voting use is not implemented.
 
+Fidelity: from the abstract: no public code (Hsu1023/ARRoL holds a README only); the rules above
+are this stage's reading.
+
 Example (a head with enough examples, a group of 4 rows at the checkpoint, keep 2, target 0.5:
 the most and the least promising survive):
 

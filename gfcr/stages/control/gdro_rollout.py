@@ -64,6 +64,13 @@ Deviations:
   ``mu`` never leaves its start; here ``mu`` moves only when generation returns fewer
   rollouts than allocated.
 - The classifier's hysteresis over several boundaries at once: see ``passk_bins``.
+- Ties between arm combinations of equal probability (uniform scores, as at the first steps):
+  arms nearest ``n_bar`` are tried first, so every bin gets ``n_bar``; the reference keeps its
+  DP's first combination (arms ascending: the first bin gets the smallest arm, the last the
+  largest).
+
+Fidelity: checked against kishanpb/verl-gdro@b391899: 8/10 cases, 2 documented deviations
+(``tests/fidelity/gdro_rollout.json``: the arm choice; the score updates are not compared).
 
 Example (two prompts never seen, so both in bin 0; uniform arm probabilities, ties go to
 ``n_bar``):

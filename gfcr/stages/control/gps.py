@@ -72,6 +72,9 @@ Deviations:
 - The same predictor's test-time use (compute allocation) is not implemented.
 - Only judged rollouts count; groups of earlier steps (replayed) are ignored.
 
+Fidelity: from the abstract: no public code (Batorskq/GPS is an unrelated paper of the same
+name); the rules above are this stage's reading.
+
 Example (embeddings given by hand; a run computes them):
 
 >>> import numpy as np

@@ -32,6 +32,9 @@ tunes the exploration probabilities: with ``alpha = target_zero_variance``,
 ``alpha / 3`` and up otherwise; ``p_hard`` likewise against ``2 * alpha / 3``; both are
 clipped to ``[min_p, max_p]``.
 
+Fidelity: checked against Infini-AI-Lab/GRESO@b277843: 34/36 cases, 2 documented deviations
+(``tests/fidelity/greso.json``).
+
 Deviations:
 - "Easy" and "hard" are "all judged rollouts correct" and "none correct" (``rollout.correct``),
   not the reference's reward thresholds ``mean >= 0.98`` and ``mean <= 0.11``, which fit

@@ -84,6 +84,8 @@ Deviations and ambiguities resolved (abstract only, see above):
 - Groups from earlier steps (replayed) are not observations of this step and are ignored;
   a prompt rolled out twice in one step (two loop rounds) is observed twice.
 
+Fidelity: from the abstract: no public code; the rules above are this stage's reading.
+
 Example (prompt entropies from the test engine ``gfcr.engines.fake``):
 
 >>> from gfcr.engines.fake import FakeEngine

@@ -50,6 +50,9 @@ against ``pi_old`` clipped around 1, as the reference, and the loss weighted by 
 which the reference does not apply). The buffer and the evicted prompts are the stage's
 checkpoint state (the pilots in ``files/entries.parquet``).
 
+Fidelity: checked against databricks/pilot-commit@6def20e: 75/75 cases (``tests/fidelity/pilot_commit.json``:
+the verdicts and the max-variance down-sampling; the buffer's draw and flush are not compared).
+
 Deviations:
 - one round per step: the reference keeps drawing candidate batches (up to
   ``max_num_gen_batches`` rounds) until ``B`` prompts are committed; here a step commits

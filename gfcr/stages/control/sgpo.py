@@ -61,6 +61,9 @@ Deviations:
   dispatched. The profile samples use this stage's ``temperature`` and ``max_new_tokens``
   (set them as the rollout stage's) and the engine's per-row seeding.
 
+Fidelity: from the abstract: no public code from the authors (RohanAwhad/fast-rl-bench's sGPO
+branch is a third-party version); the rules above are this stage's reading.
+
 Example (a profile given by hand; a run profiles through the engine at step 0):
 
 >>> from gfcr.records import Prompt, PromptPool, StepContext

@@ -25,6 +25,9 @@ Deviations:
 - Resuming partials next step (APRIL's buffer) is a Replay stage's job; this stage only
   aborts. Without one, the partials are dropped with their groups.
 
+Fidelity: public code not yet checked: THUDM/slime ``slime/rollout/sglang_rollout.py`` (APRIL's
+abort) (issue 29).
+
 Example:
 
 >>> from gfcr.stages.engine import GenerationRequest, SamplingParams

@@ -72,6 +72,10 @@ Deviations (choices the abstract leaves open, and where DEER is followed or not)
 It needs an engine that decodes in this process (the transformers engine; the fake engine in
 tests): a trial answer is generated from inside the host's decode loop.
 
+Fidelity: public code not yet checked: davidweidawang/Step-GRPO@df76889
+``verl/workers/rollout/deer_utils.py`` (``answer_confidence``, ``should_early_exit``) and
+``examples/reward_function/step_grpo.py`` (``compute_score``) (issue 29).
+
 Example (the pure parts: where a step ends, and the confidence of a trial answer):
 
 >>> find_marker("3+4=7\\n\\nThen 7*2", ["\\n\\n", "Wait"], since=0)

@@ -71,6 +71,9 @@ Deviations:
   the whole pool with ``n_rollouts = 0``); with ``candidate_ratio`` set, every candidate is
   listed, as ``control.beta_thompson`` lists them.
 
+Fidelity: from the abstract: no public code (a project page only; thu-rllab/MoPPS is the nearest
+code); the rules above are this stage's reading.
+
 Example:
 
 >>> from gfcr.records import Prompt, PromptPool, StepContext, StepReport

@@ -66,6 +66,9 @@ Deviations:
 - XRPO's in-context seeding of all-zero prompts is not part of this stage (its context
   differs from the training prompt); its novelty sharpening is the estimator ``xrpo``.
 
+Fidelity: from the abstract: no public code (the paper names UIUC-MLSys/XRPO, not reachable
+here); the rules above are this stage's reading.
+
 Example (two prompts after a base of 4: ``[1, 0, 0, 0]`` has ``s = 0.5``, ``[1, 1, 1, 1]`` has
 ``s = 0``):
 

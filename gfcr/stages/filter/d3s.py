@@ -77,6 +77,9 @@ matches. Our choices, each an ambiguity resolved:
 - zero-variance groups are not dropped (their tokens score ``|A| = 0`` and are masked first
   at the token level); put ``filter.nonzero_variance`` before the stage to leave them out.
 
+Fidelity: from the abstract: no public code (its code is in the supplementary material only);
+the rules above are this stage's reading.
+
 Example (a hand group, ``rho_s = 0.5``: the two correct and the first two wrong rollouts have
 the largest reward variance; then the ``ceil(0.5 * 4)`` tokens with the largest ``|A| * H``):
 

@@ -39,9 +39,15 @@ third-party summaries, which give the penalty formula but not the values of alph
   intermediate layers, so this stage runs its own forward pass and keeps each layer's
   mean-pooled hidden state of the response (what the logit lens projects to logits), d floats per
   layer instead of V; the pooling (mean over response tokens) is this stage's choice.
-- the memory is per prompt (recurring errors on the same problem), FIFO with caps; the defaults
-  ``alpha = 0.1``, ``beta = 0.5``, ``min_cluster_size = 2``, ``memory_per_prompt = 32``,
-  ``max_prompts = 1024`` are this stage's choices.
+- the memory is per prompt (recurring errors on the same problem), FIFO with caps;
+  ``memory_per_prompt = 32`` and ``max_prompts = 1024`` are this stage's choices. ``alpha = 0.1``,
+  ``beta = 0.2`` and ``min_cluster_size = 2`` are the reference's (``penalty_coef`` 0.1, the cap
+  ``C = 2`` on ``ln(|C| + 1)``, HDBSCAN's ``min_cluster_size``).
+- only incorrect rollouts are penalised. The reference's estimator (target "both", its
+  default) also divides a correct rollout's reward by ``1 + penalty`` when it falls in a past
+  cluster of correct answers (2 of the 9 reference cases). Its cluster sizes come from a kNN
+  vote (k 3, cosine) of each new rollout over the prompt's past HDBSCAN labels, over the last
+  14 layers' logits; here the memory and the new fingerprints are clustered together.
 - HDBSCAN runs with ``allow_single_cluster`` (identical wrong answers must cluster, not be noise)
   and only on 3 or more points (two points are always one HDBSCAN cluster).
 - only incorrect rollouts of included groups are fingerprinted and remembered; a rollout reused
@@ -51,8 +57,12 @@ third-party summaries, which give the penalty formula but not the values of alph
   correctness (``filter.dynamic_sampling`` with ``metric: acc``) rather than rewards after it, as
   verl's DAPO filters on ``acc``.
 
+Fidelity: checked against Linxi000/MEDS@2e2b040: 7/9 cases, 2 documented deviations
+(``tests/fidelity/meds.json``: the penalty and advantage given the cluster sizes; the
+clustering itself is not compared).
+
 Example (four identical wrong answers of tiny-arith: one cluster of 4, so each loses
-``min(0.1 * ln 5, 0.5) = 0.1609``; the correct one keeps its reward):
+``min(0.1 * ln 5, 0.2) = 0.1609``; the correct one keeps its reward):
 
 >>> from gfcr.engines import load_policy
 >>> from gfcr.records import Prompt, PromptPool, Rollout, RolloutGroup, RolloutGroups, Segment, StepContext
@@ -112,7 +122,8 @@ class MEDS:
 
     class Config(StageConfig):
         alpha: Annotated[float, Field(ge=0.0, description="scale of the penalty alpha * ln(|C| + 1)")] = 0.1
-        beta: Annotated[float, Field(ge=0.0, description="the largest penalty (the cap of min(..., beta))")] = 0.5
+        beta: Annotated[float, Field(ge=0.0, description=(
+            "the largest penalty (the cap of min(..., beta)); the reference caps ln(|C| + 1) at 2, so alpha * 2"))] = 0.2
         min_cluster_size: Annotated[int, Field(ge=2, description=(
             "HDBSCAN's min_cluster_size: the fewest errors (past and present) that make a recurring cluster"))] = 2
         memory_per_prompt: Annotated[int, Field(ge=1, description=(

@@ -45,6 +45,8 @@ Deviations:
 - A rollout with no verdict (``correct is None``) in an included group is an error: put the
   stage after ``filter.verify``.
 
+Fidelity: from the abstract: no public code; the rules above are this stage's reading.
+
 Example (the ``exact`` clustering, so the clusters are visible: tokens [7] twice, [8] once):
 
 >>> from gfcr.records import Rollout, RolloutGroup, RolloutGroups, Segment

@@ -61,6 +61,10 @@ Deviations:
 Metrics per step: ``buffered`` (groups in the buffer after the call), ``resumed_groups``,
 ``to_buffer`` (groups the call put there), ``deferred`` and ``resumed_tokens`` (tokens carried in).
 
+Fidelity: public code not yet checked: THUDM/slime
+``slime/rollout/components/partial_rollout_fn.py`` (APRIL) and 777pomingzi/CoPRIS@43ee8c7
+``verl/experimental/agent_loop/agent_loop.py`` (issue 29).
+
 Example (the ``tiny-arith`` policy; the stop below aborts after 3 decode steps, so every
 row of the 8-token budget is unfinished, goes to the buffer, and resumes at the next step,
 taking the one place of that call):

@@ -47,6 +47,9 @@ Deviations:
 - the lenience is the log-space ``lenience`` (default 0.5, the script's ``--bias 0.5``);
 - no in-flight controllers on draft verification (they steer the continuations as usual).
 
+Fidelity: checked against ShopeeLLM/Spec-RL@97da99e: 18/18 cases (``tests/fidelity/spec_rl.json``:
+the cut of ``spec_cut`` and ``spec_cut_with_knobs``; the draft matching is not compared).
+
 Example (the ``tiny-arith`` policy; the second call drafts from the first, and with the
 policy unchanged every draft is accepted whole at any lenience):
 
@@ -106,7 +109,9 @@ def accepted_length(new_logprobs: np.ndarray, old_logprobs: np.ndarray, lenience
     3
     """
     threshold = np.asarray(new_logprobs, np.float64) - np.asarray(old_logprobs, np.float64) + lenience
-    accept = (threshold >= 0) | (np.log(np.maximum(uniforms[:len(threshold)], 1e-300)) <= threshold)
+    # U is floored at 1e-12 as the reference's clamp_min: a token below log(1e-12) of its old log-prob is
+    # rejected even at U = 0
+    accept = (threshold >= 0) | (np.log(np.maximum(uniforms[:len(threshold)], 1e-12)) <= threshold)
     rejected = np.flatnonzero(~accept)
     return int(rejected[0]) if len(rejected) else len(threshold)
 

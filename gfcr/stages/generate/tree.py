@@ -44,10 +44,16 @@ Deviations:
   can do that here;
 - the reference masks a node's tokens after a literal "answer"/"conclusion" token from branching
   (GLM's output format); there is no such mask here (every own token is a candidate);
-- ties in uncertainty go to the earlier sequence, then the earlier position (the reference's
-  tuple sort puts the later one first); a position may be chosen again in a later iteration
-  (as in the reference), which adds siblings at the same point;
+- none in the choice of branch points (``tests/fidelity/tree.json``): as the reference, each
+  sequence offers its own top ``N`` (repeated up to ``N`` when it has fewer, so a short
+  sequence's point can be chosen twice and branch ``2T`` times), a branch's redrawn first token
+  is not a candidate (unless it forks at position 0), ties go to the later sequence and
+  position, and a position may be chosen again in a later iteration, which adds siblings at the
+  same point;
 - no in-flight controllers (the tree is built in whole sampling calls).
+
+Fidelity: checked against THUDM/TreeRL@f0edbea: 22/22 cases (``tests/fidelity/tree.json``: the
+branch points of one iteration).
 
 Example (the ``tiny-arith`` policy; M = 2 trees, one iteration of N = 1 point and T = 2 branches):
 
@@ -116,6 +122,17 @@ class Sequence_:
             return np.asarray(self.entropy[self.fork:], dtype=np.float64)
         logprobs = np.concatenate([s.behavior_logprobs for s in self.segments]) if self.segments else np.zeros(0)
         return -np.asarray(logprobs[self.fork:], dtype=np.float64)
+
+
+def _own_top(s: Sequence_, kind: str, n: int) -> list[tuple[float, int]]:
+    """A sequence's ``n`` most uncertain own positions ``(u, position)``, ties to the earlier,
+    repeated up to ``n`` when it has fewer (``TreeNode.get_max_entropy_tokens``). A branch's
+    first own token (the redrawn one) is not a candidate unless it forks at position 0, as the
+    reference masks it only after a non-empty prefix."""
+    own = [(float(u), s.fork + k) for k, u in enumerate(s.own_uncertainty(kind))
+           if np.isfinite(u) and not (k == 0 and s.fork > 0)]
+    top = sorted(own, key=lambda c: -c[0])[:n]
+    return (top * n)[:n]
 
 
 def cut_segments(segments: list[Segment], end: int) -> tuple[Segment, ...]:
@@ -233,17 +250,17 @@ class Tree:
         return Sequence_(tree, tokens, segments, entropy, c)
 
     def _branch_points(self, seqs: list[Sequence_]) -> list[tuple[int, int]]:
-        """Per tree, the ``top_n`` most uncertain own positions ``(sequence, position)`` of its sequences."""
-        chosen = []
+        """Per tree, the ``top_n`` most uncertain own positions ``(sequence, position)`` of its
+        sequences, chosen as the reference does: each sequence's own top ``N`` (repeated to ``N``
+        when it has fewer), then the tree's top ``N`` of those, ties to the later sequence and
+        position (its descending tuple sort)."""
+        n, chosen = self.config.top_n, []
         for tree in sorted({s.tree for s in seqs}):
-            candidates = []  # (-u, sequence, position): ascending = most uncertain, then earliest
+            candidates = []  # (-u, -sequence, -position): ascending = most uncertain, then latest
             for q, s in enumerate(seqs):
-                if s.tree != tree:
-                    continue
-                for offset, u in enumerate(s.own_uncertainty(self.config.uncertainty)):
-                    if np.isfinite(u):
-                        candidates.append((-float(u), q, s.fork + offset))
-            chosen += [(q, t) for _, q, t in sorted(candidates)[:self.config.top_n]]
+                if s.tree == tree:
+                    candidates += [(-u, -q, -t) for u, t in _own_top(s, self.config.uncertainty, n)]
+            chosen += [(-q, -t) for _, q, t in sorted(candidates)[:n]]
         return chosen
 
     def _group(self, gid: str, entry, seqs: list[Sequence_], step: int) -> RolloutGroup:

@@ -1,16 +1,20 @@
 """advantage ``gapo``: GAPO's adaptive-Q advantage (arXiv 2510.21830; ``TsingZ0/verl-GAPO``).
 
 Sort the group's rewards ``r``, take the shortest contiguous window of the sorted rewards that
-holds ``k = ceil(fraction * G)`` values (the leftmost one when several are equally short: the
+holds ``k = ceil(G * (100 fraction) / 100)`` values (the reference's float expression, so
+``fraction`` 0.55 of 20 rollouts gives 12) (the leftmost one when several are equally short: the
 reference keeps the first window with a strictly smaller span), ``Q`` = the median of that
 window (the average of the two middle values for an even-length window, as the reference
 computes it), and ``A = (r - Q) / (sqrt(sum((r - Q)^2) / (G - 1)) + eps)``.
 
+Fidelity: checked against TsingZ0/verl-GAPO@58f42b5: 87/88 cases, 1 documented deviation
+(``tests/fidelity/gapo.json``).
+
 Deviations:
-- the window size is ``ceil(fraction * G)`` computed with a 1e-9 tolerance, so ``0.3 * 10``
-  gives a window of 3 values, where the reference's float arithmetic gives 4;
-- a group whose rewards are all equal, or a group of one rollout, gets exactly 0.0;
-  unscored rollouts (NaN rewards) raise ValueError naming the group.
+- a group of one rollout gets exactly 0.0 (the reference: ``r / (1 + eps)``, its baseline 0
+  and scale 1); a group whose rewards are all equal gets 0.0, as in the reference;
+  unscored rollouts (NaN rewards) raise ValueError naming the group. A group of two works
+  here; the reference raises (its distribution report needs three values).
 
 Example:
 
@@ -58,6 +62,6 @@ class GAPO:
         r = checked_rewards(group)  # [G]
         if has_no_baseline(r):
             return Advantages.scalars(r * 0.0)
-        size = max(1, math.ceil(self.config.fraction * len(r) - 1e-9))
+        size = max(1, math.ceil(len(r) * (self.config.fraction * 100) / 100))  # the reference's rounding
         centred = r - float(np.median(shortest_window(np.sort(r), size)))
         return Advantages.scalars(centred / (math.sqrt(float(np.sum(centred**2)) / (len(r) - 1)) + self.config.eps))

@@ -16,6 +16,9 @@ size (``control.mc_grpo`` or ``control.fixed_n``), and with ``g: G`` set it must
 4. the pivot is left out of the loss: its loss mask is all ``False``, so its tokens count
    neither in the loss nor in its denominator, as the reference removes it from the batch.
 
+Fidelity: checked against lotusroot-kim/MC-GRPO@da07745: 15/15 cases (``tests/fidelity/mc_grpo.json``;
+the pivot's index among tied rollouts is not compared: it differs in 8 of them).
+
 Deviations:
 - when several rollouts share the median reward, the pivot is the first of them in rollout
   order (``torch.median`` leaves the index among ties unspecified);

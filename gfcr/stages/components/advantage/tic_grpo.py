@@ -28,6 +28,8 @@ Deviations:
   response of 0 tokens is refused (its reward per token is undefined);
 - unscored rollouts (NaN rewards) raise ValueError naming the group.
 
+Fidelity: from the abstract: no public code; the rules above are this component's reading.
+
 Example (rewards 1, 1, 0 with lengths 2, 4, 4: ``u = 0.5, 0.25, 0``, mean 0.25, sample std 0.25):
 
 >>> import numpy as np

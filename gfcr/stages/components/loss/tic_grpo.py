@@ -43,6 +43,8 @@ TIC-GRPO defines no per-token importance weight, so the update's corrections ``t
 ``decoupled_clip`` and ``recompute_old`` are refused by ``gfcr validate``
 (``token_corrections = False``).
 
+Fidelity: from the abstract: no public code; the rules above are this component's reading.
+
 Example (two tokens with log-ratios 0.1 and 0.2: ``rho = e^0.3 = 1.35``, above ``1 + 0.28``, so
 with a positive advantage the loss is the clipped ``-1.28 A``; with a negative advantage no
 lower clip applies and the loss is ``-rho A``):

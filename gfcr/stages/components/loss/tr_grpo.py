@@ -37,6 +37,9 @@ Deviations:
 The update hands this loss the detached log-probabilities of the current policy
 (``needs_logprobs = True``).
 
+Fidelity: from the abstract: no public code (grpo-composer's TR-GRPO is a third-party no-op);
+the rules above are this component's reading.
+
 Example (two tokens of probability 0.05 and 0.6 on the behaviour policy, ratio 1, ``A = 1``,
 ``tau = 1/9``: the first weight ``2 (sigmoid(0.45) - 0.25) = 0.72`` is clipped up to 1, the
 second ``2 (sigmoid(5.4) - 0.25) = 1.49`` down to 1.4):

@@ -1,0 +1,166 @@
+"""Reference cases computed by the authors' own code, and the one check every fidelity test makes.
+
+Each ``tests/fidelity/<method>.json`` names the ``repository``, ``commit``, ``file`` and
+``function`` its cases came from, the gfcr ``stage`` they test, and a ``cases`` list (an
+``id``, the ``input`` and the reference's ``expected`` output). The cases were produced by
+running the authors' functions in a scratch folder outside this repository (see
+``docs/fidelity.md``); none of their source is here.
+
+A case gfcr deliberately computes differently is listed under ``deviations`` with the
+``reason`` and the output gfcr gives (``gfcr``): its test asserts that gfcr still differs from
+the reference *and* gives exactly that output, so a deviation cannot hide a regression and
+the counts in ``docs/fidelity.md`` stay honest.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REL, ABS = 1e-6, 1e-9
+
+
+def method_files() -> list[Path]:
+    return sorted(HERE.glob("*.json"))
+
+
+def load(method: str) -> dict[str, Any]:
+    return json.loads((HERE / f"{method}.json").read_text())
+
+
+def cases(method: str) -> list[dict[str, Any]]:
+    """The method's cases, for ``pytest.mark.parametrize`` (ids via ``case_ids``)."""
+    return load(method)["cases"]
+
+
+def case_ids(method: str) -> list[str]:
+    return [c["id"] for c in cases(method)]
+
+
+def deviations(method: str) -> dict[str, dict[str, Any]]:
+    return {d["case"]: d for d in load(method).get("deviations", [])}
+
+
+def close(actual: Any, expected: Any, rel: float = REL, abs_: float = ABS) -> bool:
+    """Equal up to float rounding (relative 1e-6 by default), recursively through lists and dicts."""
+    if isinstance(expected, dict):
+        return isinstance(actual, dict) and actual.keys() == expected.keys() and all(
+            close(actual[k], expected[k], rel, abs_) for k in expected)
+    if isinstance(expected, (list, tuple)):
+        return isinstance(actual, (list, tuple)) and len(actual) == len(expected) and all(
+            close(a, e, rel, abs_) for a, e in zip(actual, expected))
+    if isinstance(expected, bool) or expected is None or isinstance(expected, str):
+        return actual == expected
+    if isinstance(expected, (int, float)):
+        if isinstance(actual, bool) or not isinstance(actual, (int, float)):
+            return False
+        if math.isinf(expected) or math.isnan(expected):
+            return actual == expected or (math.isnan(expected) and math.isnan(actual))
+        return math.isclose(actual, expected, rel_tol=rel, abs_tol=abs_)
+    return actual == expected
+
+
+def check(method: str, case: dict[str, Any], run: Callable[[dict[str, Any]], Any]) -> None:
+    """gfcr's output for ``case`` equals the reference's, or the listed deviation's output (within
+    the file's ``tolerance``, ``{"rel", "abs"}``, where the reference computes in float32)."""
+    actual = run(case["input"])
+    tol = load(method).get("tolerance", {"rel": REL, "abs": ABS})
+    deviation = deviations(method).get(case["id"])
+    if deviation is None:
+        assert close(actual, case["expected"], tol["rel"], tol["abs"]), (
+            f"{method}/{case['id']}: gfcr gives {actual!r}, the reference {case['expected']!r}")
+        return
+    assert not close(actual, case["expected"], tol["rel"], tol["abs"]), (
+        f"{method}/{case['id']} is listed as a deviation but gfcr now agrees with the reference: "
+        "remove it from `deviations`")
+    assert close(actual, deviation["gfcr"], tol["rel"], tol["abs"]), (
+        f"{method}/{case['id']}: gfcr gives {actual!r}, the recorded deviation {deviation['gfcr']!r}")
+
+
+def unit_module_doc(unit: str) -> str:
+    """The module docstring of a case file's gfcr unit: ``family.name`` of a stage, or
+    ``advantage.name`` / ``loss.name`` / ``aggregation.name`` of an update component."""
+    import sys
+
+    from gfcr.registry import STAGES
+    from gfcr.registry import catalog
+
+    family, _, name = unit.partition(".")
+    registries = {"advantage": catalog.ADVANTAGE_ESTIMATORS, "loss": catalog.LOSSES,
+                  "aggregation": catalog.AGGREGATIONS}
+    cls = registries[family].get(name) if family in registries else STAGES.get(unit)
+    return sys.modules[cls.__module__].__doc__ or ""
+
+
+def status(data: dict[str, Any]) -> str:
+    """The status line a unit's docstring carries: ``checked against <repo>@<commit>: N/M cases``."""
+    total, dev = len(data["cases"]), len(data.get("deviations", []))
+    line = f"checked against {data['repository']}@{data['commit'][:7]}: {total - dev}/{total} cases"
+    return line + (f", {dev} documented deviation{'s' if dev != 1 else ''}" if dev else "")
+
+
+def fidelity_markdown() -> str:
+    """``docs/fidelity.md``: one row per case file, then each file's deviations with their counts."""
+    from collections import Counter
+
+    rows, notes = [], []
+    for path in method_files():
+        data = json.loads(path.read_text())
+        total, dev = len(data["cases"]), len(data.get("deviations", []))
+        repo = f"{data['repository']}@{data['commit'][:7]}"
+        where = f"`{data['file']}`: {data['function']}".replace("|", "\\|")  # a pipe would split the cell
+        rows.append(f"| {data['method']} | `{data['stage']}` | {repo} | {where} "
+                    f"| {total} | {total - dev} | {dev} | [{path.name}](../tests/fidelity/{path.name}) |")
+        reasons = Counter(d["reason"] for d in data.get("deviations", []))
+        notes += [f"- **{data['method']}** ({n} case{'s' if n != 1 else ''}): {reason}" for reason, n in reasons.items()]
+    head = ["| method | gfcr unit | reference | file: function | cases | passing | documented deviations | cases file |",
+            "|---|---|---|---|---|---|---|---|"]
+    return "\n".join([DOC_INTRO, *head, *rows, "", "## Documented deviations", "",
+                      *(notes or ["None."]), "", pending(), ""])
+
+
+DOC_INTRO = """# Fidelity to the authors' code
+
+<!-- Generated by `python scripts/fidelity_doc.py` from tests/fidelity/*.json; do not edit by hand.
+     tests/fidelity/test_doc.py fails while this page or a unit's docstring status is stale. -->
+
+Each row is a file of reference cases: inputs designed to cover the edge cases (ties, empty
+groups, all-correct, all-wrong, window boundaries, first steps) and the outputs the authors'
+own functions computed from them, run in a scratch folder outside this repository (their
+source is never copied here). `tests/fidelity/test_<file>.py` feeds every case to the gfcr
+unit: a case passes when gfcr gives the reference's output (to float rounding, or the file's
+`tolerance` where the reference computes in float32); a case gfcr deliberately computes
+differently is listed under the file's `deviations` with the reason and gfcr's own output,
+and its test asserts both, so "passing" and "documented deviations" always add up to
+"cases". Each unit's docstring carries the same status line (`checked against
+<repo>@<commit>: N/M cases`).
+"""
+
+# every method with public code in shared/research/reference_code.md (and the trainers' update
+# components): case file stem -> what to check; those without a file are listed as not yet checked
+EXPECTED = {
+    "dots": "DOTS + rollout replay (ASTRAL-Group/data-efficient-llm-rl: selection, select_buffer)",
+    "coba": "CoBA-RL (Within-yao/CoBA-RL: BetaAllocator)",
+    "pilot_commit": "Pilot-Commit (databricks/pilot-commit: filter_batch, exclude_batch, replay buffer)",
+    "step_grpo": "Step-GRPO (davidweidawang/Step-GRPO: answer_confidence, should_early_exit, compute_score)",
+    "spec_rl": "SPEC-RL (ShopeeLLM/Spec-RL: spec_cut)",
+    "meds": "MEDS (Linxi000/MEDS: penalty, kNN cluster assignment)",
+    "tree": "TreeRL (THUDM/TreeRL: entropy_guided_chain)",
+    "copris": "CoPRIS (777pomingzi/CoPRIS: pool rules)",
+    "april": "APRIL (THUDM/slime: partial-rollout buffer order)",
+    "mopps": "MoPPS (thu-rllab/MoPPS: PosteriorSampler)",
+    "greso": "GRESO", "gapo": "GAPO", "mc_grpo": "MC-GRPO", "dars": "DARS", "gdro_weights": "Prompt-GDRO",
+    "gdro_rollout": "Rollout-GDRO (kishanpb/verl-gdro: rollout_choose_arms)",
+    "update_components": "update components against verl / OpenRLHF / TRL (RLOO, REINFORCE++, Dr.GRPO, GSPO, "
+                         "CISPO, DAPO's clip and filters)",
+}
+
+
+def pending() -> str:
+    have = {p.stem for p in method_files()}
+    missing = [f"- {what}" for stem, what in EXPECTED.items() if stem not in have]
+    return "\n".join(["## Not yet checked", "", *(missing or ["Nothing."])])
