@@ -34,11 +34,9 @@ the records (``Requirement``, ``TokenCorrection``) live with the components in
 
 from __future__ import annotations
 
-import difflib
 from typing import Any, Protocol, Sequence, runtime_checkable
 
-from gfcr.errors import RegistryError
-from gfcr.registry.lifecycle import NEAR_MISS_RATIO, PipelineProblem, Stateful
+from gfcr.registry.lifecycle import PipelineProblem, Stateful, refuse_near_misses
 
 
 @runtime_checkable
@@ -127,12 +125,6 @@ def _public_names(cls: type) -> list[str]:
 
 def check_component_names(kind: str, alias: str, cls: type) -> None:
     """RegistryError naming the first public name of ``cls`` that is a near miss of an extension point."""
-    for name in _public_names(cls):
-        if name in EXTENSION_NAMES:
-            continue
-        match = difflib.get_close_matches(name, EXTENSION_NAMES, n=1, cutoff=NEAR_MISS_RATIO)
-        if match:
-            raise RegistryError(
-                f"{kind} `{alias}` ({cls.__qualname__}) defines `{name}`, which is not an extension point of the "
-                "update's components: the update would never read it",
-                f"did you mean `{match[0]}`? Rename it, or make it private (`_{name}`) if it is a helper")
+    refuse_near_misses(_public_names(cls), EXTENSION_NAMES,
+                       f"{kind} `{alias}` ({cls.__qualname__}) defines `{{name}}`, which is not an extension point "
+                       "of the update's components: the update would never read it")

@@ -327,29 +327,25 @@ def _config_names(config: Any) -> list[str]:
     return [n for n in dict.fromkeys(names) if not n.startswith("_") and n != "model_config"]
 
 
-def check_capability_names(alias: str, config: Any) -> None:
-    """RegistryError naming the first name of the stage's Config that is a near miss of a capability."""
-    for name in _config_names(config):
-        if name in CAPABILITY_NAMES:
+def refuse_near_misses(names: Sequence[str], known: frozenset[str], what: str) -> None:
+    """RegistryError for the first of ``names`` that is not one of the ``known`` names but nearly is
+    (difflib ratio >= NEAR_MISS_RATIO): whoever reads ``known`` by exact name would never find it.
+    ``what`` starts the message: "stage `x` (X) defines `{name}`, which is not ..." with ``{name}``."""
+    for name in names:
+        if name in known:
             continue
-        match = difflib.get_close_matches(name, CAPABILITY_NAMES, n=1, cutoff=NEAR_MISS_RATIO)
+        match = difflib.get_close_matches(name, known, n=1, cutoff=NEAR_MISS_RATIO)
         if match:
-            raise RegistryError(
-                f"stage `{alias}`: its Config defines `{name}`, which is not a capability: the other stages' "
-                f"checks would never read it", f"did you mean `{match[0]}`? Rename it, or make it private "
-                f"(`_{name}`) if it is a helper")
+            raise RegistryError(what.format(name=name), f"did you mean `{match[0]}`? Rename it, or make it "
+                                f"private (`_{name}`) if it is a helper")
 
 
 def check_lifecycle_names(alias: str, cls: type) -> None:
     """RegistryError naming the first method of ``cls`` that is a near miss of a lifecycle method,
     or the first name of its Config that is a near miss of a capability."""
-    check_capability_names(alias, vars(cls).get("Config"))
-    for name in _own_methods(cls):
-        if name in LIFECYCLE_NAMES:
-            continue
-        match = difflib.get_close_matches(name, LIFECYCLE_NAMES, n=1, cutoff=NEAR_MISS_RATIO)
-        if match:
-            raise RegistryError(
-                f"stage `{alias}` ({cls.__qualname__}) defines `{name}`, which is not a lifecycle method: "
-                f"the runtime would never call it",
-                f"did you mean `{match[0]}`? Rename it, or make it private (`_{name}`) if it is a helper")
+    refuse_near_misses(_config_names(vars(cls).get("Config")), CAPABILITY_NAMES,
+                       f"stage `{alias}`: its Config defines `{{name}}`, which is not a capability: the other "
+                       "stages' checks would never read it")
+    refuse_near_misses(_own_methods(cls), LIFECYCLE_NAMES,
+                       f"stage `{alias}` ({cls.__qualname__}) defines `{{name}}`, which is not a lifecycle method: "
+                       "the runtime would never call it")
