@@ -27,8 +27,8 @@ Deviations:
   logits after temperature and after top-k/top-p masking. With top-k off (gfcr sends
   ``top_k=0``) and ``top_p == 1`` that is exactly log_softmax(logits / T), the tempered,
   untruncated distribution the update compares against; greedy calls (T = 0) get
-  log_softmax(logits), as in the transformers engine. ``top_p < 1`` is refused with an
-  error: vLLM would return log-probabilities of the renormalized nucleus, each larger than
+  log_softmax(logits), as in the transformers engine. ``top_p < 1`` is refused (by ``gfcr
+  validate``, ``ENGINE_LACKS``; here too, for calls from Python): vLLM would return log-probabilities of the renormalized nucleus, each larger than
   the untruncated one by -log(kept mass), which would bias every ratio of the update
   below 1. (Processed log-probabilities also turn off vLLM's FlashInfer top-k/top-p kernel;
   with both filters off vLLM samples natively anyway.)
@@ -58,7 +58,9 @@ Deviations:
   in-flight controller runs step by step through vLLM's request-level engine
   (``gfcr.engines.vllm_steps``: one vLLM request per row, aborted when the controller ends
   it, ``max_in_flight`` rows at a time, refilled); it samples what the same call without a
-  controller does. Without a controller ``LLM.generate`` runs the call and ``max_in_flight``
+  controller does. A controller may not call ``generate`` from its ``steer`` (an error;
+  ``control.truncate_steps`` is refused by ``gfcr validate``): ``LLM.generate`` would step the
+  engine until the steered rows had ended too, and keep their outputs. Without a controller ``LLM.generate`` runs the call and ``max_in_flight``
   is left to vLLM's own scheduler (``max_num_seqs``).
 - Entropy. vLLM returns the sampled token's log-probability, not the distribution, so where a
   request asks for per-token entropy the engine scores the call's completions with the
@@ -108,7 +110,7 @@ from gfcr.engines.policy import HFPolicy
 from gfcr.engines.vllm_steps import generate_steered
 from gfcr.engines.vllm_worker import device_uuid
 from gfcr.errors import GfcrError
-from gfcr.spec.models import VLLMSpec
+from gfcr.spec.models import ENGINE_LACKS, ENGINE_NEEDS, VLLMSpec
 from gfcr.stages.engine import (
     Completion, GenerationRequest, InFlightController, SamplingParams, Scored, ScoreRequest,
 )
@@ -163,12 +165,18 @@ def require_vllm(device: str = "cuda") -> None:
                           f"`policy.device: cpu` with {INSTALL['cpu']}, or use `engine: hf`")
 
 
+def lacking(need: str, detail: str, stage: str = "the generate stage") -> EngineError:
+    """The error for a need of ``ENGINE_LACKS["vllm"]`` met at a call (``gfcr validate`` refuses the
+    stages that declare it; this guards calls made past it, from Python)."""
+    lack = ENGINE_LACKS["vllm"][need]
+    return EngineError(f"the vLLM engine cannot give {ENGINE_NEEDS[need]} ({detail}): {lack.why}"
+                       f"\n    fix: {lack.fix.format(stage=stage)}")
+
+
 def check_params(params: SamplingParams) -> None:
     """Refuse what vLLM cannot sample with untruncated behaviour log-probabilities."""
     if params.top_p < 1.0:
-        raise EngineError(f"the vLLM engine samples with top_p = 1 only (got {params.top_p}): vLLM records "
-                          "log-probabilities of the top-p-truncated distribution, which would bias the update's "
-                          "ratio\n    fix: set `top_p: 1.0` on the generate stage, or use `policy.engine: hf`")
+        raise lacking("top_p", f"got top_p {params.top_p}")
 
 
 def llm_kwargs(path: Path, dtype: str, settings: VLLMSpec, seed: int, device: str = "cuda") -> dict[str, Any]:
@@ -261,6 +269,7 @@ class VLLMEngine:
         self.llm = start_llm(policy, self.settings, seed)
         self.in_process = all(pid == os.getpid() for pid in self.llm.collective_rpc("gfcr_pid"))
         self._version = -1
+        self._steering = False  # a steered call is running: a controller's own generate call would take its rows
         self.sync_weights(policy.version)
 
     @property
@@ -295,13 +304,20 @@ class VLLMEngine:
         if self.llm is None:
             raise EngineError("this vLLM engine was closed at the end of its run\n    fix: start a new run "
                               "(or a new VLLMEngine)")
+        if self._steering:
+            raise lacking("generate_in_steer", "an in-flight controller called `generate` from its `steer`",
+                          "the controller")
         for r in requests:
             check_params(r.params)
         if self._version != self.policy.version:
             self.sync_weights(self.policy.version)
         if controller is not None:  # step by step through vLLM's engine (gfcr.engines.vllm_steps)
-            groups = generate_steered(self.llm.llm_engine, requests, self._row_params, self.policy.decode,
-                                      self.replica, controller, max_in_flight)
+            self._steering = True
+            try:
+                groups = generate_steered(self.llm.llm_engine, requests, self._row_params, self.policy.decode,
+                                          self.replica, controller, max_in_flight)
+            finally:
+                self._steering = False
         else:
             active = [r for r in requests if r.n > 0]
             outputs = iter(self._generate(active) if active else [])

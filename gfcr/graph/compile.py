@@ -3,7 +3,8 @@
 Every problem is collected and raised together as one ``GraphError``: unknown stages,
 stage configs that do not validate, inputs left unbound, edges whose types do not match,
 cycles outside loop blocks, loop blocks that cannot end, outputs nobody reads, in-flight
-controllers that are not attached to exactly one generate stage that can host them.
+controllers that are not attached to exactly one generate stage that can host them, stages
+that need of the engine what ``policy.engine`` lacks (``ENGINE_LACKS``).
 
 In-flight controllers are nodes of the graph (an ``in flight`` edge to their host) but not
 of the plan: they never run; the runtime builds them and attaches them to their host.
@@ -24,10 +25,11 @@ from pydantic import BaseModel, ValidationError
 from gfcr.errors import GraphError, Problem, RegistryError, did_you_mean, known
 from gfcr.graph.model import Binding, CompiledPipeline, DataBinding, LoopBlock, Node, PipelineView, PlanItem
 from gfcr.records import StepOutputs
-from gfcr.registry import DATA_SOURCES, STAGES, ChecksPipeline, FixesGroupSize, NeedsOfUpdate, Port, Registry, StageInfo, UpdateNeed, has_role, stage_info
+from gfcr.registry import (DATA_SOURCES, STAGES, ChecksPipeline, FixesGroupSize, NeedsOfEngine, NeedsOfUpdate, Port,
+                           Registry, StageInfo, UpdateNeed, has_role, stage_info)
 from gfcr.spec import UPDATE_ID, PipelineSpec, SourceMap, StageSpec, load_spec
 from gfcr.spec.loader import check_references
-from gfcr.spec.models import ALIAS
+from gfcr.spec.models import ALIAS, ENGINE_LACKS, ENGINE_NEEDS
 from gfcr.spec.problems import dotted, problems_from_validation
 
 LOOP_FIX = ("pipelines are acyclic; to repeat stages within a step, list them in a loop block "
@@ -301,6 +303,21 @@ class _Compiler:
             for p in info.cls.check_pipeline(configs[sid], self.view(sid, graph, infos, configs)):
                 self.problem(_stage_path(sid) + ("with",) + tuple(p.key), p.message, p.fix)
 
+    def check_engine(self, infos: dict[str, StageInfo], configs: dict[str, BaseModel | None]) -> None:
+        """Each stage whose Config needs of the engine what ``policy.engine`` lacks, at the key it comes from."""
+        if self.spec.policy is None:  # no policy: the stages bring their own (fake) engine
+            return
+        engine = self.spec.policy.engine
+        for sid, config in configs.items():
+            for need in sorted(config.engine_needs) if isinstance(config, NeedsOfEngine) else ():
+                lack = ENGINE_LACKS[engine].get(need)
+                if lack is None:
+                    continue
+                stage = self.spec.all_stages()[sid]
+                path = _stage_path(sid) + (("with", lack.key) if lack.key in stage.with_ else ())
+                self.problem(path, f"`{sid}` ({infos[sid].alias}) needs {ENGINE_NEEDS[need]}, which "
+                                   f"`policy.engine: {engine}` cannot give: {lack.why}", lack.fix.format(stage=sid))
+
     @staticmethod
     def view(sid: str, graph: nx.MultiDiGraph, infos: dict[str, StageInfo],
              configs: dict[str, BaseModel | None]) -> PipelineView:
@@ -363,6 +380,7 @@ class _Compiler:
         resolved = {sid: self.checker.stage(sid, s.use, s.with_) for sid, s in all_stages.items()}
         infos = {sid: r[0] for sid, r in resolved.items() if r is not None}
         data, eval_data = self.resolve_data("data"), self.resolve_data("eval")
+        self.check_engine(infos, {sid: r[1] for sid, r in resolved.items() if r is not None})
         bindings = {sid: self.bind(sid, all_stages[sid], info, infos) for sid, info in infos.items()}
         self.check_loops(infos)
         host_of = self.attach_in_flight(infos)

@@ -11,13 +11,13 @@ from gfcr.registry.lifecycle import (
     PipelineProblem, ReportsMetrics, SetsUp, Stage, Stateful, UpdateNeed, declares, has_role,
 )
 from gfcr.registry.lifecycle import (  # capabilities: what a stage's Config says it is
-    BuildsTrees, ChecksRows, CountsPrompts, DropsFinishes, EstimatesAdvantages, FixesGroupSize, MarksCorrect, PicksBatch, RecordsEntropy,
-    ReplaysFresh, ServesStore, SizesEachGroup,
+    BuildsTrees, ChecksRows, CountsPrompts, DropsFinishes, EstimatesAdvantages, FixesGroupSize, MarksCorrect,
+    NeedsOfEngine, PicksBatch, RecordsEntropy, ReplaysFresh, ServesStore, SizesEachGroup,
 )
 
 __all__ = [
     "BuildsTrees", "ChecksPipeline", "ChecksRows", "CountsPrompts", "DropsFinishes", "EstimatesAdvantages", "FixesGroupSize", "MarksCorrect",
-    "PicksBatch", "RecordsEntropy", "ReplaysFresh", "ServesStore", "SizesEachGroup",
+    "NeedsOfEngine", "PicksBatch", "RecordsEntropy", "ReplaysFresh", "ServesStore", "SizesEachGroup",
     "BeforeStep", "EndsLoop", "HostsInFlight", "InFlightController", "NeedsOfUpdate", "Observes", "OwnsFiles",
     "PipelineProblem", "ReportsMetrics", "SetsUp",
     "Stage", "Stateful", "UpdateNeed", "declares", "has_role",

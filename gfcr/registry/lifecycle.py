@@ -236,6 +236,16 @@ class EstimatesAdvantages(Protocol):
     advantage: Any
 
 
+@runtime_checkable
+class NeedsOfEngine(Protocol):
+    """Needs something of the policy's engine that not every engine has: ``engine_needs`` names
+    each need (``top_p``: nucleus sampling with untruncated behaviour log-probabilities), as the
+    engines' table ``gfcr.spec.models.ENGINE_LACKS`` spells them. ``gfcr validate`` refuses a
+    stage whose needs ``policy.engine`` lacks."""
+
+    engine_needs: frozenset[str]
+
+
 # --- what a data source (``DATA_SOURCES``) may offer ``gfcr validate`` ----------------------------------
 
 
@@ -254,7 +264,10 @@ class CountsPrompts(Protocol):
 
 
 CAPABILITIES: tuple[type, ...] = (PicksBatch, FixesGroupSize, SizesEachGroup, RecordsEntropy, MarksCorrect,
-                                  DropsFinishes, BuildsTrees, ServesStore, ReplaysFresh, EstimatesAdvantages)
+                                  DropsFinishes, BuildsTrees, ServesStore, ReplaysFresh, EstimatesAdvantages,
+                                  NeedsOfEngine)
+
+
 def capability_members(capability: type) -> tuple[str, ...]:
     """The names a capability Protocol declares: its data members and its methods."""
     return (*capability.__annotations__, *(n for n in vars(capability) if _is_member(n, capability)))

@@ -7,6 +7,7 @@ bool) and forbids unknown keys. YAML and Python build the same ``PipelineSpec``.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, model_validator
@@ -114,9 +115,46 @@ class VLLMSpec(StrictModel):
                                 "(faster start, slower decoding)")
 
 
+@dataclass(frozen=True)
+class EngineLack:
+    """A need of a stage (its Config's ``engine_needs``) that an engine cannot meet. ``key`` is the
+    stage's ``with`` key the need comes from, where ``gfcr validate`` points (None: the stage's
+    entry); ``fix`` may name the stage as ``{stage}``."""
+
+    key: str | None
+    why: str
+    fix: str
+
+
+# What a stage may need of the policy's engine beyond the Engine protocol, named as stages'
+# ``engine_needs`` name them (gfcr.registry.NeedsOfEngine)
+ENGINE_NEEDS: dict[str, str] = {
+    "top_p": "nucleus sampling (`top_p` below 1) with the untruncated distribution's behaviour log-probabilities",
+    "generate_in_steer": "a generate call from inside its `steer`, while its host's rows are in flight",
+}
+
+# Which needs each engine of ``PolicySpec.engine`` lacks, and why: ``gfcr validate`` refuses the
+# stages that have them (the engines raise the same words if a call gets past it)
+ENGINE_LACKS: dict[str, dict[str, EngineLack]] = {
+    "hf": {},
+    "vllm": {
+        "top_p": EngineLack(
+            "top_p", "vLLM records the log-probabilities of the top-p-truncated, renormalized distribution, each "
+            "above the untruncated one by -log(kept mass), which would bias every ratio of the update",
+            "set `top_p: 1.0` on `{stage}`, or use `policy.engine: hf` (the transformers engine)"),
+        "generate_in_steer": EngineLack(
+            None, "vLLM's `LLM.generate` steps its one engine until every request in it has ended, the host's rows "
+            "in flight included, so a trial answer would take the host's rows from it",
+            "use `policy.engine: hf` (the transformers engine), or remove `{stage}` from its host's `in_flight`"),
+    },
+}
+
+
 class PolicySpec(StrictModel):
     model: Annotated[str, Field(min_length=1, description="a model alias or a local Hugging Face folder")]
-    engine: Literal["hf", "vllm"] = "hf"
+    engine: Literal["hf", "vllm"] = Field("hf", description=(
+        "`hf` (gfcr's transformers decode loop) or `vllm`; the needs of stages an engine lacks are "
+        "refused by `gfcr validate` (ENGINE_LACKS)"))
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     vllm: VLLMSpec | None = Field(None, description="vLLM engine settings; only with `engine: vllm`")
     device: Literal["cpu", "cuda"] | None = Field(

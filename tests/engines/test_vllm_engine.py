@@ -143,8 +143,34 @@ def test_the_build_must_match_the_policy_device(monkeypatch):
 
 def test_top_p_below_one_is_refused_with_the_reason():
     vllm_engine.check_params(SamplingParams(top_p=1.0))
-    with pytest.raises(EngineError, match=r"(?s)top_p = 1 only \(got 0.9\).*fix: set `top_p: 1.0`"):
+    with pytest.raises(EngineError, match=r"(?s)cannot give nucleus sampling .*\(got top_p 0.9\): vLLM records the "
+                                          r"log-probabilities of the top-p-truncated.*fix: set `top_p: 1.0`"):
         vllm_engine.check_params(SamplingParams(top_p=0.9))
+
+
+def test_a_controller_generating_from_its_steer_is_refused_not_left_to_take_the_hosts_rows(monkeypatch):
+    """`gfcr validate` refuses control.truncate_steps on vLLM; a call from Python past it fails at once
+    (vLLM's LLM.generate would run the host's in-flight rows to their end and keep their outputs)."""
+    engine = object.__new__(vllm_engine.VLLMEngine)
+    engine.llm, engine._version, engine._steering = SimpleNamespace(llm_engine=None), 0, False
+    engine.policy = SimpleNamespace(version=0, decode=None)
+    engine.replica = "vllm-0"
+    probe = GenerationRequest("q0.probe", (1, 2), 1, SamplingParams(temperature=0.0, max_new_tokens=2))
+
+    class Prober:
+        every = 1
+
+        def steer(self, view):
+            return engine.generate([probe])
+
+    def steered(llm_engine, requests, make_params, decode, replica, controller, max_in_flight):
+        return controller.steer(None)
+
+    monkeypatch.setattr(vllm_engine, "generate_steered", steered)
+    with pytest.raises(EngineError, match=r"(?s)a generate call from inside its `steer`.*LLM.generate` steps its one "
+                                          r"engine.*fix: use `policy.engine: hf`"):
+        engine.generate([GenerationRequest("q0", (1, 2), 2, SamplingParams())], Prober())
+    assert engine._steering is False
 
 
 def test_sampling_arguments_ask_for_untruncated_sampled_token_logprobs():

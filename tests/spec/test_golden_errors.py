@@ -66,6 +66,8 @@ DEEP = "[" * 100_000 + "]" * 100_000  # PyYAML's composer recursed into a Recurs
 DEEP_BLOCK = "".join("  " * i + f"k{i}:\n" for i in range(100)) + "  " * 100 + "v: 1\n"
 
 QUICK = (REPO / "pipelines" / "quickstart.yaml").read_text()  # generate.sample and update.grpo, with a policy
+VLLM_QUICK = edit(QUICK, "engine: hf}", "engine: vllm}")
+TREE_VLLM = edit((REPO / "pipelines" / "tree_arith.yaml").read_text(), "engine: hf}", "engine: vllm}")
 FINITE_FIX = "write a finite number here: `.inf`, `-.inf` and `.nan` cannot run"
 SEED_FIX = "write 0 or a positive integer"
 HUMANEVAL_FROM = 'data: {source: arithmetic, with: {n: 4000, seed: 0, digits: 2, operators: ["+", "-"]}}'
@@ -346,6 +348,24 @@ CASES = [
          "policy: {model: tiny-arith-h64, engine: vllm", "policy",
          "`policy.vllm.gpu_memory_utilization` with `device: cpu`",
          "size vLLM's KV cache with `policy.vllm.kv_cache_gib` instead"),
+    Case("nucleus sampling on the vLLM engine",
+         edit(VLLM_QUICK, "temperature: 1.0,", "temperature: 1.0, top_p: 0.9,"),
+         "top_p: 0.9", "stages.rollout.with.top_p",
+         "`rollout` (generate.sample) needs nucleus sampling (`top_p` below 1) with the untruncated distribution's "
+         "behaviour log-probabilities, which `policy.engine: vllm` cannot give: vLLM records the log-probabilities "
+         "of the top-p-truncated", "set `top_p: 1.0` on `rollout`, or use `policy.engine: hf`"),
+    Case("nucleus sampling of trees on the vLLM engine, set from the command line", TREE_VLLM,
+         "--set stages.rollout.with.top_p=0.95", "stages.rollout.with.top_p",
+         "`rollout` (generate.tree) needs nucleus sampling (`top_p` below 1)",
+         "set `top_p: 1.0` on `rollout`, or use `policy.engine: hf`", ["stages.rollout.with.top_p=0.95"]),
+    Case("trial answers from an in-flight controller on the vLLM engine",
+         edit(VLLM_QUICK, "  rollout: {use: generate.sample, from: budget,",
+              "  steps:   {use: control.truncate_steps, with: {markers: [\"=\"]}}\n"
+              "  rollout: {use: generate.sample, from: budget, in_flight: [steps],"),
+         "steps:   {use: control.truncate_steps", "stages.steps",
+         "`steps` (control.truncate_steps) needs a generate call from inside its `steer`, while its host's rows "
+         "are in flight, which `policy.engine: vllm` cannot give: vLLM's `LLM.generate` steps its one engine",
+         "use `policy.engine: hf` (the transformers engine), or remove `steps` from its host's `in_flight`"),
     Case("infinite learning rate", edit(QUICK, "lr: 3.0e-4", "lr: .inf"),
          "lr: .inf", "update.with.lr", "`lr` must be a finite number, got `inf`", FINITE_FIX),
     Case("infinite sampling temperature", edit(QUICK, "temperature: 1.0", "temperature: .inf"),

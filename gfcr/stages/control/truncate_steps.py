@@ -43,6 +43,10 @@ Metrics per step: ``checks`` (trial answers), ``exits``, ``confidence_mean`` and
 ``probe_tokens`` (greedy tokens of every trial answer), ``forced_tokens`` (appended to exited rows)
 and ``cut_mean`` (the new tokens exited rows kept before their answer).
 
+Engines: the transformers engine only. A trial answer is a generate call made from ``steer`` while
+the host's rows are in flight, which the vLLM engine cannot serve (``engine_needs``: ``gfcr
+validate`` refuses the stage with ``policy.engine: vllm``; docs/vllm.md).
+
 Lineage: an exited rollout's ``finish_reason`` is ``exited``, its ``stop_reason`` names the
 boundary, the trial answer and its confidence, and ``forced_tokens`` counts the appended tokens;
 ``gfcr lineage`` shows them.
@@ -97,7 +101,7 @@ YAML (SmolLM2 on GSM8K: ``pipelines/truncate_steps_gsm8k_smollm2.yaml``):
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Sequence
+from typing import Annotated, Any, ClassVar, Sequence
 
 import numpy as np
 from pydantic import Field
@@ -156,6 +160,9 @@ class TruncateSteps:
         min_tokens: Annotated[int, Field(ge=1, description="new tokens a row needs before a boundary is checked")] = 1
         max_exits: Annotated[int | None, Field(ge=0, description=(
             "exits per group at most (None: every row may exit, as in DEER)"))] = None
+
+        # a capability (gfcr.registry.NeedsOfEngine): each trial answer is a generate call made from `steer`
+        engine_needs: ClassVar[frozenset[str]] = frozenset({"generate_in_steer"})
 
     def __init__(self, config: Config):
         self.config = config

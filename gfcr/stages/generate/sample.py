@@ -100,6 +100,10 @@ class Sample:
         def records_entropy(self) -> bool:  # a capability (gfcr.registry.RecordsEntropy)
             return self.entropy
 
+        @property
+        def engine_needs(self) -> frozenset[str]:  # a capability (gfcr.registry.NeedsOfEngine)
+            return frozenset({"top_p"} if self.top_p < 1.0 else ())
+
     _alias = "generate.sample"  # in set-up errors; the generators that extend this one name themselves
 
     def __init__(self, config: Config):

@@ -178,11 +178,15 @@ class Tree:
                               "response after its first token", "remove the empty string from `stop`")
             return stop
 
-        builds_trees: ClassVar[bool] = True  # capabilities (gfcr.registry.BuildsTrees, RecordsEntropy)
+        builds_trees: ClassVar[bool] = True  # capabilities (gfcr.registry.BuildsTrees, RecordsEntropy, NeedsOfEngine)
 
         @property
         def records_entropy(self) -> bool:
             return self.entropy or self.uncertainty == "entropy"
+
+        @property
+        def engine_needs(self) -> frozenset[str]:
+            return frozenset({"top_p"} if self.top_p < 1.0 else ())
 
     def __init__(self, config: Config):
         self.config = config
