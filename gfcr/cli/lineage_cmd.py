@@ -1,4 +1,16 @@
-"""``gfcr lineage RUN_DIR ROLLOUT_ID``: one rollout's chain, from its data row to the update.
+"""``gfcr lineage``: a run's lineage summarised, the rollouts that match a query, or one
+rollout's chain, from its data row to the update.
+
+    $ gfcr lineage runs/quickstart-20261130-101500
+
+prints a table, one line per step: the rollouts it handled, how many it generated, how many
+reached the update, and how many each stage dropped and why (``gfcr.tracking.lineage_query``).
+``--dropped``, ``--step N``, ``--stage ID`` and ``--reason TEXT`` list the rollouts that match
+them all instead, with their ids:
+
+    $ gfcr lineage runs/dapo-20261130-101500 --dropped --reason "zero variance"
+
+Given a rollout id,
 
     $ gfcr lineage runs/quickstart-20261130-101500 'arithmetic:train-0:443@s1/0'
 
@@ -24,7 +36,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.markup import escape
@@ -35,26 +47,147 @@ from gfcr.errors import GfcrError
 
 
 def lineage(run_dir: Annotated[Path, typer.Argument(help="a run directory made by `gfcr run`")],
-            rollout_id: Annotated[str, typer.Argument(help=(
-                "a rollout id, e.g. arithmetic:train-0:443@s1/0, or a prompt id for its Control decisions"))],
+            rollout_id: Annotated[Optional[str], typer.Argument(help=(
+                "a rollout id, e.g. arithmetic:train-0:443@s1/0, or a prompt id for its Control decisions; "
+                "without one, a summary of the run, or with the options below the rollouts that match"))] = None,
+            dropped: Annotated[bool, typer.Option("--dropped", help="list the rollouts a stage dropped")] = False,
+            step: Annotated[Optional[int], typer.Option("--step", metavar="N", help="list the rollouts of step N")]
+            = None,
+            stage: Annotated[Optional[str], typer.Option("--stage", metavar="ID", help=(
+                "list the rollouts this stage dropped (its id, e.g. keep, or alias)"))] = None,
+            reason: Annotated[Optional[str], typer.Option("--reason", metavar="TEXT", help=(
+                "list the dropped rollouts whose drop reason contains TEXT, e.g. 'zero variance'"))] = None,
             as_json: Annotated[bool, typer.Option("--json", help="machine-readable")] = False) -> None:
-    """Show where one rollout came from and where it went: data row, selection and why,
-    generation, reward, filters, advantage, update; or, for a prompt id, why each Control stage
-    picked or skipped the prompt at each step."""
-    from gfcr.tracking.lineage_chain import RolloutChain, is_prompt, prompt_history, rollout_chain
+    """Summarise a run's lineage per step (rollouts generated, kept, dropped by stage and why);
+    list the rollouts that match --dropped, --step, --stage, --reason; or show where one rollout
+    came from and where it went (data row, selection and why, generation, reward, filters,
+    advantage, update), or, for a prompt id, why each Control stage picked or skipped it."""
+    from gfcr.tracking.lineage_query import RolloutQuery
 
+    query = RolloutQuery(dropped=dropped, step=step, stage=stage, reason=reason)
     try:
-        chain = prompt_history(run_dir, rollout_id) if is_prompt(run_dir, rollout_id) else \
-            rollout_chain(run_dir, rollout_id)
+        if rollout_id is None:
+            _show_run(run_dir, query, as_json)
+        else:
+            _refuse_query_with_id(query)
+            _show_chain(run_dir, rollout_id, as_json)
     except GfcrError as exc:
         fail(exc)
         raise typer.Exit(2) from None
+
+
+def _refuse_query_with_id(query: Any) -> None:
+    if query.given:
+        raise GfcrError("--dropped, --step, --stage and --reason list a run's rollouts; they do not apply to one "
+                        "rollout's chain", "drop the rollout id to list the matching rollouts, or the options to "
+                        "follow that rollout")
+
+
+def _show_chain(run_dir: Path, rollout_id: str, as_json: bool) -> None:
+    """One rollout's chain, or a prompt's Control decisions."""
+    from gfcr.tracking.lineage_chain import RolloutChain, is_prompt, prompt_history, rollout_chain
+
+    chain = prompt_history(run_dir, rollout_id) if is_prompt(run_dir, rollout_id) else \
+        rollout_chain(run_dir, rollout_id)
     if as_json:
         out.print_json(json.dumps(asdict(chain), default=str))
         return
     out.print(chain_table(chain) if isinstance(chain, RolloutChain) else history_table(chain))
-    for note in chain.notes:
+    _print_notes(chain.notes)
+
+
+def _print_notes(notes: Any) -> None:
+    for note in notes:
         out.print(f"[yellow]note:[/] {escape(note)}", markup=True)
+
+
+def _show_run(run_dir: Path, query: Any, as_json: bool) -> None:
+    """The run's summary per step, or the rollouts that match ``query``."""
+    from gfcr.tracking.lineage_query import find_rollouts, summarise_lineage
+
+    found = find_rollouts(run_dir, query) if query.given else summarise_lineage(run_dir)
+    if as_json:
+        out.print_json(json.dumps(_run_json(found), default=str))
+        return
+    if query.given and not found.rows:
+        out.print(_no_match(found))
+    else:
+        out.print(matches_table(found) if query.given else summary_table(found))
+    _print_follow_hint(run_dir, found)
+    _print_notes(found.notes)
+
+
+def summary_table(summary: Any) -> Table:
+    """One line per step: rollouts handled, generated, in the update, and the drops with their reasons."""
+    table = Table("step", "rollouts", "generated", "in update", "dropped", "dropped by stage: why",
+                  title=f"lineage of run {escape(str(summary.run_dir))}", title_justify="left")
+    for s in summary.steps:
+        table.add_row(str(s.step), str(s.rollouts), str(s.generated), str(s.kept), str(s.dropped),
+                      escape(_drops_text(s)))
+    steps = summary.steps
+    table.add_section()
+    table.add_row("all", *(str(sum(getattr(s, k) for s in steps)) for k in ("rollouts", "generated", "kept", "dropped")),
+                  "")
+    return table
+
+
+def _drops_text(step: Any) -> str:
+    lines = [f"{d.rollouts} by {_stage(d.stage, {d.stage: d.alias} if d.alias else {})}: {d.reason}" for d in step.drops]
+    if step.not_handed_on:
+        lines.append(f"{step.not_handed_on} neither dropped nor handed to the update")
+    return "\n".join(lines) or "-"
+
+
+def matches_table(found: Any) -> Table:
+    """The matching rollouts: id, step, reward, and what became of them."""
+    table = Table("rollout id", "step", "reward", "what became of it",
+                  title=escape(f"{len(found.rows)} rollouts matching {_query_text(found.query)}  (run {found.run_dir})"),
+                  title_justify="left")
+    for row in found.rows:
+        table.add_row(escape(row["rollout_id"]), str(row["step"]), _num(row["reward"]), escape(_fate(row, found.aliases)))
+    return table
+
+
+def _fate(row: dict[str, Any], aliases: dict[str, str]) -> str:
+    if row["dropped_by"]:
+        return f"dropped by {_stage(row['dropped_by'], aliases)}: {row['drop_reason'] or '(no reason given)'}"
+    return "reached the update" if row["in_update"] else "not handed to the update"
+
+
+def _query_text(query: Any) -> str:
+    """The options as typed: ``--dropped --reason 'zero variance'``."""
+    given = {k: getattr(query, k) for k in ("step", "stage", "reason") if getattr(query, k) is not None}
+    parts = ["--dropped"] * query.dropped + [f"--{k} {v!r}" if isinstance(v, str) else f"--{k} {v}"
+                                             for k, v in given.items()]
+    return " ".join(parts)
+
+
+def _no_match(found: Any) -> str:
+    reasons = "; ".join(f"`{r}`" for r in found.reasons[:8]) or "none: no stage dropped a rollout"
+    return escape(f"no rollout of {found.run_dir} matches {_query_text(found.query)}; its drop reasons: {reasons}")
+
+
+def _print_follow_hint(run_dir: Path, found: Any) -> None:
+    rows = getattr(found, "rows", None)
+    if rows:
+        out.print(escape(f"follow one: gfcr lineage {run_dir} '{rows[0]['rollout_id']}'"))
+    elif rows is None:
+        out.print(escape(f"list rollouts: gfcr lineage {run_dir} --dropped [--step N] [--stage ID] "
+                         "[--reason TEXT]; follow one: gfcr lineage RUN_DIR ROLLOUT_ID"))
+
+
+_ROW_KEYS = ("rollout_id", "step", "prompt_id", "group_id", "reward", "correct", "dropped_by", "drop_reason",
+             "in_update")
+
+
+def _run_json(found: Any) -> dict[str, Any]:
+    """The summary (steps with their counts and drops), or the query and its matching rollouts."""
+    if hasattr(found, "steps"):
+        steps = [{**asdict(s), "dropped": s.dropped, "not_handed_on": s.not_handed_on} for s in found.steps]
+        return {"run_dir": found.run_dir, "steps": steps, "notes": found.notes}
+    rows = [{k: row[k] for k in _ROW_KEYS} | {"dropped_by_alias": found.aliases.get(row["dropped_by"])}
+            for row in found.rows]
+    return {"run_dir": found.run_dir, "query": asdict(found.query), "rollouts": rows, "notes": found.notes}
 
 
 def chain_table(chain: Any) -> Table:

@@ -91,7 +91,7 @@ class PromptHistory:
 def rollout_chain(run_dir: Path, rollout_id: str) -> RolloutChain:
     """Everything the run directory knows about ``rollout_id``; a GfcrError with near ids if it
     has no such rollout."""
-    rd = _run_dir(run_dir)
+    rd = open_run_dir(run_dir)
     table = read_lineage(rd.lineage_dir)
     if table.num_rows == 0:
         raise GfcrError(f"{run_dir} has no lineage yet (lineage/ is empty)\n"
@@ -120,7 +120,7 @@ def rollout_chain(run_dir: Path, rollout_id: str) -> RolloutChain:
 
 def is_prompt(run_dir: Path, some_id: str) -> bool:
     """Whether ``some_id`` names a prompt (not a rollout) of the run's lineage or Control decisions."""
-    rd = _run_dir(run_dir)
+    rd = open_run_dir(run_dir)
     table = read_lineage(rd.lineage_dir)
     if some_id in set(table.column("rollout_id").to_pylist()):
         return False
@@ -130,7 +130,7 @@ def is_prompt(run_dir: Path, some_id: str) -> bool:
 
 def prompt_history(run_dir: Path, prompt_id: str) -> PromptHistory:
     """Every Control decision on ``prompt_id`` and the rollouts it got, step by step."""
-    rd = _run_dir(run_dir)
+    rd = open_run_dir(run_dir)
     decisions = tuple(d for d in read_control_lineage(rd.lineage_dir) if d["prompt_id"] == prompt_id)
     rollouts: dict[int, tuple[int, int]] = {}
     for r in (r for r in read_lineage(rd.lineage_dir).to_pylist() if r["prompt_id"] == prompt_id):
@@ -140,7 +140,12 @@ def prompt_history(run_dir: Path, prompt_id: str) -> PromptHistory:
     if not decisions:
         notes.append("no Control decision on this prompt is recorded (lineage/control-*.parquet): the run was "
                      "written by a gfcr that did not record them, or its control stages list only what they pick")
-    return PromptHistory(rd.path, prompt_id, decisions, rollouts, _aliases(_pipeline(rd, notes)), tuple(notes))
+    return PromptHistory(rd.path, prompt_id, decisions, rollouts, stage_aliases(rd, notes), tuple(notes))
+
+
+def stage_aliases(rd: RunDir, notes: list[str]) -> dict[str, str]:
+    """Each stage id's alias in the run's pipeline; none, with a note, when its spec no longer compiles."""
+    return _aliases(_pipeline(rd, notes))
 
 
 def _aliases(pipeline: CompiledPipeline | None) -> dict[str, str]:
@@ -171,7 +176,7 @@ def _source(row: dict[str, Any]) -> str | None:
     return row.get("replayed_from") or row.get("resumed_from")
 
 
-def _run_dir(path: Path) -> RunDir:
+def open_run_dir(path: Path) -> RunDir:
     rd = RunDir(Path(path))
     if not rd.path.is_dir():
         raise GfcrError(f"{path} does not exist\n    fix: pass a run directory that `gfcr run` printed, "
