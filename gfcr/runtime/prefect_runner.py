@@ -215,7 +215,7 @@ def _drain(flow_run_id: Any, expected: int) -> None:
 
     final = [StateType.COMPLETED, StateType.FAILED, StateType.CRASHED, StateType.CANCELLED]
     recorded = TaskRunFilter(flow_run_id=TaskRunFilterFlowRunId(any_=[flow_run_id]),
-                             state=TaskRunFilterState(type=TaskRunFilterStateType(any_=final)))
+                             state=TaskRunFilterState(type=TaskRunFilterStateType(any_=final), name=None))
     deadline = time.monotonic() + DRAIN_SECONDS
     try:
         with get_client(sync_client=True) as client:
