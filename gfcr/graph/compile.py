@@ -307,14 +307,13 @@ class _Compiler:
         """Each stage whose Config needs of the engine what ``policy.engine`` lacks, at the key it comes from."""
         if self.spec.policy is None:  # no policy: the stages bring their own (fake) engine
             return
-        engine = self.spec.policy.engine
+        engine, stages = self.spec.policy.engine, self.spec.all_stages()
         for sid, config in configs.items():
             for need in sorted(config.engine_needs) if isinstance(config, NeedsOfEngine) else ():
                 lack = ENGINE_LACKS[engine].get(need)
                 if lack is None:
                     continue
-                stage = self.spec.all_stages()[sid]
-                path = _stage_path(sid) + (("with", lack.key) if lack.key in stage.with_ else ())
+                path = _stage_path(sid) + (("with", lack.key) if lack.key in stages[sid].with_ else ())
                 self.problem(path, f"`{sid}` ({infos[sid].alias}) needs {ENGINE_NEEDS[need]}, which "
                                    f"`policy.engine: {engine}` cannot give: {lack.why}", lack.fix.format(stage=sid))
 

@@ -41,37 +41,32 @@ def test_validate_imports_no_heavy_dependency(write_spec):
         "        if name.split('.')[0] in HEAVY:\n"
         "            raise ImportError('validate must not import ' + name)\n"
         "sys.meta_path.insert(0, Block())\n"
-        "from gfcr.cli.main import app\n"
-        "sys.argv = ['gfcr', 'validate', sys.argv[1]]\n"
-        "try:\n"
-        "    app()\n"
-        "except SystemExit as e:\n"
-        "    assert e.code in (0, None), e.code\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in HEAVY))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code, str(write_spec(DAPO))], capture_output=True, text=True,
-                         cwd=REPO)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().endswith("[]")
+    loaded = _validate_in_a_fresh_process(write_spec(DAPO), code, "m.split('.')[0] in HEAVY")
+    assert loaded.endswith("[]")
 
 
 def test_validate_imports_no_other_command(write_spec):
     """Commands are imported when they run: `gfcr validate` loads its own module, not run's or report's."""
-    code = (
-        "import sys\n"
+    loaded = _validate_in_a_fresh_process(write_spec(DAPO), "import sys\n", "m.startswith('gfcr.cli.')")
+    assert loaded.splitlines()[-1] == str(["gfcr.cli.app", "gfcr.cli.common", "gfcr.cli.main", "gfcr.cli.validate_cmd"])
+
+
+def _validate_in_a_fresh_process(spec, preamble: str, which: str) -> str:
+    """Run `gfcr validate spec` in a new interpreter after ``preamble``; print the sorted loaded
+    modules ``m`` for which the expression ``which`` holds, and return what it printed."""
+    code = preamble + (
         "from gfcr.cli.main import app\n"
         "sys.argv = ['gfcr', 'validate', sys.argv[1]]\n"
         "try:\n"
         "    app()\n"
         "except SystemExit as e:\n"
         "    assert e.code in (0, None), e.code\n"
-        "print(sorted(m for m in sys.modules if m.startswith('gfcr.cli.')))\n"
+        f"print(sorted(m for m in sys.modules if {which}))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code, str(write_spec(DAPO))], capture_output=True, text=True,
-                         cwd=REPO)
+    out = subprocess.run([sys.executable, "-c", code, str(spec)], capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().splitlines()[-1] == str(["gfcr.cli.app", "gfcr.cli.common", "gfcr.cli.main",
-                                                        "gfcr.cli.validate_cmd"])
+    return out.stdout.strip()
 
 
 def test_stages_json_lists_every_stage_with_schema():
