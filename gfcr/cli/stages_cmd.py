@@ -59,7 +59,8 @@ def stages(alias: Annotated[Optional[str], typer.Argument(help="show this stage 
     for alias, exc in broken.items():
         err.print(f"[red]error:[/] stage `{escape(alias)}` cannot be loaded: {escape(str(exc))}", markup=True)
     if as_json:
-        sys.stdout.write(json.dumps([i.to_json() for i in infos], indent=2) + "\n")
+        sys.stdout.write(json.dumps([{**i.to_json(), "fidelity": _fidelity_json(_fidelity(i))} for i in infos],
+                                    indent=2) + "\n")
     else:
         _print_stage_table(infos)
     if broken:
@@ -106,7 +107,8 @@ def _print_detail(info: Any) -> None:
                   title_justify="left", title_style="bold", padding=(0, 2, 0, 0))
     about.add_column(style="bold", no_wrap=True)
     about.add_column()
-    rows = [("what it does", doc.what if doc.what != info.summary else None), ("paper", doc.paper), ("fidelity", doc.fidelity),
+    fidelity = doc.fidelity.text if doc.fidelity else "not stated (no `Fidelity:` paragraph in its docstring)"
+    rows = [("what it does", doc.what if doc.what != info.summary else None), ("paper", doc.paper), ("fidelity", fidelity),
             ("family", f"{info.family} (registered by {info.origin})" + (", a test stage" if info.testing else "")),
             ("ports", _ports(info) + _runtime_note(info)), ("lifecycle", ", ".join(_roles(info.cls)) or "-"),
             ("capabilities", "\n".join(_capabilities(info.config)) or "-")]
@@ -154,7 +156,8 @@ def _detail_json(info: Any) -> dict[str, Any]:
     from gfcr.registry.stage_docs import stage_doc
 
     doc = stage_doc(info.alias, info.cls)
-    return {**info.to_json(), **dataclasses.asdict(doc), "lifecycle": _roles(info.cls),
+    return {**info.to_json(), **dataclasses.asdict(doc), "fidelity": _fidelity_json(doc.fidelity),
+            "lifecycle": _roles(info.cls),
             "capabilities": [c.split(" (")[0] for c in _capabilities(info.config)]}
 
 
@@ -185,19 +188,33 @@ def _list_components(family: str | None, as_json: bool, fmt: ListFormat) -> None
         raise typer.Exit(2) from None
 
 
+def _fidelity(info: Any) -> Any:
+    """The stage's parsed ``Fidelity:`` statement, or None (a plugin's stage may not state one)."""
+    from gfcr.registry.stage_docs import stage_doc
+
+    return stage_doc(info.alias, info.cls).fidelity
+
+
+def _fidelity_json(fidelity: Any) -> dict[str, Any] | None:
+    return None if fidelity is None else {**dataclasses.asdict(fidelity), "label": fidelity.label}
+
+
 def _print_stage_table(infos: list) -> None:
-    table = Table("alias", "what it does", "inputs -> output", "config keys", "origin", title="gfcr stages",
-                  expand=True)
-    for column, ratio in zip(table.columns[1:4], (5, 3, 3)):  # the summary gets the room
+    table = Table("alias", "what it does", "inputs -> output", "config keys", "fidelity", "origin",
+                  title="gfcr stages", expand=True)
+    for column, ratio in zip(table.columns[1:5], (5, 3, 3, 2)):  # the summary gets the room
         column.ratio = ratio
     for info in infos:
         fields = ", ".join(name + ("*" if f.is_required() else "") for name, f in info.config.model_fields.items())
         tags = ("\n[dim](test stage)[/]" if info.testing else "") + ("\n[dim](can end loop)[/]" if info.can_end_loop else "")
+        fidelity = _fidelity(info)
         table.add_row(escape(info.alias) + tags, escape(_plain(info.summary)), escape(_ports(info)), escape(fields),
-                      info.origin)
+                      escape(fidelity.label if fidelity else "not stated"), info.origin)
     out.print(table)
-    out.print("* required.  `gfcr stages ALIAS` shows one stage in full: what it does, its config with defaults, "
-              "ports, roles and an example")
+    out.print("* required.  fidelity: checked N/M (reference cases from the authors' code pass), code public, "
+              "cases pending, from the abstract (no public code), or gfcr's own (not a published method); "
+              "docs/fidelity.md has the cases.  `gfcr stages ALIAS` shows one stage in full: what it does, its "
+              "config with defaults, ports, roles, fidelity and an example")
 
 
 def _ports(info: Any) -> str:

@@ -10,6 +10,8 @@ lets them steer it, as the engine will. ``update.fake`` counts what reaches it a
 policy version. ``control.fake_stop`` stops generation once N groups are complete (APRIL's
 rule, on the fake loop). ``replay.fake_provide``, ``replay.fake_ingest`` and ``replay.fake_mix``
 exercise the provide, ingest and mix ports.
+
+Fidelity: gfcr's own: labelled test stages for the runtime's logic; they implement no method.
 """
 
 from __future__ import annotations

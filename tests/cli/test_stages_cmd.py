@@ -48,7 +48,7 @@ def test_one_stage_in_full_greso():
 
 def test_one_stage_shows_how_faithful_it_is_when_its_docstring_says():
     text = _text(cli.invoke(app, ["stages", "control.vade"]))
-    assert "fidelity Only the abstract could be read" in text
+    assert "fidelity from the abstract: no public code (a project page only" in text
 
 
 def test_one_stage_as_json_adds_its_docs_roles_and_capabilities():

@@ -47,8 +47,8 @@ Deviations: all of the above is a reconstruction from the abstract; the paper's 
 parameterisation, marginal-gain definition, pass-rate estimator and capability signal could
 not be read. Heap ties go to the prompt earlier in the allocation.
 
-Fidelity: public code not yet checked: Within-yao/CoBA-RL@aa6b834
-``recipe/coba_rl/budget_allocators.py`` ``BetaAllocator`` (issue 29); this stage predates it.
+Fidelity: public code at Within-yao/CoBA-RL@aa6b834; reference cases pending
+(``recipe/coba_rl/budget_allocators.py`` ``BetaAllocator``, issue 29); this stage predates it.
 
 Example (``F = 0.5``, ``kappa = 6``: ``V(p) = 30 p^2 (1 - p)^2``):
 

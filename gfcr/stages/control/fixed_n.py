@@ -7,6 +7,8 @@ refuses it after a stage that sets each prompt's group size itself (``control.sg
 
 Deviations: none; this is GRPO's fixed group size (Shao et al., 2024, arXiv 2402.03300).
 
+Fidelity: gfcr's own: GRPO's fixed group size G (arXiv 2402.03300), no method of its own to check.
+
 Example:
 
 >>> from gfcr.records import Allocation, AllocationEntry, Prompt

@@ -27,6 +27,10 @@ Reference defaults: ``g = 8`` (GRPO's usual group; the reference sweeps G = 2..8
 Deviations: none in the allocation (``G + 1`` per prompt, as the reference's ``num_generations
 + 1`` with ``--mc``); which rollout is the pivot is decided after scoring, by the estimator.
 
+Fidelity: public code at lotusroot-kim/MC-GRPO@da07745; reference cases pending for the G + 1
+allocation (the ``mc_grpo`` advantage estimator it pairs with is checked,
+``tests/fidelity/mc_grpo.json``).
+
 Example:
 
 >>> from gfcr.records import Allocation, AllocationEntry, Prompt

@@ -25,8 +25,8 @@ Deviations:
 - Resuming partials next step (APRIL's buffer) is a Replay stage's job; this stage only
   aborts. Without one, the partials are dropped with their groups.
 
-Fidelity: public code not yet checked: THUDM/slime ``slime/rollout/sglang_rollout.py`` (APRIL's
-abort) (issue 29).
+Fidelity: public code at THUDM/slime; reference cases pending (APRIL's abort,
+``slime/rollout/sglang_rollout.py``, issue 29).
 
 Example:
 

@@ -76,9 +76,9 @@ Deviations (choices the abstract leaves open, and where DEER is followed or not)
 It needs an engine that decodes in this process (the transformers engine; the fake engine in
 tests): a trial answer is generated from inside the host's decode loop.
 
-Fidelity: public code not yet checked: davidweidawang/Step-GRPO@df76889
-``verl/workers/rollout/deer_utils.py`` (``answer_confidence``, ``should_early_exit``) and
-``examples/reward_function/step_grpo.py`` (``compute_score``) (issue 29).
+Fidelity: public code at davidweidawang/Step-GRPO@df76889; reference cases pending
+(``verl/workers/rollout/deer_utils.py``: ``answer_confidence``, ``should_early_exit``;
+``examples/reward_function/step_grpo.py``: ``compute_score``; issue 29).
 
 Example (the pure parts: where a step ends, and the confidence of a trial answer):
 

@@ -13,6 +13,9 @@ Deviations: none from the usual trainer data loader (verl, TRL: a shuffled sampl
 ``drop_last=True``); the permutation comes from numpy seeded by ``(seed, epoch)``, so the
 order is reproducible from the step alone after a restart.
 
+Fidelity: gfcr's own: the uniform baseline every method is compared against (a trainer's shuffled
+data loader, as in verl and TRL).
+
 Example:
 
 >>> from gfcr.records import Prompt, PromptPool

@@ -46,6 +46,10 @@ Deviations:
   (replayed) are judged but do not update the posterior again. A rollout with no reward is an
   error: put ``filter.verify`` first.
 
+Fidelity: public code at thu-rllab/MoPPS@a883f51; reference cases pending (the posterior update is
+``control.beta_thompson``'s, checked in ``tests/fidelity/mopps.json``; the post-rollout band is
+gfcr's own, see Deviations).
+
 Example:
 
 >>> from gfcr.records import RolloutGroups, StepContext

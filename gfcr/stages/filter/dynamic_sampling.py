@@ -35,6 +35,9 @@ Deviations from verl's recipe:
   ``1.4e-17``), and such a group is kept, as in verl; ``filter.nonzero_variance`` compares
   ``max - min`` instead and drops it.
 
+Fidelity: public code at Kwai-Klear/RLEP@c15e5b4; reference cases pending (DAPO's dynamic sampling,
+``recipe/dapo/dapo_ray_trainer.py``, read in this copy of verl's DAPO recipe).
+
 Example:
 
 >>> from gfcr.stages.testing import scored_group

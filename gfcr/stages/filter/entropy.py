@@ -32,6 +32,9 @@ about. A rollout with no recorded entropy at all raises ValueError naming it (an
 validate`` refuses an upstream ``generate.sample`` that records none), rather than passing
 silently.
 
+Fidelity: gfcr's own: no paper defines this rollout-level gate; the band and defaults are this
+stage's choice.
+
 Example (four one-token rollouts of entropies 0.1 .. 0.4; keep the band [0.5, 1.0]):
 
 >>> import numpy as np

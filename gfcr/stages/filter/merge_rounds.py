@@ -20,6 +20,9 @@ Deviations: not a published method; it is the merge step of DARS's ``fit`` (the 
 concatenates the second batch to the first, grouped by the prompt's ``uid``), written as a
 stage so that any top-up allocator in a loop block can share it.
 
+Fidelity: gfcr's own: the merge step of DARS's ``fit`` written as a stage, so that any top-up
+allocator in a loop block can share it.
+
 Example:
 
 >>> from gfcr.records import Rollout, RolloutGroup, RolloutGroups, Segment, StepContext, group_id

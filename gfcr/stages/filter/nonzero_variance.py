@@ -9,6 +9,9 @@ Deviations: DAPO compares the standard deviation to 0 exactly; here rewards are 
 when ``max - min <= tolerance`` (default 0, i.e. exact). Groups with fewer than two scored
 rollouts are dropped too, since they have no variance to measure.
 
+Fidelity: public code at Kwai-Klear/RLEP@c15e5b4; reference cases pending (DAPO's zero-variance
+filter, ``recipe/dapo/dapo_ray_trainer.py``, read in this copy of verl's DAPO recipe).
+
 Example:
 
 >>> from gfcr.stages.testing import scored_group

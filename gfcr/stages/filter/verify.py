@@ -42,6 +42,9 @@ the plain correctness reward most GRPO recipes use. A prompt's verifier ``option
 kept when ``verifier`` overrides the name only if the names agree (options of one verifier
 mean nothing to another).
 
+Fidelity: gfcr's own: rule-based reward from the prompt's verifier, the correctness reward of
+R1-style GRPO recipes.
+
 Example:
 
 >>> from gfcr.records import Prompt, PromptPool, RolloutGroups, VerifierSpec

@@ -61,9 +61,9 @@ Deviations:
 Metrics per step: ``buffered`` (groups in the buffer after the call), ``resumed_groups``,
 ``to_buffer`` (groups the call put there), ``deferred`` and ``resumed_tokens`` (tokens carried in).
 
-Fidelity: public code not yet checked: THUDM/slime
-``slime/rollout/components/partial_rollout_fn.py`` (APRIL) and 777pomingzi/CoPRIS@43ee8c7
-``verl/experimental/agent_loop/agent_loop.py`` (issue 29).
+Fidelity: public code at THUDM/slime; reference cases pending (APRIL,
+``slime/rollout/components/partial_rollout_fn.py``); public code at 777pomingzi/CoPRIS@43ee8c7;
+reference cases pending (CoPRIS, ``verl/experimental/agent_loop/agent_loop.py``; issue 29).
 
 Example (the ``tiny-arith`` policy; the stop below aborts after 3 decode steps, so every
 row of the 8-token budget is unfinished, goes to the buffer, and resumes at the next step,

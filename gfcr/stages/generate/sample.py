@@ -27,6 +27,8 @@ Deviations: none from GRPO's independent sampling (Shao et al., 2024, arXiv 2402
 sampling uses ``top_k = 0`` (no top-k truncation) as the peer baselines do, and the
 recorded log-probabilities are those of the tempered distribution before top-p truncation.
 
+Fidelity: gfcr's own: GRPO's independent sampling (arXiv 2402.03300) on the policy's engine.
+
 Example (the ``tiny-arith`` policy on the transformers engine):
 
 >>> from gfcr.engines import TransformersEngine, load_policy

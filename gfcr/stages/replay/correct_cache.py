@@ -43,6 +43,9 @@ Deviations (all from an unread paper):
 - joined responses keep their stored rewards and are not verified again.
 - only groups with no correct response take a cached one, whatever their size or other rewards.
 
+Fidelity: from the abstract: no public code (AR3PO, arXiv 2509.25808); the rules above are this
+stage's reading.
+
 Example:
 
 >>> from gfcr.records import RolloutGroups, StepContext

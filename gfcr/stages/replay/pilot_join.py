@@ -29,6 +29,9 @@ Deviations:
 - joined pilots keep the rewards verified on their own step and are not verified again.
 - a commit group a filter already dropped gets no pilots and stays dropped.
 
+Fidelity: public code at databricks/pilot-commit@6def20e; reference cases pending for the join
+(``control.pilot_commit``'s verdicts are checked, ``tests/fidelity/pilot_commit.json``).
+
 Example:
 
 >>> from gfcr.records import Allocation, AllocationEntry, Prompt, RolloutGroups, StepContext

@@ -48,6 +48,8 @@ Deviations:
 - ``correction: tis`` is not in the paper (an option the seed-method notes ask for);
 - replayed rollouts keep the reward and correctness they were verified with.
 
+Fidelity: public code at Kwai-Klear/RLEP@c15e5b4; reference cases pending.
+
 Example (a group whose two fresh rollouts failed gets the two stored successes of its prompt):
 
 >>> from gfcr.records import PromptPool, RolloutGroups, StepContext

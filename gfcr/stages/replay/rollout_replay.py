@@ -49,6 +49,9 @@ Deviations:
 - ``zero_variance: false`` leaves out groups whose rewards are all equal: the reference's
   filter for them exists but is commented out, so the default (true) replays them, as it does.
 
+Fidelity: public code at ASTRAL-Group/data-efficient-llm-rl@59df918; reference cases pending
+(``select_buffer``; ``control.dots``'s selection is checked, ``tests/fidelity/dots.json``).
+
 Example:
 
 >>> from gfcr.records import RolloutGroups, StepContext

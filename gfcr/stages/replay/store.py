@@ -37,6 +37,8 @@ notes (one store interface, several policies). RLEP stores text and re-tokenizes
 token ids and behaviour log-probs and never re-tokenizes. A rollout without decoded text is
 embedded by its token ids written out as text. The prompt index is always flat.
 
+Fidelity: gfcr's own: the store the Replay stages share (not a published method).
+
 Example:
 
 >>> from gfcr.records import Prompt, PromptPool, RolloutGroups, StepContext, StepOutputs

@@ -53,6 +53,9 @@ Deviations:
   leaf is still divided by its own length, so "counts once" is exact only under
   ``token_mean`` (the default).
 
+Fidelity: gfcr's own: the assembly of four registered components; each component states its own
+fidelity (``docs/update-catalog.md``).
+
 Example (one update of the ``tiny-arith`` policy on a hand-scored group):
 
 >>> from gfcr.engines import TransformersEngine, load_policy
