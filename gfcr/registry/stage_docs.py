@@ -92,6 +92,16 @@ class Fidelity:
             return "checked " + ", ".join(f"{c.passing}/{c.total}" for c in self.checks)
         return FORMS[self.kind][1]
 
+    @property
+    def head(self) -> str:
+        """The statement's fixed-form claims without the prose after them: ``checked against
+        Infini-AI-Lab/GRESO@b277843: 34/36 cases, 2 documented deviations``."""
+        if self.kind in ("checked", "pending"):
+            claims = sorted([(m.start(), m.group(0)) for m in _CHECK.finditer(self.text)]
+                            + [(m.start(), m.group(0)) for m in _PENDING.finditer(self.text)])
+            return "; ".join(claim for _, claim in claims)
+        return self.text if self.kind == "own" else _STARTS["abstract"]
+
 
 @dataclass(frozen=True)
 class StageDoc:

@@ -19,7 +19,7 @@ import numpy as np
 from pydantic import Field
 
 from gfcr.records import Prompt, PromptPool, VerifierSpec, prompt_id
-from gfcr.registry import Seed, StageConfig
+from gfcr.registry import StageConfig
 
 
 
@@ -43,10 +43,10 @@ class ArithmeticSource:
 
     class Config(StageConfig):
         n: Annotated[int, Field(ge=1, description="number of problems")] = 1000
-        seed: Seed = 0
-        split: Annotated[str, Field(pattern=r"^[a-z0-9_]+$")] = "train"
+        seed: Annotated[int, Field(ge=0, description="seed of the problems; the same seed gives the same pool")] = 0
+        split: Annotated[str, Field(pattern=r"^[a-z0-9_]+$", description="a name for the pool, part of its prompt ids")] = "train"
         digits: Annotated[int, Field(ge=1, le=6, description="digits per operand")] = 2
-        operators: Annotated[list[Literal["+", "-", "*"]], Field(min_length=1)] = ["+", "-"]
+        operators: Annotated[list[Literal["+", "-", "*"]], Field(min_length=1, description="operators drawn from")] = ["+", "-"]
         terms: Annotated[int, Field(ge=2, le=4, description="operands per problem")] = 2
         template: str = Field("What is {expr}? Answer:", description="`{expr}` is replaced by the problem")
 

@@ -81,7 +81,7 @@ class Gsm8kSource:
     """GSM8K word problems as chat prompts, with the ``####`` number as ground truth."""
 
     class Config(StageConfig):
-        split: Literal["train", "test"] = "train"
+        split: Literal["train", "test"] = Field("train", description="which GSM8K file, and the ids' middle part")
         path: str | None = Field(None, description=f"the file; default: <${ROOT_ENV} or {DEFAULT_ROOT}>/<split>.jsonl")
         limit: Annotated[int, Field(ge=1, description="load at most this many prompts")] | None = None
         template: str = Field(DEFAULT_TEMPLATE, description="the user turn; `{question}` is filled in")

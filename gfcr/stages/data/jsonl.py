@@ -227,8 +227,8 @@ class JsonlSource:
 
     class Config(StageConfig):
         path: Annotated[str, Field(min_length=1, description="the file; relative to the current directory")]
-        prompt_field: Annotated[str, Field(min_length=1)] = "prompt"
-        answer_field: Annotated[str, Field(min_length=1)] = "answer"
+        prompt_field: Annotated[str, Field(min_length=1, description="the field holding the prompt text")] = "prompt"
+        answer_field: Annotated[str, Field(min_length=1, description="the field holding the ground truth")] = "answer"
         id_field: str | None = Field(None, description="field with a unique row id; default: the row index")
         verifier: str = Field("math", description="the verifier that scores answers to these prompts")
         template: str = Field("{prompt}", description="the prompt text; `{prompt}` and row fields are filled in")

@@ -31,6 +31,8 @@ import re
 from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal, InvalidOperation, localcontext
 from typing import Any
 
+from pydantic import Field
+
 from gfcr.stages.verifiers.base import Score, VerifierOptions, parse_options
 
 # a number not glued to a word or a decimal point before it; thousands groups only when
@@ -139,7 +141,7 @@ def same_number(a: Decimal, b: Decimal, rel_tol: float) -> bool:
 
 
 class Gsm8kOptions(VerifierOptions):
-    rel_tol: float = 1e-6
+    rel_tol: float = Field(1e-6, description="relative tolerance when comparing two numbers")
 
 
 def verify_gsm8k(response: str, ground_truth: str, options: dict[str, Any]) -> Score:

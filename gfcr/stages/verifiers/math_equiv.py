@@ -32,13 +32,15 @@ import re
 import threading
 from typing import Any
 
+from pydantic import Field
+
 from gfcr.stages.verifiers.base import Score, VerifierOptions, parse_options
 
 MARKER = re.compile(r"\\boxed\s*\{|\\fbox\s*\{|\banswer\s*(?::|is\b)", re.IGNORECASE)
 
 
 class MathOptions(VerifierOptions):
-    timeout_s: int = 5  # math-verify's own timeouts, main thread only
+    timeout_s: int = Field(5, description="math-verify's own timeout, seconds (main thread only)")
 
 
 @functools.cache
