@@ -53,8 +53,8 @@ Deviations:
   leaf is still divided by its own length, so "counts once" is exact only under
   ``token_mean`` (the default).
 
-Fidelity: gfcr's own: the assembly of four registered components; each component states its own
-fidelity (``docs/update-catalog.md``).
+Fidelity: gfcr's own: the assembly of four registered components (``docs/update-catalog.md``); the
+components' reference cases, where there are some, are listed per component in ``docs/fidelity.md``.
 
 Example (one update of the ``tiny-arith`` policy on a hand-scored group):
 
