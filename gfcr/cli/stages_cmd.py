@@ -102,7 +102,9 @@ def _print_detail(info: Any) -> None:
     """One stage: what it does, paper and fidelity, ports, roles, capabilities, config, example."""
     from gfcr.registry.stage_docs import stage_doc
 
-    doc = stage_doc(info.alias, info.cls)
+    doc = stage_doc(info.alias, info.cls, strict=False)
+    if doc.fidelity_problem:  # a plugin's own wording: show the rest, and say how to fix it
+        err.print(f"[yellow]warning:[/] {escape(doc.fidelity_problem)}", markup=True)
     about = Table(show_header=False, box=None, title=f"{escape(info.alias)}: {escape(_plain(info.summary))}",
                   title_justify="left", title_style="bold", padding=(0, 2, 0, 0))
     about.add_column(style="bold", no_wrap=True)
@@ -155,7 +157,7 @@ def _config_table(config: Any) -> Table:
 def _detail_json(info: Any) -> dict[str, Any]:
     from gfcr.registry.stage_docs import stage_doc
 
-    doc = stage_doc(info.alias, info.cls)
+    doc = stage_doc(info.alias, info.cls, strict=False)
     return {**info.to_json(), **dataclasses.asdict(doc), "fidelity": _fidelity_json(doc.fidelity),
             "lifecycle": _roles(info.cls),
             "capabilities": [c.split(" (")[0] for c in _capabilities(info.config)]}
@@ -189,10 +191,11 @@ def _list_components(family: str | None, as_json: bool, fmt: ListFormat) -> None
 
 
 def _fidelity(info: Any) -> Any:
-    """The stage's parsed ``Fidelity:`` statement, or None (a plugin's stage may not state one)."""
+    """The stage's parsed ``Fidelity:`` statement, or None (a plugin's stage may not state one, or
+    not in a fixed form: the list still shows it)."""
     from gfcr.registry.stage_docs import stage_doc
 
-    return stage_doc(info.alias, info.cls).fidelity
+    return stage_doc(info.alias, info.cls, strict=False).fidelity
 
 
 def _fidelity_json(fidelity: Any) -> dict[str, Any] | None:

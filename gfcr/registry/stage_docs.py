@@ -109,11 +109,13 @@ class StageDoc:
     paper: str | None
     fidelity: Fidelity | None
     yaml: tuple[str, ...]
+    fidelity_problem: str | None = None  # with ``strict=False``: why the statement was not parsed
 
 
-def stage_doc(alias: str, cls: type) -> StageDoc:
+def stage_doc(alias: str, cls: type, strict: bool = True) -> StageDoc:
     """What the stage ``alias`` (class ``cls``) does, what it cites, and how faithfully
-    (FidelityError if its ``Fidelity:`` paragraph is not in a fixed form)."""
+    (FidelityError if its ``Fidelity:`` paragraph is not in a fixed form; with ``strict=False``,
+    for a plugin's stage, its ``fidelity`` is None and ``fidelity_problem`` says why)."""
     module_doc, class_doc = inspect.getdoc(inspect.getmodule(cls)) or "", inspect.getdoc(cls) or ""
     paragraphs = _paragraphs(module_doc)
     own = paragraphs and paragraphs[0].startswith(f"{alias}:")
@@ -122,9 +124,15 @@ def stage_doc(alias: str, cls: type) -> StageDoc:
     sentences = [_unprefixed(s, alias) for p in paragraphs for s in _sentences(p)]
     paper = _first(sentences, re.compile(r"arXiv"))
     statement = fidelity_statement(class_doc) or fidelity_statement(module_doc)
-    fidelity = None if statement is None else parse_fidelity(statement, where=alias)
+    fidelity, problem = None, None
+    try:
+        fidelity = None if statement is None else parse_fidelity(statement, where=alias)
+    except FidelityError as exc:
+        if strict:
+            raise
+        problem = str(exc)
     return StageDoc(what=_unprefixed(paragraphs[0], alias) if paragraphs else "", paper=paper,
-                    fidelity=fidelity, yaml=yaml_examples(cls))
+                    fidelity=fidelity, yaml=yaml_examples(cls), fidelity_problem=problem)
 
 
 def fidelity_statement(doc: str) -> str | None:

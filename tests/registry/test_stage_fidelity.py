@@ -95,3 +95,17 @@ def test_gfcr_stages_shows_the_status_in_a_column_and_in_full():
     assert "fidelity checked against Infini-AI-Lab/GRESO@b277843: 34/36 cases, 2 documented deviations" in full
     data = json.loads(cli.invoke(app, ["stages", "--json"]).output)
     assert {d["alias"]: d["fidelity"]["label"] for d in data}["control.dars"] == "checked 900/900"
+
+
+class _PluginStage:
+    """A plugin's stage in its own words.
+
+    Fidelity: close to the paper.
+    """
+
+
+def test_a_plugin_s_own_wording_is_refused_strictly_and_shown_leniently():
+    with pytest.raises(FidelityError, match="filter.mine: `Fidelity: close to the paper.` is not in a fixed form"):
+        stage_doc("filter.mine", _PluginStage)
+    doc = stage_doc("filter.mine", _PluginStage, strict=False)  # what `gfcr stages` does for plugins
+    assert doc.fidelity is None and "not in a fixed form" in doc.fidelity_problem
