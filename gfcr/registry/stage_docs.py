@@ -75,6 +75,13 @@ class Check:
     total: int
     deviations: int
 
+    @property
+    def line(self) -> str:
+        """The claim as written, the line ``tests.fidelity.cases.status`` makes from a case file."""
+        plural = "s" if self.deviations != 1 else ""
+        return (f"checked against {self.repository}@{self.commit}: {self.passing}/{self.total} cases"
+                + (f", {self.deviations} documented deviation{plural}" if self.deviations else ""))
+
 
 @dataclass(frozen=True)
 class Fidelity:
