@@ -6,8 +6,8 @@ line must appear in the command's output, in order, once both are normalised: ta
 and pipes become spaces, every number becomes ``#``, lists of numbers (``0, 1, 2``) one ``#``,
 95% intervals (``[0.566, 0.711]``) vanish, and ``…`` in an expected line matches anything (a line
 of just ``…``: any lines). Numbers are normalised because the test runs the commands at tiny
-sizes (``TINY``: 4 prompts x 4 rollouts, 2 steps, 8 eval prompts, the local runner), where the
-figures differ from the README's full-size ones.
+sizes (``TINY``: 4 prompts x 4 rollouts, 8 eval prompts, the local runner; 2 steps, or a
+150-token budget for ``gfcr compare``), where the figures differ from the README's full-size ones.
 
 The path's training commands (run, ablate, compare, lineage of what they wrote) are slow-marked:
 ``pytest -m slow tests/test_readme.py``. The rest (validate, stages, the README's YAML and
@@ -37,6 +37,7 @@ PATH, _, REFERENCE = README.partition("\n# Reference\n")
 # the tiny sizes every training command of the path runs at
 TINY = ["--set", "stages.pick.with.batch_size=4", "--set", "stages.budget.with.n=4", "--set", "eval.with.n=8",
         "--executor", "local"]
+TWO_STEPS = ["--set", "run.steps=2"]  # run and ablate; compare stops at its (smaller) budget
 SMALLER = {"--seeds 0,1,2": "--seeds 0,1", "--budget tokens=60000": "--budget tokens=150"}
 # commands not run as written: `make demo` builds .venv and trains the quickstart, whose run this
 # test makes directly (the Makefile's demo recipe ends with it); `gfcr ui` starts two servers
@@ -99,6 +100,7 @@ def run_command(command: str, cwd: Path) -> subprocess.CompletedProcess:
     args = shlex.split(command)
     assert args[0] == "gfcr", command
     extra = TINY if command.startswith(TRAINS) else []
+    extra = extra + (TWO_STEPS if command.startswith(("gfcr run", "gfcr ablate")) else [])
     env = {**os.environ, "COLUMNS": "400", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO),
            "MLFLOW_TRACKING_URI": f"sqlite:///{cwd}/mlflow.db"}
     return subprocess.run([sys.executable, "-m", "gfcr.cli.main", *args[1:], *extra], cwd=cwd, env=env,
