@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
-from gfcr.cli.common import ExecutorOption, SetOption, err, fail, out
+from gfcr.cli.common import ExecutorOption, PluginOption, SetOption, err, fail, import_plugins, out
 from gfcr.errors import GfcrError
 
 
@@ -21,7 +21,7 @@ def ablate(file: Path,
            parallel: Annotated[int, typer.Option(min=1, help="cells run at once (threads of this process)")] = 1,
            out_dir: Annotated[Optional[Path], typer.Option("--out", help="report folder (default: <ablation>/report)")]
            = None,
-           set_: SetOption = None, executor: ExecutorOption = None) -> None:
+           set_: SetOption = None, executor: ExecutorOption = None, plugin: PluginOption = None) -> None:
     """Run every combination of the --vary values for every seed, as MLflow child runs of one
     parent run (Prefect subflows under the Prefect runner), and write the comparison report."""
     from gfcr.tracking.ablation import parse_seeds, parse_vary, run_ablation
@@ -29,6 +29,7 @@ def ablate(file: Path,
     base = list(set_ or []) + ([f"run.steps={steps}"] if steps is not None else [])
     base += [f"executor.kind={executor}"] if executor is not None else []
     try:
+        import_plugins(plugin)  # into this process, whose threads and subflows run the cells
         grid, seed_list = parse_vary(vary), parse_seeds(seeds)
         cells = math.prod(len(values) for _, values in grid)
         out.print(f"ablation of {escape(str(file))}: {cells} variant(s) x {len(seed_list)} seed(s) = "

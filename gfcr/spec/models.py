@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, model_validator
@@ -41,6 +42,33 @@ def _check_refs(value: Any) -> Any:
             raise ValueError(f"{shape}; `{item!r}` is not a stage id")
     return value
 
+
+MODULE_NAME = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+PLUGIN_FORMS = ("a module name importable from the Python path or the pipeline file's folder (`my_stages`, "
+                "`my_pkg.stages`), or the path of a `.py` file (`stages/my_stage.py`)")
+
+
+def is_plugin_ref(ref: str) -> bool:
+    """True for the two forms a plugin may take (``gfcr.registry.plugins``): a dotted module name
+    or the path of a ``.py`` file."""
+    return ref.endswith(".py") or re.match(MODULE_NAME, ref) is not None
+
+
+def resolve_plugin_path(ref: str, base: Path | None) -> str:
+    """``ref`` with a relative ``.py`` path made absolute against ``base`` (default: the current
+    directory); module names unchanged. A run directory's copy of the spec then still finds the file."""
+    if not ref.endswith(".py") or Path(ref).is_absolute():
+        return ref
+    return str(((base or Path.cwd()) / ref).resolve())
+
+
+def _check_plugin(value: str) -> str:
+    if not is_plugin_ref(value):
+        raise fixable(f"`{value}` is neither a module name nor a `.py` file", f"give {PLUGIN_FORMS}")
+    return value
+
+
+PluginRef = Annotated[str, AfterValidator(_check_plugin)]
 
 StageRefs = Annotated[Any, AfterValidator(_check_refs), Field(json_schema_extra={
     "anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}},
@@ -248,6 +276,9 @@ class PipelineSpec(StrictModel):
 
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")]
     description: str = ""
+    plugins: list[PluginRef] = Field(default_factory=list, description=(
+        "modules that register stages when imported (your own, not installed): each "
+        + PLUGIN_FORMS + "; imported before the stages are looked up (gfcr.registry.plugins)"))
     policy: PolicySpec | None = None
     data: DataSpec
     eval: EvalSpec | None = None
