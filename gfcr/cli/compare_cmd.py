@@ -32,7 +32,7 @@ def compare(files: Annotated[list[Path], typer.Argument(help="pipeline YAML file
     Run the same command again to continue a comparison that was stopped."""
     from gfcr.tracking.ablation import parse_seeds
     from gfcr.tracking.compare import parse_budget, plan_comparison, run_comparison
-    from gfcr.tracking.compare_report import markdown_table
+    from gfcr.tracking.compare_report import markdown_table, notes
 
     overrides = list(set_ or []) + ([f"executor.kind={executor}"] if executor is not None else [])
     try:
@@ -54,6 +54,8 @@ def compare(files: Annotated[list[Path], typer.Argument(help="pipeline YAML file
         raise typer.Exit(1)
     assert done.comparison is not None and done.report is not None
     out.print(markdown_table(done.comparison), markup=False)
+    for note in notes(done.comparison):
+        out.print(f"note: {note}", markup=False)
     out.print(f"report: {done.report.html}\n        {done.report.markdown}\n        {done.report.json}", markup=False)
 
 

@@ -234,7 +234,9 @@ def run_comparison(plan: Plan, *, parallel: int = 1, baseline: str | None = None
             mine = {_mlflow_run_id(r.run_dir) for r in done.results}  # this plan's cells, not every child run
             runs = [r for r in series_from_mlflow(plan.experiment, parent_run_id=parent, tracking_uri=uri)
                     if r.source in mine]
-            done.comparison = compare(runs, baseline, target)
+            order = list(plan.specs)  # the command line's order: the first pipeline is the default baseline
+            runs.sort(key=lambda r: order.index(r.variant) if r.variant in order else len(order))
+            done.comparison = compare(runs, baseline or order[0], target)
             what = f"on task {plan.task.spec.name}" if plan.task else "on their own tasks"
             done.report = write_comparison(done.comparison, plan.root / "report",
                                            f"gfcr compare: {len(plan.specs)} pipelines {what}")
