@@ -15,7 +15,8 @@ from gfcr.errors import GfcrError
 
 def ablate(file: Path,
            vary: Annotated[list[str], typer.Option("--vary", metavar="KEY=V1,V2",
-                                                   help="a spec key and its values; repeat to cross keys")],
+                                                   help="a spec key and its values, split at commas outside "
+                                                        "brackets (clip=[0.2,0.28],[0.2,0.2]); repeat to cross keys")],
            seeds: Annotated[str, typer.Option(help="run seeds, e.g. 0,1,2")] = "0",
            steps: Annotated[Optional[int], typer.Option(help="override run.steps in every cell")] = None,
            parallel: Annotated[int, typer.Option(min=1, help="cells run at once (threads of this process)")] = 1,
