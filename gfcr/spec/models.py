@@ -7,14 +7,27 @@ bool) and forbids unknown keys. YAML and Python build the same ``PipelineSpec``.
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
+from gfcr.errors import Location
 from gfcr.spec.problems import fixable
 from gfcr.spec.yaml_source import SourceMap
+
+_LIBRARY = (str(Path(__file__).resolve().parents[1]), str(Path(sys.modules["pydantic"].__file__).parent), "<frozen ")
+
+
+def caller_location() -> Location | None:
+    """Where the user's code called into gfcr: the innermost frame outside gfcr and pydantic
+    (None when there is none, e.g. a spec read from YAML by the CLI)."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_LIBRARY):
+        frame = frame.f_back
+    return None if frame is None else Location(frame.f_code.co_filename, frame.f_lineno)
 
 NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 ALIAS = r"^[a-z][a-z0-9_]*\.[a-z][a-z0-9_]*$"
@@ -103,6 +116,11 @@ class StageSpec(StrictModel):
     retry_delay_s: Annotated[float, Field(ge=0, description="seconds between retries")] = 0.0
     timeout_s: Annotated[float, Field(gt=0, description="a call running longer fails (and may be retried); "
                                       "Prefect runner only")] | None = None
+
+    _where: Location | None = PrivateAttr(default=None)  # the user's line that built it in Python
+
+    def model_post_init(self, context: Any) -> None:
+        self._where = caller_location()
 
     def sources(self) -> list[str]:
         """Upstream ids in binding order."""
@@ -290,6 +308,18 @@ class PipelineSpec(StrictModel):
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
 
     _source: SourceMap = PrivateAttr(default_factory=SourceMap)
+
+    def model_post_init(self, context: Any) -> None:
+        """Built in Python: errors point at the user's lines, the spec's own and each stage's
+        (``build_spec`` replaces this map with the YAML file's)."""
+        where = caller_location()
+        if where is None:
+            return
+        spans = {(): where}
+        for sid, stage in self.all_stages().items():
+            path = ("update",) if sid == UPDATE_ID else ("stages", sid)
+            spans[path] = stage._where or where
+        self._source = SourceMap(None, spans)
 
     @property
     def source(self) -> SourceMap:
