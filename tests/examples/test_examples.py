@@ -116,9 +116,11 @@ def _validate_cases(tmp_path: Path) -> dict[str, str]:
 
 
 def test_writing_a_stage_shows_what_gfcr_validate_prints(package_env, tmp_path):
+    cases = _validate_cases(tmp_path)
     shown = {b.splitlines()[0].removeprefix("$ gfcr validate "): b.split("\n", 1)[1]
              for b in _blocks("") if b.startswith("$ gfcr validate ")}
-    assert sorted(shown) == sorted(_validate_cases(tmp_path))
+    shown = {name: text for name, text in shown.items() if not name.startswith("not_easy")}  # the plugin's: its own test
+    assert sorted(shown) == sorted(cases)
     for name, expected in shown.items():
         out = subprocess.run([str(GFCR), "validate", name], env=package_env, cwd=tmp_path, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

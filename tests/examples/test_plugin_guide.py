@@ -182,3 +182,19 @@ def test_the_guides_record_table_names_real_fields():
         fields = [f for f in re.findall(r"`(\w+)`", reads) if f[0].islower()]
         missing = [f for f in fields if f not in names and not hasattr(records, f)]
         assert not missing, f"{name}: {missing}"
+
+
+def test_the_other_commands_take_plugin_too(user_folder):
+    """`gfcr stages ALIAS --plugin` shows the user's stage; `ablate` and `compare` import their
+    plugins first, so a broken one fails before anything runs, saying which and why."""
+    shown = _run([str(GFCR), "stages", "filter.max_solve_rate", "--plugin", "max_solve_rate.py"], user_folder)
+    assert shown.returncode == 0 and "filter.max_solve_rate" in shown.stdout and "max_rate" in shown.stdout, \
+        shown.stdout
+    (user_folder / "broken.py").write_text("import gfcr\nraise RuntimeError('half-written plugin')\n")
+    for command in (["ablate", "not_easy_arith.yaml", "--vary", "run.steps=1,2"],
+                    ["compare", "not_easy_arith.yaml"]):
+        out = _run([str(GFCR), *command, "--plugin", "broken.py"], user_folder)
+        assert out.returncode == 2, out.stdout
+        assert f"plugin `broken.py` failed to import: RuntimeError: half-written plugin ({user_folder / 'broken.py'}:2)" \
+            in out.stdout, out.stdout
+        assert not (user_folder / "runs").exists()
