@@ -184,9 +184,11 @@ def test_the_guides_record_table_names_real_fields():
         assert not missing, f"{name}: {missing}"
 
 
+@pytest.mark.slow
 def test_the_other_commands_take_plugin_too(user_folder):
     """`gfcr stages ALIAS --plugin` shows the user's stage; `ablate` and `compare` import their
-    plugins first, so a broken one fails before anything runs, saying which and why."""
+    plugins first, so a broken one fails before anything runs, saying which and why (three CLI
+    processes that import MLflow: 30-90 s on a loaded 2-core machine, hence slow)."""
     shown = _run([str(GFCR), "stages", "filter.max_solve_rate", "--plugin", "max_solve_rate.py"], user_folder)
     assert shown.returncode == 0 and "filter.max_solve_rate" in shown.stdout and "max_rate" in shown.stdout, \
         shown.stdout
