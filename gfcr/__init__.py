@@ -1,8 +1,11 @@
 """gfcr: a declarative pipeline language and runtime for the rollout lifecycle of LLM RL.
 
-The package is layered (DESIGN.md section 5); importing ``gfcr`` itself is cheap and pulls in
-no heavy dependency. ``gfcr.run(pipeline)`` and ``gfcr.resume(run_dir)`` (``gfcr.api``) run a
-pipeline from Python as ``gfcr run`` and ``gfcr resume`` do; they import the runtime when called.
+The package is layered, imports pointing downward only: cli, tracking, runtime, engines, stages,
+graph, registry, spec, records, errors (the import-linter contracts in ``pyproject.toml``);
+importing ``gfcr`` itself is cheap and pulls in no heavy dependency. ``gfcr.run(pipeline)`` and
+``gfcr.resume(run_dir)`` (``gfcr.api``) run a pipeline from Python as ``gfcr run`` and
+``gfcr resume`` do, printing a line a step; they import the runtime when called.
+``gfcr.testing`` holds the stage conformance checks.
 """
 
 from typing import Any
@@ -17,3 +20,8 @@ def __getattr__(name: str) -> Any:
 
         return getattr(api, name)
     raise AttributeError(f"module 'gfcr' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The lazy ``run`` and ``resume`` with the rest, so ``dir(gfcr)`` and completion find them."""
+    return sorted({*globals(), *__all__})

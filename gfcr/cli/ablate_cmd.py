@@ -9,19 +9,20 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
-from gfcr.cli.common import ExecutorOption, SetOption, err, fail, out
+from gfcr.cli.common import ExecutorOption, PluginOption, SetOption, err, fail, import_plugins, out
 from gfcr.errors import GfcrError
 
 
 def ablate(file: Path,
            vary: Annotated[list[str], typer.Option("--vary", metavar="KEY=V1,V2",
-                                                   help="a spec key and its values; repeat to cross keys")],
+                                                   help="a spec key and its values, split at commas outside "
+                                                        "brackets (clip=[0.2,0.28],[0.2,0.2]); repeat to cross keys")],
            seeds: Annotated[str, typer.Option(help="run seeds, e.g. 0,1,2")] = "0",
            steps: Annotated[Optional[int], typer.Option(help="override run.steps in every cell")] = None,
            parallel: Annotated[int, typer.Option(min=1, help="cells run at once (threads of this process)")] = 1,
            out_dir: Annotated[Optional[Path], typer.Option("--out", help="report folder (default: <ablation>/report)")]
            = None,
-           set_: SetOption = None, executor: ExecutorOption = None) -> None:
+           set_: SetOption = None, executor: ExecutorOption = None, plugin: PluginOption = None) -> None:
     """Run every combination of the --vary values for every seed, as MLflow child runs of one
     parent run (Prefect subflows under the Prefect runner), and write the comparison report."""
     from gfcr.tracking.ablation import parse_seeds, parse_vary, run_ablation
@@ -29,6 +30,7 @@ def ablate(file: Path,
     base = list(set_ or []) + ([f"run.steps={steps}"] if steps is not None else [])
     base += [f"executor.kind={executor}"] if executor is not None else []
     try:
+        import_plugins(plugin)  # into this process, whose threads and subflows run the cells
         grid, seed_list = parse_vary(vary), parse_seeds(seeds)
         cells = math.prod(len(values) for _, values in grid)
         out.print(f"ablation of {escape(str(file))}: {cells} variant(s) x {len(seed_list)} seed(s) = "

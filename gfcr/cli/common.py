@@ -30,21 +30,35 @@ err = Console(stderr=True, highlight=False, soft_wrap=True, width=_WIDTH)
 SetOption = Annotated[Optional[list[str]], typer.Option("--set", "-s", metavar="KEY=VALUE",
                                                         help="override a spec key, e.g. run.steps=20")]
 
+PluginOption = Annotated[Optional[list[str]], typer.Option(
+    "--plugin", "-p", metavar="MODULE",
+    help="import a module that registers stages (a module name, or a .py file); repeat for several")]
+
 ExecutorOption = Annotated[Optional[str], typer.Option(
     "--executor", metavar="prefect|local|ray", help="override executor.kind (default: the spec's, else prefect)")]
 
 
-def compile_file(file: Path, overrides: list[str] | None, inputs: bool = False) -> CompiledPipeline:
-    """Load and compile ``file``; with ``inputs``, also check its data files and policy model
-    cheaply (``gfcr.runtime.inputs``: first rows, the model's folder; nothing loaded)."""
+def compile_file(file: Path, overrides: list[str] | None, inputs: bool = False,
+                 plugins: list[str] | None = None) -> CompiledPipeline:
+    """Load and compile ``file`` (a path, or the name of a shipped pipeline); with ``inputs``, also
+    check its data files and policy model cheaply (``gfcr.runtime.inputs``: first rows, the model's
+    folder; nothing loaded). ``plugins`` (``--plugin``) join the spec's ``plugins``."""
     from gfcr.graph import load_pipeline
 
-    pipeline = load_pipeline(file, overrides or [])
+    pipeline = load_pipeline(file, overrides or [], plugins=plugins or [])
     if inputs:
         from gfcr.runtime.inputs import check_inputs
 
         check_inputs(pipeline)
     return pipeline
+
+
+def import_plugins(plugins: list[str] | None) -> None:
+    """Import the ``--plugin`` modules into this process (RegistryError: what failed, the fix)."""
+    if plugins:
+        from gfcr.registry.plugins import import_plugins as import_all
+
+        import_all(plugins)
 
 
 def fail(exc: GfcrError) -> None:

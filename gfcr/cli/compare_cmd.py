@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
-from gfcr.cli.common import ExecutorOption, SetOption, err, fail, out
+from gfcr.cli.common import ExecutorOption, PluginOption, SetOption, err, fail, import_plugins, out
 from gfcr.errors import GfcrError
 
 
@@ -26,16 +26,17 @@ def compare(files: Annotated[list[Path], typer.Argument(help="pipeline YAML file
                                                             "lowest seed)")] = None,
             out_dir: Annotated[Optional[Path], typer.Option("--out", help="the comparison's folder (default: "
                                                             "runs/compare-<task>-<hash of the inputs>)")] = None,
-            set_: SetOption = None, executor: ExecutorOption = None) -> None:
+            set_: SetOption = None, executor: ExecutorOption = None, plugin: PluginOption = None) -> None:
     """Run every pipeline for every seed at the same budget (MLflow child runs of one parent,
     Prefect subflows), then write the report: curves, intervals, compute to target, speed-up.
     Run the same command again to continue a comparison that was stopped."""
     from gfcr.tracking.ablation import parse_seeds
     from gfcr.tracking.compare import parse_budget, plan_comparison, run_comparison
-    from gfcr.tracking.compare_report import markdown_table
+    from gfcr.tracking.compare_report import markdown_table, notes
 
     overrides = list(set_ or []) + ([f"executor.kind={executor}"] if executor is not None else [])
     try:
+        import_plugins(plugin)  # into this process, whose threads and subflows run the cells
         plan = plan_comparison(files, task=task, seeds=parse_seeds(seeds), budget=parse_budget(budget),
                                overrides=overrides, out_dir=out_dir)
         out.print(f"comparison of {len(plan.specs)} pipelines x {len(parse_seeds(seeds))} seed(s) "
@@ -53,6 +54,8 @@ def compare(files: Annotated[list[Path], typer.Argument(help="pipeline YAML file
         raise typer.Exit(1)
     assert done.comparison is not None and done.report is not None
     out.print(markdown_table(done.comparison), markup=False)
+    for note in notes(done.comparison):
+        out.print(f"note: {note}", markup=False)
     out.print(f"report: {done.report.html}\n        {done.report.markdown}\n        {done.report.json}", markup=False)
 
 

@@ -24,13 +24,15 @@ FLOW_TAG = "gfcr"
 
 
 @flow(name="gfcr-pipeline", persist_result=False, log_prints=False, validate_parameters=False)
-def pipeline_flow(file: str, overrides: list[str] | None = None, runs_dir: str = "runs") -> dict[str, Any]:
-    """Run the pipeline in ``file`` with ``overrides`` (``KEY=VALUE`` strings) to its end."""
+def pipeline_flow(file: str, overrides: list[str] | None = None, runs_dir: str = "runs",
+                  plugins: list[str] | None = None) -> dict[str, Any]:
+    """Run the pipeline in ``file`` with ``overrides`` (``KEY=VALUE`` strings) and ``plugins``
+    (``--plugin`` modules) to its end."""
     from gfcr.runtime.rundir import new_run_dir
     from gfcr.runtime.session import Run
     from gfcr.tracking.mlflow_tracker import start_tracking
 
-    pipeline = load_pipeline(file, list(overrides or []) + ["executor.kind=prefect"])
+    pipeline = load_pipeline(file, list(overrides or []) + ["executor.kind=prefect"], plugins=list(plugins or []))
     run = Run.start(pipeline, new_run_dir(pipeline.spec.name, Path(runs_dir)))
     trackers = start_tracking(run)
     run.hooks = trackers

@@ -23,7 +23,7 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
-from gfcr.cli.common import SetOption, compile_file, err, fail, out
+from gfcr.cli.common import PluginOption, SetOption, compile_file, err, fail, out
 from gfcr.errors import GfcrError
 
 
@@ -42,13 +42,13 @@ def _deployment(flow_name: str, name: str, parameters: dict, interval: float | N
 def deploy(file: Path, name: Annotated[str, typer.Option("--name", help="the deployment's name")],
            cron: Annotated[Optional[str], typer.Option(help="schedule, e.g. '0 3 * * *'")] = None,
            interval: Annotated[Optional[float], typer.Option(help="schedule: every N seconds")] = None,
-           set_: SetOption = None) -> None:
+           set_: SetOption = None, plugin: PluginOption = None) -> None:
     """Register a Prefect deployment of a pipeline, on a schedule or to start from the UI."""
     if cron is not None and interval is not None:
         err.print("[red]error:[/] give --cron or --interval, not both", markup=True)
         raise typer.Exit(2)
     try:
-        pipeline = compile_file(file, set_)
+        pipeline = compile_file(file, set_, plugins=plugin)
         if cron is not None:
             _check_cron(cron)
         if interval is not None and not (0 < interval < float("inf")):
@@ -57,7 +57,8 @@ def deploy(file: Path, name: Annotated[str, typer.Option("--name", help="the dep
     except GfcrError as exc:
         fail(exc)
         raise typer.Exit(2) from None
-    parameters = {"file": str(file.resolve()), "overrides": list(set_ or [])}
+    parameters = {"file": str(Path(pipeline.spec.source.file or file).resolve()),  # a shipped name: its file
+                  "overrides": list(set_ or []), "plugins": list(pipeline.spec.plugins)}
     deployment = _deployment(pipeline.spec.name, name, parameters, interval, cron,
                              description=pipeline.spec.description or f"gfcr pipeline {file}")
     deployment_id = deployment.apply()

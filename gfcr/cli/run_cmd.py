@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 from rich.markup import escape
 
-from gfcr.cli.common import ExecutorOption, SetOption, compile_file, err, fail, out
+from gfcr.cli.common import ExecutorOption, PluginOption, SetOption, compile_file, err, fail, import_plugins, out
 from gfcr.errors import GfcrError, StageError
 
 if TYPE_CHECKING:
@@ -26,8 +26,8 @@ if TYPE_CHECKING:
 def run(file: Path, set_: SetOption = None,
         steps: Annotated[Optional[int], typer.Option(help="override run.steps")] = None,
         run_dir: Annotated[Optional[Path], typer.Option("--run-dir", help="default: runs/<name>-<time>")] = None,
-        executor: ExecutorOption = None) -> None:
-    """Run a pipeline: a progress bar per step, then a summary saying where the results are.
+        executor: ExecutorOption = None, plugin: PluginOption = None) -> None:
+    """Run a pipeline (a file, or a shipped pipeline's name: `gfcr run quickstart`): a progress bar per step, then a summary saying where the results are.
 
     By default a run is a Prefect flow run with a task run per stage execution (see it in
     `gfcr ui`); `--executor local` runs it in-process, without Prefect.
@@ -35,7 +35,7 @@ def run(file: Path, set_: SetOption = None,
     overrides = list(set_ or []) + ([f"run.steps={steps}"] if steps is not None else [])
     overrides += [f"executor.kind={executor}"] if executor is not None else []
     try:
-        pipeline = compile_file(file, overrides, inputs=True)
+        pipeline = compile_file(file, overrides, inputs=True, plugins=plugin)
     except GfcrError as exc:
         fail(exc)
         raise typer.Exit(2) from None
@@ -44,13 +44,15 @@ def run(file: Path, set_: SetOption = None,
 
 def resume(run_dir: Annotated[Path, typer.Argument(help="a run directory made by `gfcr run`")],
            steps: Annotated[Optional[int], typer.Option(help="run until this many steps in all")] = None,
-           executor: ExecutorOption = None) -> None:
-    """Continue a run from its newest checkpoint, up to run.steps (or --steps)."""
+           executor: ExecutorOption = None, plugin: PluginOption = None) -> None:
+    """Continue a run from its newest checkpoint, up to run.steps (or --steps). The run's own
+    `plugins` are imported again; --plugin imports more first (e.g. a plugin that moved)."""
     from gfcr.runtime.manifest import check_resumable
     from gfcr.runtime.rundir import RunDir
     from gfcr.tracking.mlflow_tracker import check_run_store
 
     def resumed(hooks: tuple) -> object:
+        import_plugins(plugin)
         check_run_store(run_dir)  # a store that is down fails before the run directory changes
         rd = RunDir(run_dir)
         if rd.spec.is_file():  # a damaged checkpoint or lost metrics, found before torch loads

@@ -18,7 +18,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from gfcr.cli.common import err, fail, out
+from gfcr.cli.common import PluginOption, err, fail, import_plugins, out
 from gfcr.errors import RegistryError
 
 
@@ -33,12 +33,17 @@ def stages(alias: Annotated[Optional[str], typer.Argument(help="show this stage 
            components: Annotated[bool, typer.Option("--components", help="list the update's advantage "
                                                     "estimators, losses and aggregations instead")] = False,
            fmt: Annotated[ListFormat, typer.Option("--format", help="with --components: a table, or Markdown")]
-           = ListFormat.table) -> None:
+           = ListFormat.table, plugin: PluginOption = None) -> None:
     """List every registered stage: alias, what it does, ports, config keys and origin package;
     given an ALIAS, show that stage in full; with --components, the update's advantage
     estimators, losses and aggregations."""
     from gfcr.registry import FAMILIES, stage_infos
 
+    try:
+        import_plugins(plugin)
+    except RegistryError as exc:
+        fail(exc)
+        raise typer.Exit(2) from None
     if alias is not None:
         _show_stage(alias, as_json)
         return

@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from gfcr.cli.common import SetOption, compile_file, err, fail, out
+from gfcr.cli.common import PluginOption, SetOption, compile_file, err, fail, out
 from gfcr.errors import GfcrError
 
 
@@ -22,13 +22,13 @@ def validate(files: Annotated[list[Path], typer.Argument(help="pipeline YAML fil
                  "--inputs/--no-inputs",
                  help="also check data files (first rows) and the policy model (found, not loaded); "
                       "--no-inputs checks the spec alone, e.g. on a machine without a pipeline's data")] = True,
-             ) -> None:
+             plugin: PluginOption = None) -> None:
     """Parse, validate, resolve, compile and type-check pipelines, and check their data files
     (the first rows) and policy model (found, not loaded). Exit 2 on any problem."""
     failed = 0
     for file in files:
         try:
-            pipeline = compile_file(file, set_, inputs=inputs)
+            pipeline = compile_file(file, set_, inputs=inputs, plugins=plugin)
         except GfcrError as exc:
             failed += 1
             fail(exc)
@@ -42,12 +42,12 @@ def validate(files: Annotated[list[Path], typer.Argument(help="pipeline YAML fil
 
 
 def graph(file: Path, out_path: Annotated[Path, typer.Option("--out", "-o", help="a .png, .svg or .dot file")],
-          set_: SetOption = None) -> None:
+          set_: SetOption = None, plugin: PluginOption = None) -> None:
     """Draw the compiled pipeline: stages coloured by family, loop blocks as boxes."""
     from gfcr.graph.draw import render
 
     try:
-        written = render(compile_file(file, set_), out_path)
+        written = render(compile_file(file, set_, plugins=plugin), out_path)
     except GfcrError as exc:
         fail(exc)
         raise typer.Exit(2) from None

@@ -27,9 +27,10 @@ from gfcr.graph.model import Binding, CompiledPipeline, DataBinding, LoopBlock, 
 from gfcr.records import StepOutputs
 from gfcr.registry import (DATA_SOURCES, STAGES, ChecksPipeline, FixesGroupSize, NeedsOfEngine, NeedsOfUpdate, Port,
                            Registry, StageInfo, UpdateNeed, has_role, stage_info)
+from gfcr.registry.plugins import import_plugin
 from gfcr.spec import UPDATE_ID, PipelineSpec, SourceMap, StageSpec, load_spec
 from gfcr.spec.loader import check_references
-from gfcr.spec.models import ALIAS, ENGINE_LACKS, ENGINE_NEEDS
+from gfcr.spec.models import ALIAS, ENGINE_LACKS, ENGINE_NEEDS, is_plugin_ref
 from gfcr.spec.problems import dotted, problems_from_validation
 
 LOOP_FIX = ("pipelines are acyclic; to repeat stages within a step, list them in a loop block "
@@ -61,6 +62,18 @@ class _Checker:
 
     def problem(self, path: tuple, message: str, fix: str | None) -> None:
         self.problems.append(Problem(self.source.locate(path), dotted(path), message, fix))
+
+    def plugins(self, refs: list[Any]) -> None:
+        """Import the pipeline's plugins, before its stages are looked up: what they register is
+        then known like a built-in."""
+        base = Path(self.source.file).parent if self.source.file else None
+        for i, ref in enumerate(refs):
+            if not isinstance(ref, str) or not is_plugin_ref(ref):
+                continue  # the schema reports it
+            try:
+                import_plugin(ref, base)
+            except RegistryError as exc:
+                self.problem(("plugins", i), exc.message, exc.fix)
 
     def stage(self, sid: str, use: str, values: dict[str, Any]) -> tuple[StageInfo, BaseModel | None] | None:
         base = _stage_path(sid)
@@ -103,6 +116,8 @@ def entry_problems(data: Any, source: SourceMap, stages: Registry[type] = STAGES
     checker = _Checker(source, stages, data_sources)
     if not isinstance(data, dict):
         return []
+    if isinstance(data.get("plugins"), list):
+        checker.plugins(data["plugins"])
     entries = dict(data["stages"]) if isinstance(data.get("stages"), dict) else {}
     if "update" in data:
         entries[UPDATE_ID] = data["update"]
@@ -373,6 +388,7 @@ class _Compiler:
     def compile(self) -> CompiledPipeline:
         # specs built in Python skip the loader: check their references here too
         self.problems += check_references(self.spec, self.spec.source)
+        self.checker.plugins(self.spec.plugins)
         if self.problems:
             raise GraphError(self.problems)
         all_stages = self.spec.all_stages()
@@ -411,11 +427,12 @@ def compile_pipeline(spec: PipelineSpec, stages: Registry[type] = STAGES,
 
 
 def load_pipeline(path: str | Path, overrides: Iterable[str] = (), stages: Registry[type] = STAGES,
-                  data_sources: Registry[type] = DATA_SOURCES) -> CompiledPipeline:
-    """Read, validate and compile a pipeline file: what ``gfcr validate`` does.
+                  data_sources: Registry[type] = DATA_SOURCES, plugins: Iterable[str] = ()) -> CompiledPipeline:
+    """Read, validate and compile a pipeline file: what ``gfcr validate`` does. ``plugins`` (the
+    CLI's ``--plugin``) join the spec's own ``plugins``, so a run directory's spec keeps them.
 
     When the schema fails, stage names and configs are checked too, so one run of
     ``gfcr validate`` shows both kinds of problems; wiring is checked once the schema holds.
     """
     raw_checks = functools.partial(entry_problems, stages=stages, data_sources=data_sources)
-    return compile_pipeline(load_spec(path, overrides, raw_checks=raw_checks), stages, data_sources)
+    return compile_pipeline(load_spec(path, overrides, raw_checks=raw_checks, plugins=plugins), stages, data_sources)

@@ -116,9 +116,17 @@ BUILTIN_DATA_SOURCES = {
 }
 
 
+def _own_stage_fix(alias: str) -> str:
+    """How to make a stage of one's own known, for the unknown-stage error."""
+    return (f"if `{alias}` is your own stage, import the module that registers it: `plugins: [my_stages]` in the "
+            "pipeline, or `--plugin my_stages` (a module name or a `.py` file); a package declares it in the "
+            "`gfcr.stages` entry-point group and is pip-installed (docs/writing-a-stage.md)")
+
+
 def make_stage_registry(builtins: bool = True, entry_points: bool = True) -> Registry[type]:
     # a class registered eagerly is checked at once (a lazy one when first looked up)
-    registry: Registry[type] = Registry("stage", "gfcr.stages" if entry_points else None, check=describe_stage)
+    registry: Registry[type] = Registry("stage", "gfcr.stages" if entry_points else None, check=describe_stage,
+                                        unknown_fix=_own_stage_fix)
     if builtins:
         for alias, target in BUILTIN_STAGES.items():
             registry.register_lazy(alias, target, origin="gfcr")

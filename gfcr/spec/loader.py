@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable
 from pydantic import ValidationError
 
 from gfcr.errors import Location, Problem, SpecError, did_you_mean, known
-from gfcr.spec.models import UPDATE_ID, PipelineSpec
+from gfcr.spec.models import UPDATE_ID, PipelineSpec, resolve_plugin_path
 from gfcr.spec.overrides import apply_overrides
 from gfcr.spec.problems import dotted, problems_from_validation
 from gfcr.spec.yaml_source import SourceMap, parse_yaml
@@ -22,19 +22,41 @@ from gfcr.spec.yaml_source import SourceMap, parse_yaml
 RawChecks = Callable[[Any, SourceMap], list[Problem]]
 
 
-def load_spec(path: str | Path, overrides: Iterable[str] = (), raw_checks: RawChecks | None = None) -> PipelineSpec:
-    """Read a pipeline YAML file, apply ``--set`` overrides and validate it."""
-    path = Path(path)
+def load_spec(path: str | Path, overrides: Iterable[str] = (), raw_checks: RawChecks | None = None,
+              plugins: Iterable[str] = ()) -> PipelineSpec:
+    """Read a pipeline YAML file (a path, or the name of a shipped pipeline: ``quickstart``), apply
+    ``--set`` overrides, add the ``--plugin`` modules to its ``plugins`` and validate it."""
+    path = pipeline_path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
+        hint = did_you_mean(str(path), shipped_pipelines())
         raise SpecError([Problem(Location(str(path)), "", f"cannot read the file: {exc.strerror}",
-                                 "check the path")]) from None
-    return load_spec_text(text, str(path), overrides, raw_checks)
+                                 f"{hint + ' (a shipped pipeline); ' if hint else ''}check the path, or name a "
+                                 "shipped pipeline (`gfcr run quickstart`; they are the files of `pipelines/`)")]
+                        ) from None
+    return load_spec_text(text, str(path), overrides, raw_checks, plugins)
+
+
+def shipped_pipelines() -> dict[str, Path]:
+    """The pipelines of gfcr's ``pipelines/`` folder by name: ``quickstart``, ``examples/fake_dapo``.
+    The folder is the checkout's, beside the package (``pip install -e .``, as the Makefile does)."""
+    folder = Path(__file__).resolve().parents[2] / "pipelines"
+    found = {p.stem: p for p in sorted(folder.glob("*.yaml"))}
+    found.update({f"examples/{p.stem}": p for p in sorted(folder.glob("examples/*.yaml"))})
+    return found
+
+
+def pipeline_path(name_or_path: str | Path) -> Path:
+    """``name_or_path`` itself when a file is there, else the shipped pipeline of that name (if any)."""
+    path = Path(name_or_path)
+    if path.exists():
+        return path
+    return shipped_pipelines().get(str(name_or_path).removesuffix(".yaml"), path)
 
 
 def load_spec_text(text: str, file: str | None = None, overrides: Iterable[str] = (),
-                   raw_checks: RawChecks | None = None) -> PipelineSpec:
+                   raw_checks: RawChecks | None = None, plugins: Iterable[str] = ()) -> PipelineSpec:
     data, source, problems = parse_yaml(text, file)
     if data is None and not problems:
         problems.append(Problem(Location(file, 1, 1), "", "the file is empty",
@@ -44,11 +66,11 @@ def load_spec_text(text: str, file: str | None = None, overrides: Iterable[str] 
                                 "start with `name: ...` at the top level"))
     if problems:
         raise SpecError(problems)
-    return build_spec(data, source, overrides, raw_checks)
+    return build_spec(data, source, overrides, raw_checks, plugins)
 
 
 def build_spec(data: dict[str, Any], source: SourceMap | None = None, overrides: Iterable[str] = (),
-               raw_checks: RawChecks | None = None) -> PipelineSpec:
+               raw_checks: RawChecks | None = None, plugins: Iterable[str] = ()) -> PipelineSpec:
     """Validate plain data (from YAML or Python) into a ``PipelineSpec``.
 
     ``raw_checks`` (given by the graph layer, which knows the registries) adds its problems
@@ -63,6 +85,7 @@ def build_spec(data: dict[str, Any], source: SourceMap | None = None, overrides:
     source = source or SourceMap()
     data = _copy(data)
     problems = apply_overrides(PipelineSpec, data, source, list(overrides))
+    add_plugins(data, source, list(plugins))
     try:
         spec = PipelineSpec.model_validate(data)
     except ValidationError as exc:
@@ -74,6 +97,25 @@ def build_spec(data: dict[str, Any], source: SourceMap | None = None, overrides:
         raise SpecError(problems + (raw_checks(data, source) if raw_checks else []))
     spec._source = source
     return spec
+
+
+def add_plugins(data: dict[str, Any], source: SourceMap, extra: list[str]) -> None:
+    """Append the ``--plugin`` modules to ``data["plugins"]`` (once each, located at the option),
+    and make its relative ``.py`` paths absolute: the file's against the pipeline file's folder,
+    the option's against the current directory."""
+    listed = data.get("plugins")
+    if not isinstance(listed, list):
+        if extra and listed is None:
+            listed = data["plugins"] = []
+        else:
+            return  # not a list: the schema says so
+    base = Path(source.file).parent if source.file else None
+    listed[:] = [resolve_plugin_path(p, base) if isinstance(p, str) else p for p in listed]
+    for ref in extra:
+        ref = resolve_plugin_path(ref, None)
+        if ref not in listed:
+            source.spans[("plugins", len(listed))] = Location(f"--plugin {ref}")
+            listed.append(ref)
 
 
 def _copy(data: Any) -> Any:

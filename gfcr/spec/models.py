@@ -7,13 +7,27 @@ bool) and forbids unknown keys. YAML and Python build the same ``PipelineSpec``.
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
+from gfcr.errors import Location
 from gfcr.spec.problems import fixable
 from gfcr.spec.yaml_source import SourceMap
+
+_LIBRARY = (str(Path(__file__).resolve().parents[1]), str(Path(sys.modules["pydantic"].__file__).parent), "<frozen ")
+
+
+def caller_location() -> Location | None:
+    """Where the user's code called into gfcr: the innermost frame outside gfcr and pydantic
+    (None when there is none, e.g. a spec read from YAML by the CLI)."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_LIBRARY):
+        frame = frame.f_back
+    return None if frame is None else Location(frame.f_code.co_filename, frame.f_lineno)
 
 NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 ALIAS = r"^[a-z][a-z0-9_]*\.[a-z][a-z0-9_]*$"
@@ -41,6 +55,33 @@ def _check_refs(value: Any) -> Any:
             raise ValueError(f"{shape}; `{item!r}` is not a stage id")
     return value
 
+
+MODULE_NAME = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+PLUGIN_FORMS = ("a module name importable from the Python path or the pipeline file's folder (`my_stages`, "
+                "`my_pkg.stages`), or the path of a `.py` file (`stages/my_stage.py`)")
+
+
+def is_plugin_ref(ref: str) -> bool:
+    """True for the two forms a plugin may take (``gfcr.registry.plugins``): a dotted module name
+    or the path of a ``.py`` file."""
+    return ref.endswith(".py") or re.match(MODULE_NAME, ref) is not None
+
+
+def resolve_plugin_path(ref: str, base: Path | None) -> str:
+    """``ref`` with a relative ``.py`` path made absolute against ``base`` (default: the current
+    directory); module names unchanged. A run directory's copy of the spec then still finds the file."""
+    if not ref.endswith(".py") or Path(ref).is_absolute():
+        return ref
+    return str(((base or Path.cwd()) / ref).resolve())
+
+
+def _check_plugin(value: str) -> str:
+    if not is_plugin_ref(value):
+        raise fixable(f"`{value}` is neither a module name nor a `.py` file", f"give {PLUGIN_FORMS}")
+    return value
+
+
+PluginRef = Annotated[str, AfterValidator(_check_plugin)]
 
 StageRefs = Annotated[Any, AfterValidator(_check_refs), Field(json_schema_extra={
     "anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}},
@@ -75,6 +116,11 @@ class StageSpec(StrictModel):
     retry_delay_s: Annotated[float, Field(ge=0, description="seconds between retries")] = 0.0
     timeout_s: Annotated[float, Field(gt=0, description="a call running longer fails (and may be retried); "
                                       "Prefect runner only")] | None = None
+
+    _where: Location | None = PrivateAttr(default=None)  # the user's line that built it in Python
+
+    def model_post_init(self, context: Any) -> None:
+        self._where = caller_location()
 
     def sources(self) -> list[str]:
         """Upstream ids in binding order."""
@@ -248,6 +294,9 @@ class PipelineSpec(StrictModel):
 
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")]
     description: str = ""
+    plugins: list[PluginRef] = Field(default_factory=list, description=(
+        "modules that register stages when imported (your own, not installed): each "
+        + PLUGIN_FORMS + "; imported before the stages are looked up (gfcr.registry.plugins)"))
     policy: PolicySpec | None = None
     data: DataSpec
     eval: EvalSpec | None = None
@@ -259,6 +308,18 @@ class PipelineSpec(StrictModel):
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
 
     _source: SourceMap = PrivateAttr(default_factory=SourceMap)
+
+    def model_post_init(self, context: Any) -> None:
+        """Built in Python: errors point at the user's lines, the spec's own and each stage's
+        (``build_spec`` replaces this map with the YAML file's)."""
+        where = caller_location()
+        if where is None:
+            return
+        spans = {(): where}
+        for sid, stage in self.all_stages().items():
+            path = ("update",) if sid == UPDATE_ID else ("stages", sid)
+            spans[path] = stage._where or where
+        self._source = SourceMap(None, spans)
 
     @property
     def source(self) -> SourceMap:

@@ -16,6 +16,7 @@ Fidelity: gfcr's own: labelled test stages for the runtime's logic; they impleme
 
 from __future__ import annotations
 
+import time
 import zlib
 from dataclasses import dataclass, replace
 from typing import Annotated, Any, ClassVar, Sequence
@@ -80,6 +81,9 @@ class FakeGenerate:
         length: Annotated[int, Field(ge=1, description="tokens per rollout")] = 8
         vocab_size: Annotated[int, Field(ge=2)] = 64
         seed: int = 0
+        latency_s: Annotated[float, Field(ge=0.0, description=(
+            "seconds each call sleeps, standing in for an engine's generation time: a step time that the "
+            "machine's load barely moves, for tests of wall-clock figures"))] = 0.0
         marks_correct: ClassVar[bool] = True  # a capability (gfcr.registry.MarksCorrect): rewards are its verdicts
 
     def __init__(self, config: Config):
@@ -95,6 +99,7 @@ class FakeGenerate:
         groups = [self._group(e, allocation.step, ctx, provided) for e in allocation.active()]
         if self.controllers:
             self._decode(groups)
+        time.sleep(self.config.latency_s)
         return RolloutGroups(groups)
 
     def _group(self, entry: AllocationEntry, step: int, ctx: StepContext, provided: Provided | None) -> RolloutGroup:

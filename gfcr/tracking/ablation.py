@@ -84,13 +84,39 @@ class Ablation:
         return [r for r in self.results if r.error is not None]
 
 
+def split_values(text: str) -> list[str] | None:
+    """The comma-separated values of ``text``, commas inside brackets, braces or quotes kept
+    (``[0.2,0.28],[0.2,0.2]`` is two lists); None when a bracket or quote is left open."""
+    values, current, closers, quote = [], "", [], None
+    for char in text:
+        if quote is not None:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "[{":
+            closers.append("]" if char == "[" else "}")
+        elif char in "]}":
+            if not closers or closers.pop() != char:
+                return None
+        elif char == "," and not closers:
+            values.append(current.strip())
+            current = ""
+            continue
+        current += char
+    return None if closers or quote is not None else values + [current.strip()]
+
+
 def parse_vary(items: Sequence[str]) -> list[tuple[str, list[str]]]:
-    """``["a.b=1,2", ...]`` -> ``[("a.b", ["1", "2"]), ...]``; every problem at once, with a fix."""
+    """``["a.b=1,2", "c=[1,2],[3,4]"]`` -> ``[("a.b", ["1", "2"]), ("c", ["[1,2]", "[3,4]"])]``: values
+    are split at the commas outside brackets, braces and quotes; every problem at once, with a fix."""
     parsed, problems = [], []
     for item in items:
         key, sep, values = item.partition("=")
-        options = [v.strip() for v in values.split(",")] if sep else []
-        if not key.strip() or not sep or not all(options):
+        options = split_values(values) if sep else []
+        if options is None:
+            problems.append(f"--vary {item!r}: a bracket or quote is left open; write list values whole, "
+                            "e.g. --vary 'update.with.loss.with.clip=[0.2,0.28],[0.2,0.2]'")
+        elif not key.strip() or not sep or not all(options):
             problems.append(f"--vary {item!r}: expected KEY=V1,V2[,...], e.g. update.with.advantage.use=mean_std,median")
         elif key.strip() in {k for k, _ in parsed}:
             problems.append(f"--vary {item!r}: `{key.strip()}` is varied twice; give all its values in one --vary")

@@ -50,6 +50,8 @@ from gfcr.graph import CompiledPipeline, load_pipeline
 from gfcr.runtime.checkpoint import latest_checkpoint
 from gfcr.runtime.rundir import RunDir, write_text
 from gfcr.runtime.session import Run
+from gfcr.spec.loader import pipeline_path
+from gfcr.spec.models import resolve_plugin_path
 from gfcr.spec.task import Task, apply_task, load_task
 from gfcr.spec.yaml_source import parse_yaml
 from gfcr.tracking.ablation import SEED_TAG, VARIANT_TAG, CellResult, train_cell
@@ -165,9 +167,12 @@ def plan_comparison(files: Sequence[Path], *, task: str | None = None, seeds: Se
 
 
 def _merged(file: Path, task: Task | None) -> tuple[str, dict[str, Any]]:
+    file = pipeline_path(file)  # a shipped pipeline may be named: `quickstart`
     data, _, problems = parse_yaml(file.read_text(encoding="utf-8"), str(file))
     if problems:
         raise SpecError(problems)
+    if isinstance(data.get("plugins"), list):  # the cell's spec is compiled from another folder
+        data["plugins"] = [resolve_plugin_path(p, file.parent) for p in data["plugins"]]
     return str(data["name"]), apply_task(data, task) if task is not None else data
 
 
@@ -229,7 +234,9 @@ def run_comparison(plan: Plan, *, parallel: int = 1, baseline: str | None = None
             mine = {_mlflow_run_id(r.run_dir) for r in done.results}  # this plan's cells, not every child run
             runs = [r for r in series_from_mlflow(plan.experiment, parent_run_id=parent, tracking_uri=uri)
                     if r.source in mine]
-            done.comparison = compare(runs, baseline, target)
+            order = list(plan.specs)  # the command line's order: the first pipeline is the default baseline
+            runs.sort(key=lambda r: order.index(r.variant) if r.variant in order else len(order))
+            done.comparison = compare(runs, baseline or order[0], target)
             what = f"on task {plan.task.spec.name}" if plan.task else "on their own tasks"
             done.report = write_comparison(done.comparison, plan.root / "report",
                                            f"gfcr compare: {len(plan.specs)} pipelines {what}")

@@ -18,19 +18,28 @@ labelled with its pipeline (the ``gfcr.variant`` tag). Per pipeline, over its se
 - zero-variance fraction: groups whose rollouts all got the same reward / groups;
 - tokens scored, not generated: response tokens stages scored through the engine (pilot
   rollouts, draft checks), which the token counts above do not include;
-- wall per step: seconds of the steps alone (evaluations excluded), mean over steps.
+- wall per step: seconds of the steps alone (evaluations excluded), mean over the steps after
+  the warm-up step: step 0 of every run (``WARMUP_STEPS``) pays the process's first imports,
+  allocations and kernel choices, which the first cell of a comparison pays and the others do
+  not, so it is left out of every wall-clock figure (a one-step run keeps its one step); and its
+  ratio to the baseline's (< 1: faster per step);
+- identical results: pipelines whose every seed gave the same counts at every step and the same
+  evaluations (``identical``), which the report says, since a difference of zero is more often
+  a stage that had no effect in the steps run than a tie.
 
 Every interval is ``mean +- t(0.975, n-1) * sd / sqrt(n)`` over seeds (none with one seed),
 cut to the values the figure can take (accuracies and fractions in [0, 1], counts and seconds
 >= 0): with 3 seeds, t = 4.30, so intervals are wide and honest about it.
 
 Curves (accuracy against cumulative generated tokens, and against cumulative wall seconds of
-the steps and evaluations before each evaluation) aggregate the seeds' evaluations at the
+the steps and evaluations before each evaluation, the warm-up step left out) aggregate the seeds' evaluations at the
 same step: mean x, mean y, and the 95% interval of y as the band.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import math
 from dataclasses import dataclass
 from statistics import mean, stdev
@@ -43,6 +52,7 @@ from gfcr.tracking.report_series import RunSeries
 from gfcr.tracking.report_variants import Curve, Variant, first_reach, group_variants
 
 Z = 0.975  # two-sided 95%
+WARMUP_STEPS = 1  # step 0 of every run (and the evaluation before it): left out of wall-clock figures
 
 
 @dataclass(frozen=True)
@@ -97,7 +107,8 @@ class PipelineFigures:
     effective_token_ratio: Estimate | None  # None: runs without `tokens_with_signal` (older gfcr)
     zero_variance_fraction: Estimate | None
     tokens_scored: Estimate | None
-    wall_per_step: Estimate
+    wall_per_step: Estimate  # the warm-up step left out
+    wall_per_step_vs_baseline: Estimate | None  # this pipeline's wall per step / the baseline's (None: the baseline)
 
 
 @dataclass(frozen=True)
@@ -108,6 +119,7 @@ class Comparison:
     target: float | None
     rows: tuple[PipelineFigures, ...]
     variants: tuple[Variant, ...]
+    identical: tuple[tuple[str, str], ...] = ()  # pairs of pipelines whose every seed gave the same results
 
 
 def compare(runs: Sequence[RunSeries], baseline: str | None = None, target: float | None = None) -> Comparison:
@@ -123,8 +135,28 @@ def compare(runs: Sequence[RunSeries], baseline: str | None = None, target: floa
         finals = [r.final_accuracy for r in base.runs if r.final_accuracy is not None]
         target = min(finals) if finals else None
     base_tokens = _to_target(base, target)
-    rows = tuple(_row(v, target, base_tokens) for v in variants)
-    return Comparison(base.label, target, rows, variants)
+    rows = tuple(_row(v, target, base_tokens, base if v is not base else None) for v in variants)
+    return Comparison(base.label, target, rows, variants, identical_pairs(variants))
+
+
+def _results(run: RunSeries) -> tuple:
+    """What a run produced, clock readings aside: every step's counts and every evaluation."""
+    return tuple(dataclasses.replace(s, seconds=0.0, step_seconds=0.0) for s in run.steps), run.evals
+
+
+def identical_pairs(variants: Sequence[Variant]) -> tuple[tuple[str, str], ...]:
+    """The pairs of pipelines that ran the same seeds and got the same results with each."""
+    results = {v.label: {r.seed: _results(r) for r in v.runs} for v in variants}
+    return tuple((a, b) for a, b in itertools.combinations(results, 2) if results[a] == results[b])
+
+
+def steady_steps(run: RunSeries) -> list:
+    """The run's steps after the warm-up step (all of them when the run has no other)."""
+    return [s for s in run.steps if s.step >= WARMUP_STEPS] or list(run.steps)
+
+
+def _wall_per_step(variant: Variant) -> list[float]:
+    return [mean(s.step_seconds for s in steady_steps(r)) if r.steps else 0.0 for r in variant.runs]
 
 
 def _reaches(variant: Variant, target: float | None) -> list[tuple[int, int] | None]:
@@ -146,7 +178,8 @@ def _per_seed(variant: Variant, value: Callable[[RunSeries], float | None], high
     return None if not values or any(v is None for v in values) else estimate(values, 0.0, high)  # type: ignore
 
 
-def _row(variant: Variant, target: float | None, base: list[tuple[int, int]] | None) -> PipelineFigures:
+def _row(variant: Variant, target: float | None, base: list[tuple[int, int]] | None,
+         baseline: Variant | None) -> PipelineFigures:
     reaches = _reaches(variant, target)
     hits = _all_reached(reaches)
     reaching = sum(h is not None for h in reaches)
@@ -163,8 +196,18 @@ def _row(variant: Variant, target: float | None, base: list[tuple[int, int]] | N
         effective_token_ratio=_per_seed(variant, _effective_ratio, 1.0),
         zero_variance_fraction=_per_seed(variant, _zero_variance, 1.0),
         tokens_scored=_per_seed(variant, lambda r: _total(r, "tokens_scored")),
-        wall_per_step=estimate([mean(s.step_seconds for s in r.steps) if r.steps else 0.0 for r in variant.runs]),
+        wall_per_step=estimate(_wall_per_step(variant)),
+        wall_per_step_vs_baseline=_wall_ratio(variant, baseline),
     )
+
+
+def _wall_ratio(variant: Variant, baseline: Variant | None) -> Estimate | None:
+    """This pipeline's mean wall per step over the baseline's (the delta-method interval of
+    ``ratio_of_means``); None for the baseline itself, or when the baseline's is zero."""
+    if baseline is None:
+        return None
+    walls, base_walls = _wall_per_step(variant), _wall_per_step(baseline)
+    return ratio_of_means(walls, base_walls) if mean(walls) > 0 and mean(base_walls) > 0 else None
 
 
 def _total(run: RunSeries, counter: str) -> float | None:
@@ -204,4 +247,6 @@ def tokens_before(run: RunSeries, step: int) -> float:
 
 
 def seconds_before(run: RunSeries, step: int) -> float:
-    return sum(s.seconds for s in run.steps if s.step < step)
+    """Wall seconds of the steps (and the evaluations before them) before ``step``, the warm-up
+    step left out."""
+    return sum(s.seconds for s in run.steps if WARMUP_STEPS <= s.step < step)

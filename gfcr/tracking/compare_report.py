@@ -15,8 +15,8 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from gfcr.tracking.compare_figures import (Comparison, Estimate, PipelineFigures, accuracy_curve, seconds_before,
-                                           tokens_before)
+from gfcr.tracking.compare_figures import (WARMUP_STEPS, Comparison, Estimate, PipelineFigures, accuracy_curve,
+                                           seconds_before, tokens_before)
 from gfcr.tracking.plots import PlotSpec, colour, draw, hex_colour
 from gfcr.tracking.report_variants import step_curve, zero_variance_fraction
 
@@ -26,7 +26,7 @@ PLOTS = {spec.name: spec for spec in (
              "evaluation.", markers=True),
     PlotSpec("accuracy_vs_wall", "Eval accuracy against wall time", "cumulative wall seconds (steps + evals)",
              "eval accuracy", "Mean over seeds; band: 95% interval. x: seconds of the steps and evaluations "
-             "before the evaluation (loading excluded).", markers=True),
+             "before the evaluation (loading and the warm-up step 0 excluded).", markers=True),
     PlotSpec("zero_variance", "Zero-variance groups per step", "step", "fraction of groups with equal rewards",
              "Mean over seeds; band: min to max.", integer_x=True),
 )}
@@ -44,8 +44,21 @@ DEFINITIONS = (
     "Zero-variance groups: groups whose rollouts all got the same reward ÷ groups generated.",
     "Tokens scored, not generated: response tokens stages scored through the engine (pilots, draft "
     "checks); not counted in the token columns.",
-    "Wall per step: seconds of a step (evaluations excluded); it depends on the machine and its load.",
+    "Wall per step: seconds of a step (evaluations excluded), mean over the steps after step 0: step 0 is the "
+    "warm-up (the process's first imports, allocations and kernels, which only the first cell pays) and is left "
+    "out of every wall-clock figure and curve; in brackets, the ratio to the baseline's (< 1: faster per step). "
+    "It depends on the machine and its load.",
 )
+
+
+def notes(comparison: Comparison) -> list[str]:
+    """What the table alone would hide: pipelines whose results are identical, and why that may be."""
+    return [f"`{a}` and `{b}` gave identical results for every seed (each step's rollouts, tokens, groups and "
+            "every evaluation): the stages in which they differ changed nothing in the steps run (a stage that "
+            "learns from history, such as a skip rule, may need more steps before it acts; a threshold may never "
+            "be met at this size), or the two pipelines are equivalent. Run more steps, or check the stage's "
+            "metrics and lineage (`gfcr lineage RUN_DIR`), before reading this as a tie."
+            for a, b in comparison.identical]
 
 
 @dataclass(frozen=True)
@@ -83,7 +96,8 @@ def figures_json(comparison: Comparison, curves: dict[str, list] | None = None) 
     """Every figure of the comparison as plain data (what ``compare.json`` holds)."""
     curves = _curves(comparison) if curves is None else curves
     return {
-        "baseline": comparison.baseline, "target": comparison.target,
+        "baseline": comparison.baseline, "target": comparison.target, "warmup_steps": WARMUP_STEPS,
+        "identical": [list(pair) for pair in comparison.identical], "notes": notes(comparison),
         "rows": [asdict(r) for r in comparison.rows],
         "curves": {name: [asdict(c) for c in cs] for name, cs in curves.items()},
         "runs": [{"pipeline": v.label, "seed": r.seed, "source": r.source} for v in comparison.variants
@@ -123,14 +137,27 @@ def cells(row: PipelineFigures, comparison: Comparison) -> list[str]:
     target = comparison.target
     if row.pipeline == comparison.baseline:
         speedup = "1 (baseline)"
+    elif target is None:
+        speedup = "n/a (no evaluations)"
     elif row.speedup is None:
         speedup = "n/a (target not reached)"
     else:
         speedup = fmt(row.speedup, 2, "x")
-    return [row.pipeline, ", ".join("?" if s is None else str(s) for s in row.seeds), fmt(row.steps, 0),
+    return [row.pipeline, seeds_label(row.seeds), fmt(row.steps, 0),
             fmt(row.final_accuracy), _to_target(row.tokens_to_target, row, target),
             _to_target(row.rollouts_to_target, row, target), speedup, fmt(row.effective_token_ratio),
-            fmt(row.zero_variance_fraction), fmt(row.tokens_scored, 0), fmt(row.wall_per_step, 2)]
+            fmt(row.zero_variance_fraction), fmt(row.tokens_scored, 0), _wall(row)]
+
+
+def seeds_label(seeds: tuple[int | None, ...]) -> str:
+    """``seed 0`` or ``seeds 0, 1, 2``: the seeds themselves, never read as a count."""
+    names = ", ".join("?" if s is None else str(s) for s in seeds)
+    return f"seed {names}" if len(seeds) == 1 else f"seeds {names}"
+
+
+def _wall(row: PipelineFigures) -> str:
+    ratio = row.wall_per_step_vs_baseline
+    return fmt(row.wall_per_step, 2) + ("" if ratio is None else f" ({ratio.mean:.2f}x baseline)")
 
 
 def markdown_table(comparison: Comparison) -> str:
@@ -140,7 +167,9 @@ def markdown_table(comparison: Comparison) -> str:
 
 
 def _markdown(title: str, comparison: Comparison, plots: dict[str, Path]) -> str:
-    parts = [f"# {title}\n", markdown_table(comparison), "\n".join(f"- {d}" for d in DEFINITIONS) + "\n"]
+    parts = [f"# {title}\n", markdown_table(comparison)]
+    parts += ["\n".join(f"**Note:** {n}" for n in notes(comparison)) + "\n"] if comparison.identical else []
+    parts += ["\n".join(f"- {d}" for d in DEFINITIONS) + "\n"]
     parts += [f"![{PLOTS[name].title}]({path.name})\n" for name, path in plots.items()]
     return "\n".join(parts)
 
@@ -154,8 +183,9 @@ def _html(title: str, comparison: Comparison, plots: dict[str, Path]) -> str:
         for i, r in enumerate(comparison.rows))
     figures = "".join(f'<figure><img src="{e(p.name)}" alt="{e(PLOTS[n].title)}">'
                       f"<figcaption>{e(PLOTS[n].caption)}</figcaption></figure>" for n, p in plots.items())
-    notes = "".join(f"<li>{e(d)}</li>" for d in DEFINITIONS)
-    return _PAGE.format(title=e(title), head=head, body=body, figures=figures, notes=notes)
+    said = "".join(f'<p class="note"><b>Note:</b> {e(n)}</p>' for n in notes(comparison))
+    definitions = "".join(f"<li>{e(d)}</li>" for d in DEFINITIONS)
+    return _PAGE.format(title=e(title), head=head, body=body, figures=figures, notes=definitions, said=said)
 
 
 _PAGE = """<!doctype html>
@@ -169,10 +199,12 @@ th {{ background: #f3f3f3; }}
 .plots {{ display: flex; flex-wrap: wrap; gap: 1em; }}
 figure {{ margin: 0; }} figure img {{ width: 660px; max-width: 100%; border: 1px solid #eee; }}
 figcaption, .notes {{ font-size: 0.85em; color: #555; }}
+.note {{ background: #fff6d6; padding: 0.5em 0.8em; border-left: 3px solid #e0b000; }}
 </style></head>
 <body>
 <h1>{title}</h1>
 <table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>
+{said}
 <ul class="notes">{notes}</ul>
 <div class="plots">{figures}</div>
 </body></html>

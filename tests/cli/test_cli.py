@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import subprocess
@@ -221,3 +222,54 @@ def test_bad_data_rows_fail_the_run_or_are_skipped(write_spec, tmp_path, on_erro
         assert result.exit_code == 2 and not run_dir.exists()  # nothing ran, nothing written
     else:
         assert result.exit_code == 0 and len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+_NO_VLLM = (
+    "import sys, importlib.abc\n"
+    "class NoVllm(importlib.abc.MetaPathFinder):  # as if vLLM were not installed\n"
+    "    def find_spec(self, name, path=None, target=None):\n"
+    "        if name.split('.')[0] == 'vllm':\n"
+    "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+    "sys.meta_path.insert(0, NoVllm())\n"
+    "from gfcr.cli.main import app\n"
+    "sys.argv = ['gfcr', *sys.argv[1:]]\n"
+    "app()\n"
+)
+
+
+@pytest.mark.parametrize("blocked", [True, False], ids=["vllm-unimportable", "vllm-installed"])
+def test_validate_refuses_the_vllm_engine_where_vllm_cannot_be_imported(blocked):
+    """Issue 30: `gfcr validate --set policy.engine=vllm` failed only at `gfcr run` where vLLM is
+    not installed. vLLM is installed here: a meta-path finder in a fresh interpreter makes it
+    unimportable, as on a machine without it; without the finder the same command passes."""
+    args = ["validate", "quickstart", "--set", "policy.engine=vllm"]  # the issue's command
+    preamble = _NO_VLLM if blocked else _NO_VLLM.replace("sys.meta_path.insert(0, NoVllm())\n", "")
+    out = subprocess.run([sys.executable, "-c", preamble, *args], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    if not blocked:
+        assert out.returncode == 0, out.stderr
+        return
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert ("--set policy.engine=vllm: policy.engine: `policy.engine: vllm`, but vLLM is not installed in this "
+            "Python environment (no module `vllm`)") in out.stderr
+    assert "fix: install it (`pip install 'gfcr[vllm]'`" in out.stderr and "`policy.engine: hf`" in out.stderr
+
+
+def test_shipped_pipelines_are_named_without_a_path(tmp_path, monkeypatch):
+    """Issue 30: `gfcr run quickstart` as `--task arith-mix` names a task; a file of that name in
+    the working directory wins, and a near miss says which shipped pipeline was meant."""
+    from gfcr.spec.loader import pipeline_path, shipped_pipelines
+
+    monkeypatch.chdir(tmp_path)
+    shipped = shipped_pipelines()
+    assert shipped["quickstart"] == REPO / "pipelines" / "quickstart.yaml"
+    assert shipped["examples/fake_dapo"] == REPO / "pipelines" / "examples" / "fake_dapo.yaml"
+    result = cli.invoke(app, ["validate", "quickstart", "examples/fake_dapo.yaml"])
+    assert result.exit_code == 0, result.output
+    assert "✓ quickstart: 5 stages" in result.output and "✓ examples/fake_dapo.yaml: 6 stages" in result.output
+    (tmp_path / "quickstart").write_text(BASE)  # the user's own file of that name is read, not the shipped one
+    assert pipeline_path("quickstart") == tmp_path.joinpath("quickstart").relative_to(tmp_path)
+    miss = cli.invoke(app, ["validate", "quickstrat"])
+    assert miss.exit_code == 2
+    assert "quickstrat: cannot read the file" in miss.output and "did you mean `quickstart`? (a shipped pipeline)" \
+        in miss.output

@@ -35,9 +35,11 @@ def test_decorator_and_lookup():
 def test_unknown_name_says_did_you_mean():
     with pytest.raises(RegistryError) as info:
         STAGES.get("filter.nonzero_varaince")
-    assert info.value.fix == "did you mean `filter.nonzero_variance`?"
-    with pytest.raises(RegistryError, match="known stages:"):
+    assert info.value.fix.startswith("did you mean `filter.nonzero_variance`? Or, if `filter.nonzero_varaince` is "
+                                     "your own stage, import the module that registers it: `plugins: [my_stages]`")
+    with pytest.raises(RegistryError, match="known stages:") as info:
         STAGES.get("zzz.qqq")
+    assert "; or, if `zzz.qqq` is your own stage" in info.value.fix and "`gfcr.stages` entry-point group" in info.value.fix
 
 
 def test_collisions_name_both_origins():

@@ -24,7 +24,33 @@ def test_the_grid_is_every_combination_for_every_seed():
     assert cells[0].slug == "advantage=mean_std-n=4-seed0"
 
 
+def test_vary_takes_list_and_mapping_values_whole():
+    """Issue 30: commas inside brackets, braces and quotes do not split values."""
+    (clip, loss, text), = [parse_vary(["update.with.loss.with.clip=[0.2,0.28],[0.2, 0.2]",
+                                       "update.with.loss={use: ppo_clip, with: {clip: [0.1,0.2]}},{use: gspo}",
+                                       "description='a, b',c"])]
+    assert clip == ("update.with.loss.with.clip", ["[0.2,0.28]", "[0.2, 0.2]"])
+    assert loss[1] == ["{use: ppo_clip, with: {clip: [0.1,0.2]}}", "{use: gspo}"]
+    assert text[1] == ["'a, b'", "c"]
+    cells = grid([clip], [0])
+    assert [c.overrides()[0] for c in cells] == ["update.with.loss.with.clip=[0.2,0.28]",
+                                                "update.with.loss.with.clip=[0.2, 0.2]"]
+    assert len({c.slug for c in cells}) == 2
+
+
+def test_vary_values_compile_as_lists():
+    """The two clip ranges reach the loss's Config as lists (the override parses each as YAML)."""
+    from gfcr.graph import load_pipeline
+
+    (key, values), = parse_vary(["update.with.loss.with.clip=[0.2,0.28],[0.2,0.2]"])
+    clips = [load_pipeline(REPO / "pipelines" / "quickstart.yaml", [f"{key}={v}"]).spec.update.with_["loss"]["with"]["clip"]
+             for v in values]
+    assert clips == [[0.2, 0.28], [0.2, 0.2]]
+
+
 @pytest.mark.parametrize("vary, message", [
+    (["update.with.loss.with.clip=[0.2,0.28],[0.2"], "a bracket or quote is left open"),
+    (["a.b=1]"], "a bracket or quote is left open"),
     (["update.with.advantage"], "expected KEY=V1,V2"),
     (["update.with.advantage=a,,b"], "expected KEY=V1,V2"),
     (["a.b=1", "a.b=2"], "varied twice"),
