@@ -1,6 +1,7 @@
-"""MEDS (``filter.meds``'s penalty, then the ``mean_std`` advantage) against the "MEDS"
-estimator of Linxi000/MEDS, given each rollout's cluster size and correctness. The penalty
-uses the stage's default ``alpha`` and ``beta``."""
+"""MEDS (``filter.meds``'s shaped reward, then the ``mean_std`` advantage) against the "MEDS"
+estimator of Linxi000/MEDS, given each rollout's cluster size and correctness: target ``both``
+(the estimator shapes every rollout it is given a size for), the stage's default ``alpha`` and
+``beta``."""
 
 from __future__ import annotations
 
@@ -19,10 +20,10 @@ METHOD = "meds"
 
 def advantages(inp: dict[str, Any]) -> list[float]:
     cls = STAGES.get("filter.meds")
-    cfg, penalty = cls.Config(), sys.modules[cls.__module__].meds_penalty
-    shaped = [r if ok else r - penalty(size, cfg.alpha, cfg.beta)
-              for r, size, ok in zip(inp["rewards"], inp["cluster_sizes"], inp["correct"])]
-    group = scored_group("p", shaped)
+    cfg, module = cls.Config(target="both"), sys.modules[cls.__module__]
+    rewards = [module.shaped(r, ok, module.meds_penalty(size, cfg.alpha, cfg.beta))
+               for r, size, ok in zip(inp["rewards"], inp["cluster_sizes"], inp["correct"])]
+    group = scored_group("p", rewards)
     estimator = ADVANTAGE_ESTIMATORS.get("mean_std")
     return [float(a) for a in estimator(estimator.Config()).estimate(group).values]
 

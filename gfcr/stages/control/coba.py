@@ -1,63 +1,72 @@
-"""control.coba: CoBA-RL's allocator: each selected prompt's training value ``V(p)`` is a
-Beta-density curve over its pass rate ``p`` whose peak follows the model's global failure
-rate, and the step's budget goes out one rollout at a time to the largest marginal gain
-(a max-heap).
+"""control.coba: CoBA-RL's allocator, as ``BetaAllocator`` of the authors' code computes it:
+each selected prompt's training value ``V(N, p)`` is a saturating gain in its group size ``N``
+times a Beta density over its pass rate ``p`` whose peak follows the model's failure rate, and
+a max-heap hands the step's budget out by marginal gain.
 
-CoBA-RL, Capability-Oriented Budget Allocation (Yao et al., 2026, arXiv 2602.03048; code
-announced at ``Within-yao/CoBA-RL``, which held only a README). **The rules here come from the
-abstract and summaries of it only**: a "Capability-Oriented Value function" maps a task to its
-training gain, shaped like a Beta curve whose shape shifts with the model's capability (its
-global failure rate): early, when the model fails often, it favours easier tasks (exploit),
-later harder ones (explore); a heap-based greedy strategy hands out the budget. Every formula
-below is our choice within those words.
+CoBA-RL, Capability-Oriented Budget Allocation (Yao et al., 2026, arXiv 2602.03048), code
+``Within-yao/CoBA-RL`` @ aa6b834, ``recipe/coba_rl/budget_allocators.py`` (``BetaAllocator``),
+driven by ``recipe/coba_rl/coba_rl_ray_trainer.py`` once a step.
 
-**Value curve.** With ``F`` the global failure rate and concentration ``kappa > 2``,
+**Pass rates.** A prompt's ``p`` is its success count over its rollouts in the last ``window``
+steps in which it was rolled out (a success is a rollout the verifier judged correct: the
+reference counts reward 1.0). A prompt never seen counts as ``p = 0.5``; when no prompt of the
+batch has been seen (the first step), the budget is split evenly, the remainder to the first.
 
-    ``V(p) = BetaPDF(p; a, b)``,  ``a = 1 + (kappa - 2) F``,  ``b = 1 + (kappa - 2) (1 - F)``,
+**Value curve.** With ``s = beta_sum`` and ``F`` the mean, over the last ``window`` steps, of each
+step's mean per-prompt failure rate (``1 - successes / rollouts``, prompts weighted alike),
+late training (``F <= 0.5``) sharpens it to ``F' = sigmoid(10 (F - 0.5))`` (else ``F' = F``), and
 
-a Beta density whose mode ``(a - 1) / (a + b - 2)`` is ``F``: a model failing 80% of its
-rollouts values prompts it passes 80% of the time (its easy ones) most; once it fails 20%,
-prompts at ``p = 0.2`` (its hard ones).
+    ``a = clip(1 + (s - 2) F', 1, s - 1)``,  ``b = s - a``,
 
-**Marginal gain.** A prompt given ``n`` rollouts is worth ``U(n) = V(p) (1 - p^n - (1 - p)^n)``,
-its value times the chance its group is not all-equal (zero advantage), the informative-group
-probability of Knapsack-RL, CoBA's baseline. One more rollout gains
-``U(n + 1) - U(n) = V(p) p (1 - p) (p^(n-1) + (1 - p)^(n-1))``, which falls with ``n``: the
-greedy allocation (every prompt starts at ``n_min``; a max-heap hands the rest out, one
-rollout at a time, to the largest gain, at most ``n_max`` a prompt) maximises ``sum_q U_q``.
-It spends exactly ``mean_rollouts * |batch|`` (``n_min <= mean_rollouts <= n_max``).
+a Beta density with mode ``F'``: a model failing often values the prompts it passes (exploit),
+one that passes often the prompts it fails (explore). Before any observation ``a = s - 2``,
+``b = 2``. With ``tau = tau_min + (tau_max - tau_min) clip(var(p) / var_max, 0, 1)`` (``var``: the
+population variance of the explored prompts' ``p``, each clipped to ``[smoothing, 1 - smoothing]``
+as everywhere below),
 
-**Estimates.** ``p`` is the mean of a per-prompt Beta posterior (``prompt_stats.beta_update``,
-prior ``Beta(1, 1)``, ``decay`` 0: the last observed group with one pseudo-success and one
-pseudo-failure, ``(s + 1) / (n + 2)``); a prompt never seen has ``p = 0.5``. ``F`` is an
-exponential average over steps of the failure rate of this stage's scored rollouts
-(``F <- m F + (1 - m) f``, ``m = failure_momentum``), its first observation taken as is;
-``F = 0.5`` before any. Both learn in ``observe`` and are saved with each checkpoint.
+    ``V(N, p) = (1 - exp(-N / tau p (1 - p))) BetaPDF(p; a, b)``.
 
-Per-step metrics (``step_metrics``): ``prompts``, ``budget``, ``spent`` (equal to it),
-``failure_rate`` (``F`` used), ``mode`` (the curve's peak, ``F``), ``min_n``, ``max_n`` and
-``mean_p`` (mean ``p`` of the batch). Each entry's ``why``: ``capability_value`` with
-``value`` (``V(p)``) and ``p``, ``failure_rate``, ``n`` and ``last_gain`` (the gain of its last
-rollout; 0 when it kept ``n_min``).
+**Allocation.** Every prompt gets ``n_min``; of the ``R`` rollouts left, prompts with
+``p < 0.05`` (very hard) and ``p > 0.99`` (very easy) sit out the heap, and the others ("explored",
+``E`` of the ``M``) share ``int(R r)`` of them, ``r = exploration_budget_ratio`` when ``E > M / 2``,
+else ``0.6 + (r - 0.6) 2 E / M`` (``0.6`` when ``E = 0``): a max-heap of ``V(N + 1, p) - V(N, p)``
+hands them out one at a time, none above ``n_max``, ties to the earlier prompt. What is left goes
+to the very hard prompts, then the explored, then the very easy (``leftover``): ``weighted``
+gives prompt after prompt ``int(left (1 - p)^weight_alpha / total weight)`` of what is *still*
+left (so earlier prompts get more), then one even pass of the rest; ``uniform`` one even pass.
+A prompt at ``n_max`` takes nothing, so the spend can fall short of the budget (``spent``).
 
-Defaults (ours; the abstract gives none): ``kappa = 6``, ``n_min = 2``, ``mean_rollouts = 8``,
-``n_max = 16``, ``failure_momentum = 0.9``, ``decay = 0``.
+The budget is ``mean_rollouts * |batch|`` (the reference's ``train_batch_size * rollout.n``).
 
-Deviations: all of the above is a reconstruction from the abstract; the paper's ``V(p)``
-parameterisation, marginal-gain definition, pass-rate estimator and capability signal could
-not be read. Heap ties go to the prompt earlier in the allocation.
+Per-step metrics (``step_metrics``): ``prompts``, ``budget``, ``spent``, ``explored`` (``E``),
+``very_hard``, ``very_easy``, ``failure_rate`` (``F``, the window's, once observed), ``alpha`` and ``beta`` (the curve's), ``mode`` (its peak ``F'``), ``min_n``,
+``max_n``, ``mean_p``, and ``tau`` on steps the heap ran. Each entry's ``why``: ``capability_value``
+(``value`` ``V(N, p)``) for an explored prompt, ``very_hard`` / ``very_easy`` / ``first_step``
+otherwise, with ``p``, ``n`` and ``alpha``, ``beta``.
 
-Fidelity: public code at Within-yao/CoBA-RL@aa6b834; reference cases pending
-(``recipe/coba_rl/budget_allocators.py`` ``BetaAllocator``, issue 29); this stage predates it.
+Defaults: the authors' launch script ``examples/coba_rl/run_qwen2.5_7b_coba_rl.sh`` (the one the
+README runs, on the model of its results table, Qwen2.5-7B-Instruct): ``n_min = 2``, ``n_max =
+128``, ``window = 1``, ``beta_sum = 11``, ``mean_rollouts = 16`` (its ``rollout.n``); the rest
+are ``BetaAllocator``'s own (the script leaves them): ``tau_min = 3``, ``tau_max = 12``, ``var_max
+= 0.1667``, ``smoothing = 0.01``, ``exploration_budget_ratio = 0.8``, ``leftover = weighted``,
+``weight_alpha = 1``. The class's own defaults differ in ``n_max = 32``, ``window = 3``, ``beta_sum
+= 7``; half the reference cases run with those.
 
-Example (``F = 0.5``, ``kappa = 6``: ``V(p) = 30 p^2 (1 - p)^2``):
+Deviations: none in what is computed. gfcr requires ``n_min <= mean_rollouts <= n_max`` (the
+reference splits a smaller budget evenly below ``n_min``); a success is the verifier's
+``correct`` where the reference tests ``reward == 1.0`` (the same for gfcr's binary verifiers).
 
->>> round(value_curve(0.5, 0.5, 6.0), 4), round(value_curve(0.25, 0.5, 6.0), 4)
-(1.875, 1.0547)
->>> round(marginal_gain(0.5, 2, 1.875), 4)   # 1.875 * 0.25 * (0.5 + 0.5)
-0.4688
->>> greedy_allocation([0.5, 0.25], failure_rate=0.5, budget=6, n_min=2, n_max=16, kappa=6.0)
-[4, 2]
+Fidelity: checked against Within-yao/CoBA-RL@aa6b834: 72/72 cases
+
+Example (before any observation: ``a = 9``, ``b = 2``; ``tau = 3``):
+
+>>> round(value(0.5, 4, tau=3.0, alpha=9.0, beta=2.0), 4)  # (1 - exp(-1/3)) * 90 / 2^9
+0.0498
+>>> allocate([None, None, None], budget=8, n_min=2, n_max=128, shape=(9.0, 2.0)).counts  # first step
+[3, 3, 2]
+>>> plan = allocate([0.5, 0.0, 1.0], budget=12, n_min=2, n_max=128, shape=(9.0, 2.0))
+>>> plan.kinds, plan.counts  # 6 above n_min: int(6 * 0.733) = 4 to the heap, 2 to the very hard
+(['explored', 'very_hard', 'very_easy'], [6, 4, 2])
 
 YAML:
 
@@ -72,149 +81,267 @@ YAML:
 from __future__ import annotations
 
 import heapq
-from dataclasses import replace
-from typing import Annotated, Any, ClassVar
+import math
+from collections import deque
+from dataclasses import dataclass, replace
+from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field, model_validator
-from scipy import stats as scipy_stats
+from scipy.special import betaln
 
-from gfcr.records import Allocation, AllocationEntry, ControlReason, PromptStats, StepContext, StepReport
+from gfcr.records import Allocation, AllocationEntry, ControlReason, StepContext, StepReport
 from gfcr.registry import StageConfig
-from gfcr.stages.common.prompt_stats import (beta_mean, beta_update, observe_group, stats_from_state,
-                                              stats_to_state, stats_with_prior)
+from gfcr.stages.common.prompt_stats import observe_group
 
 ALIAS = "control.coba"
 
-
-def value_curve(p: float, failure_rate: float, kappa: float) -> float:
-    """``V(p)``: the Beta density with mode ``failure_rate`` and concentration ``kappa``."""
-    a = 1.0 + (kappa - 2.0) * failure_rate
-    b = 1.0 + (kappa - 2.0) * (1.0 - failure_rate)
-    return float(scipy_stats.beta.pdf(p, a, b))
+VERY_HARD, VERY_EASY = 0.05, 0.99  # p below / above: outside the heap (hard-coded in the reference)
+MIN_EXPLORATION_RATIO = 0.6  # the explored prompts' share of R when few of them (hard-coded there)
+SHARPNESS = 10.0  # of the sigmoid that sharpens a failure rate <= 0.5
 
 
-def marginal_gain(p: float, n: int, value: float) -> float:
-    """``U(n + 1) - U(n)`` for ``U(n) = value (1 - p^n - (1 - p)^n)``."""
-    return value * p * (1.0 - p) * (p ** (n - 1) + (1.0 - p) ** (n - 1))
+def beta_shape(failure_rate: float, beta_sum: float) -> tuple[float, float]:
+    """The value curve's ``(a, b)`` for a window failure rate ``F``: mode ``F`` (sharpened below 0.5)."""
+    f = failure_rate if failure_rate > 0.5 else 1.0 / (1.0 + math.exp(-SHARPNESS * (failure_rate - 0.5)))
+    a = min(max(1.0 + (beta_sum - 2.0) * f, 1.0), beta_sum - 1.0)
+    return a, beta_sum - a
 
 
-def greedy_allocation(pass_rates: list[float], failure_rate: float, budget: int, n_min: int, n_max: int,
-                      kappa: float) -> list[int]:
-    """Every prompt ``n_min``, then ``budget - n_min * k`` rollouts one at a time to the largest
-    marginal gain (a max-heap: a prompt's gain depends only on its own ``n``), none above ``n_max``."""
-    counts = [n_min] * len(pass_rates)
-    values = [value_curve(p, failure_rate, kappa) for p in pass_rates]
-    heap = [(-marginal_gain(p, n_min, v), i) for i, (p, v) in enumerate(zip(pass_rates, values))]
+def value(p: float, n: int, tau: float, alpha: float, beta: float, smoothing: float = 0.01) -> float:
+    """``V(N, p) = (1 - exp(-N / tau p (1 - p))) BetaPDF(p; alpha, beta)``, ``p`` clipped to ``[s, 1 - s]``."""
+    p = min(max(p, smoothing), 1.0 - smoothing)
+    density = math.exp((alpha - 1.0) * math.log(p) + (beta - 1.0) * math.log(1.0 - p) - betaln(alpha, beta))
+    return (1.0 - math.exp(-n / tau * p * (1.0 - p))) * density
+
+
+def temperature(rates: list[float], tau_min: float, tau_max: float, var_max: float, smoothing: float) -> float:
+    """``tau``: from ``tau_min`` to ``tau_max`` as the explored pass rates' variance grows to ``var_max``."""
+    spread = float(np.var(np.clip(rates, smoothing, 1.0 - smoothing))) / var_max
+    return tau_min + (tau_max - tau_min) * min(max(spread, 0.0), 1.0)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One step's allocation: group sizes in batch order, the heap's ``tau`` (None when it did
+    not run) and each prompt's category (``explored``, ``very_hard``, ``very_easy``, ``first_step``)."""
+
+    counts: list[int]
+    tau: float | None
+    kinds: list[str]
+
+
+def allocate(pass_rates: list[float | None], budget: int, n_min: int, n_max: int, shape: tuple[float, float],
+             tau_range: tuple[float, float] = (3.0, 12.0), var_max: float = 0.1667, smoothing: float = 0.01,
+             exploration_budget_ratio: float = 0.8, leftover: str = "weighted", weight_alpha: float = 1.0) -> Plan:
+    """BetaAllocator.allocate: ``pass_rates`` in batch order (None: never seen), ``budget >= n_min * len``."""
+    m = len(pass_rates)
+    if all(p is None for p in pass_rates):
+        return Plan(even_split(budget, m), None, ["first_step"] * m)
+    rates = [0.5 if p is None else p for p in pass_rates]
+    kinds = ["very_hard" if p < VERY_HARD else "very_easy" if p > VERY_EASY else "explored" for p in rates]
+    counts, left = [n_min] * m, budget - n_min * m
+    explored = [i for i, k in enumerate(kinds) if k == "explored"]
+    tau = None
+    share = int(left * exploration_share(len(explored), m, exploration_budget_ratio))
+    if left > 0 and explored and share > 0:
+        tau = temperature([rates[i] for i in explored], *tau_range, var_max, smoothing)
+        for i, n in zip(explored, heap_greedy([rates[i] for i in explored], share, n_min, n_max, tau, shape,
+                                              smoothing)):
+            left -= n - n_min
+            counts[i] = n
+    for kind in ("very_hard", "explored", "very_easy"):
+        members = [i for i, k in enumerate(kinds) if k == kind]
+        if left > 0 and members:
+            spread = spread_weighted if leftover == "weighted" else spread_evenly
+            left = spread(left, members, counts, n_max, rates, weight_alpha)
+    return Plan(counts, tau, kinds)
+
+
+def even_split(budget: int, m: int) -> list[int]:
+    """``budget // m`` each, one more to each of the first ``budget % m``."""
+    return [budget // m + (1 if i < budget % m else 0) for i in range(m)]
+
+
+def exploration_share(explored: int, m: int, ratio: float) -> float:
+    """The explored prompts' share of the rollouts above ``n_min``."""
+    if explored == 0:
+        return MIN_EXPLORATION_RATIO
+    if explored > m / 2:
+        return ratio
+    return MIN_EXPLORATION_RATIO + (ratio - MIN_EXPLORATION_RATIO) * (explored / m * 2)
+
+
+def heap_greedy(rates: list[float], extra: int, n_min: int, n_max: int, tau: float, shape: tuple[float, float],
+                smoothing: float) -> list[int]:
+    """``n_min`` each, then ``extra`` rollouts one at a time to the largest ``V(N + 1) - V(N)``
+    (ties to the earlier prompt), none above ``n_max``."""
+    counts = [n_min] * len(rates)
+
+    def gain(i: int) -> float:
+        n, p = counts[i], rates[i]
+        return value(p, n + 1, tau, *shape, smoothing) - value(p, n, tau, *shape, smoothing)
+
+    heap = [(-gain(i), i) for i in range(len(rates)) if counts[i] < n_max]
     heapq.heapify(heap)
-    for _ in range(budget - n_min * len(pass_rates)):
-        if not heap:
-            break
+    while extra > 0 and heap:
         _, i = heapq.heappop(heap)
         counts[i] += 1
+        extra -= 1
         if counts[i] < n_max:
-            heapq.heappush(heap, (-marginal_gain(pass_rates[i], counts[i], values[i]), i))
+            heapq.heappush(heap, (-gain(i), i))
     return counts
 
 
+def spread_evenly(left: int, members: list[int], counts: list[int], n_max: int, *_: Any) -> int:
+    """One even pass of ``left`` over the members below ``n_max`` (the first get the remainder),
+    each capped at ``n_max``; returns what is still left."""
+    open_ = [i for i in members if counts[i] < n_max]
+    if not open_:
+        return left
+    for i, share in zip(open_, even_split(left, len(open_))):
+        given = min(share, n_max - counts[i])
+        counts[i] += given
+        left -= given
+    return left
+
+
+def spread_weighted(left: int, members: list[int], counts: list[int], n_max: int, rates: list[float],
+                    weight_alpha: float) -> int:
+    """Member after member ``int(left w / W)`` of what is still left, ``w = (1 - p)^weight_alpha``
+    over the members below ``n_max``, then one even pass of the rest."""
+    weights = [(i, (1.0 - min(max(rates[i], 1e-6), 1.0 - 1e-6)) ** weight_alpha)
+               for i in members if counts[i] < n_max]
+    if not weights:
+        return left
+    total = sum(w for _, w in weights)
+    if total == 0:
+        return spread_evenly(left, members, counts, n_max)
+    for i, w in weights:
+        given = min(int(left * w / total), n_max - counts[i])
+        counts[i] += given
+        left -= given
+    return spread_evenly(left, [i for i, _ in weights], counts, n_max) if left > 0 else left
+
+
 class Coba:
-    """CoBA-RL (abstract only): a capability-shifted Beta value curve, heap-greedy marginal allocation."""
+    """CoBA-RL (BetaAllocator): a capability-shifted Beta value curve, heap-greedy marginal allocation."""
 
     class Config(StageConfig):
         sizes_each_group: ClassVar[bool] = True  # a capability: it sizes each prompt's group itself
         mean_rollouts: Annotated[int, Field(ge=1, description=(
-            "rollouts per selected prompt on average: the step spends exactly mean_rollouts * |batch|"))] = 8
-        n_min: Annotated[int, Field(ge=1, description="rollouts every selected prompt gets at least")] = 2
-        n_max: Annotated[int, Field(ge=1, description="most rollouts one prompt gets in a step")] = 16
-        kappa: Annotated[float, Field(gt=2.0, description=(
-            "concentration a + b of the Beta value curve (larger: a narrower peak at the failure rate)"))] = 6.0
-        failure_momentum: Annotated[float, Field(ge=0.0, lt=1.0, description=(
-            "m in F <- m F + (1 - m) f: how slowly the global failure rate follows each step's"))] = 0.9
-        decay: Annotated[float, Field(ge=0.0, le=1.0, description=(
-            "per-prompt Beta posterior decay (prompt_stats.beta_update): 0 keeps only the last group, 1 all"))] = 0.0
-        prior_alpha: Annotated[float, Field(gt=0.0, description="Beta prior pseudo-successes of a prompt's pass rate")] = 1.0
-        prior_beta: Annotated[float, Field(gt=0.0, description="Beta prior pseudo-failures of a prompt's pass rate")] = 1.0
+            "rollouts per selected prompt on average: the step's budget is mean_rollouts * |batch|"))] = 16
+        n_min: Annotated[int, Field(ge=1, description="rollouts every selected prompt gets at least (n_low)")] = 2
+        n_max: Annotated[int, Field(ge=1, description="most rollouts one prompt gets in a step (n_up)")] = 128
+        window: Annotated[int, Field(ge=1, description=(
+            "steps the pass rates and the failure rate average over (sliding_window_size)"))] = 1
+        beta_sum: Annotated[float, Field(gt=2.0, description=(
+            "a + b of the Beta value curve (beta_params_sum; larger: a narrower peak)"))] = 11.0
+        tau_min: Annotated[float, Field(gt=0.0, description="tau when the explored pass rates agree")] = 3.0
+        tau_max: Annotated[float, Field(gt=0.0, description="tau when their variance reaches var_max")] = 12.0
+        var_max: Annotated[float, Field(gt=0.0, description="the pass-rate variance that gives tau_max")] = 0.1667
+        smoothing: Annotated[float, Field(ge=0.0, lt=0.5, description=(
+            "pass rates are clipped to [smoothing, 1 - smoothing] in the value and tau"))] = 0.01
+        exploration_budget_ratio: Annotated[float, Field(ge=0.0, le=1.0, description=(
+            "share of the rollouts above n_min the heap hands out when most prompts are explored"))] = 0.8
+        leftover: Annotated[Literal["weighted", "uniform"], Field(description=(
+            "how the rest is spread (remaining_budget_method): by (1 - p)^weight_alpha, or evenly"))] = "weighted"
+        weight_alpha: Annotated[float, Field(ge=0.0, description="exponent of (1 - p) in the weighted spread")] = 1.0
 
         @model_validator(mode="after")
         def _budget_fits(self) -> "Coba.Config":
             if not self.n_min <= self.mean_rollouts <= self.n_max:
                 raise ValueError(
                     f"need n_min <= mean_rollouts <= n_max, got {self.n_min}, {self.mean_rollouts}, {self.n_max}: "
-                    "otherwise no allocation spends the budget exactly (e.g. 2, 8, 16)")
+                    "otherwise the budget cannot give every prompt n_min within the cap (e.g. 2, 16, 128)")
             return self
 
     def __init__(self, config: Config):
         self.config = config
-        self.stats: dict[str, PromptStats] = {}
-        self.failure_rate: float | None = None  # F; None before the first observation
-        self._policy_version = 0
+        self.windows: dict[str, deque[tuple[int, int]]] = {}  # prompt -> (successes, rollouts) per step seen
+        self.failure_rates: deque[float] = deque(maxlen=config.window)  # per step: mean per-prompt failure
+        self.shape = (config.beta_sum - 2.0, 2.0)  # (a, b) of the value curve, updated in observe
         self._assigned: set[str] = set()  # prompts this stage sized this step
         self._metrics: dict[str, float] = {}
 
     def before_step(self, ctx: StepContext) -> None:
-        self._policy_version = ctx.policy_version
         self._assigned, self._metrics = set(), {}
 
-    def pass_rate(self, prompt_id: str) -> float:
-        """The posterior mean of the prompt's pass rate; the prior's mean for a prompt never seen."""
-        if prompt_id in self.stats:
-            return beta_mean(self.stats[prompt_id])
-        return self.config.prior_alpha / (self.config.prior_alpha + self.config.prior_beta)
-
-    @property
-    def capability(self) -> float:
-        """``F`` as the allocation uses it: 0.5 before any observation."""
-        return 0.5 if self.failure_rate is None else self.failure_rate
+    def pass_rate(self, prompt_id: str) -> float | None:
+        """Successes over rollouts in the prompt's last ``window`` observed steps; None if never seen."""
+        seen = self.windows.get(prompt_id)
+        if not seen:
+            return None
+        return sum(s for s, _ in seen) / sum(n for _, n in seen)
 
     def run(self, allocation: Allocation) -> Allocation:
-        cfg, f = self.config, self.capability
+        cfg = self.config
         active = allocation.active()
         rates = [self.pass_rate(e.prompt_id) for e in active]
         budget = cfg.mean_rollouts * len(active)
-        counts = dict(zip((e.prompt_id for e in active),
-                          zip(greedy_allocation(rates, f, budget, cfg.n_min, cfg.n_max, cfg.kappa), rates)))
-        self._assigned.update(counts)
-        entries = [self._entry(e, *counts[e.prompt_id], f) if e.n_rollouts > 0 else e for e in allocation]
-        sizes = [n for n, _ in counts.values()]
-        self._metrics = {"prompts": len(active), "budget": budget, "spent": sum(sizes), "failure_rate": f,
-                         "mode": f, "min_n": min(sizes, default=0), "max_n": max(sizes, default=0),
-                         "mean_p": float(np.mean(rates)) if rates else 0.0}
+        plan = allocate(rates, budget, cfg.n_min, cfg.n_max, self.shape, (cfg.tau_min, cfg.tau_max), cfg.var_max,
+                        cfg.smoothing, cfg.exploration_budget_ratio, cfg.leftover, cfg.weight_alpha)
+        decided = {e.prompt_id: (n, p, kind) for e, n, p, kind in zip(active, plan.counts, rates, plan.kinds)}
+        self._assigned.update(decided)
+        entries = [self._entry(e, *decided[e.prompt_id], plan.tau) if e.n_rollouts > 0 else e for e in allocation]
+        self._metrics = self._step_metrics(plan, rates, budget)
         return allocation.with_entries(entries)
 
-    def _entry(self, entry: AllocationEntry, n: int, p: float, f: float) -> AllocationEntry:
-        cfg = self.config
-        v = value_curve(p, f, cfg.kappa)
-        last = marginal_gain(p, n - 1, v) if n > cfg.n_min else 0.0
-        why = ControlReason("capability_value", "value", v, {"p": p, "failure_rate": f, "n": n, "last_gain": last})
-        mine = f"coba: p {p:.3g}, F {f:.3g}, V {v:.3g}, n {n}"
+    def _step_metrics(self, plan: Plan, rates: list[float | None], budget: int) -> dict[str, float]:
+        a, b = self.shape
+        seen = [0.5 if p is None else p for p in rates]
+        metrics = {"prompts": len(plan.counts), "budget": budget, "spent": sum(plan.counts),
+                   "explored": plan.kinds.count("explored"), "very_hard": plan.kinds.count("very_hard"),
+                   "very_easy": plan.kinds.count("very_easy"), "alpha": a, "beta": b, "mode": (a - 1.0) / (a + b - 2.0), "min_n": min(plan.counts, default=0),
+                   "max_n": max(plan.counts, default=0), "mean_p": float(np.mean(seen)) if seen else 0.0}
+        if self.failure_rate is not None:
+            metrics["failure_rate"] = self.failure_rate
+        return metrics | ({"tau": plan.tau} if plan.tau is not None else {})
+
+    @property
+    def failure_rate(self) -> float | None:
+        """``F``: the window's mean failure rate; None before any observation."""
+        return float(np.mean(self.failure_rates)) if self.failure_rates else None
+
+    def _entry(self, entry: AllocationEntry, n: int, p: float | None, kind: str, tau: float | None) -> AllocationEntry:
+        a, b = self.shape
+        shown = 0.5 if p is None else p
+        quantities = {"p": shown, "n": n, "alpha": a, "beta": b}
+        if kind == "explored" and tau is not None:
+            why = ControlReason("capability_value", "value", value(shown, n, tau, a, b, self.config.smoothing),
+                                quantities | {"tau": tau})
+        else:
+            why = ControlReason("first_step" if kind == "explored" else kind, None, None, quantities)
+        mine = f"coba: p {shown:.3g}, {kind}, n {n}"
         return replace(entry, n_rollouts=n, why=why, reason=f"{entry.reason}; {mine}" if entry.reason else mine)
 
     def step_metrics(self) -> dict[str, float]:
-        """This step's budget and spend, the failure rate the curve used, and the spread of group sizes."""
+        """This step's budget and spend, the value curve's shape and the spread of group sizes."""
         return dict(self._metrics)
 
     def observe(self, report: StepReport) -> None:
-        cfg, failed, judged = self.config, 0, 0
+        counts: dict[str, tuple[int, int]] = {}
         for group in report.groups:
             if group.step != report.step or group.prompt_id not in self._assigned:
                 continue
-            obs = observe_group(group, self._policy_version)
+            obs = observe_group(group, 0)
             if obs is None:
                 continue
-            stats = stats_with_prior(self.stats, group.prompt_id, 1, cfg.prior_alpha, cfg.prior_beta)
-            stats.record(obs)
-            beta_update(stats, obs.n_correct, obs.n, cfg.decay, cfg.prior_alpha, cfg.prior_beta)
-            failed, judged = failed + obs.n - obs.n_correct, judged + obs.n
-        if judged:
-            step_rate = failed / judged
-            self.failure_rate = step_rate if self.failure_rate is None else (
-                cfg.failure_momentum * self.failure_rate + (1.0 - cfg.failure_momentum) * step_rate)
+            s, n = counts.get(group.prompt_id, (0, 0))
+            counts[group.prompt_id] = (s + obs.n_correct, n + obs.n)
+        for pid, seen in counts.items():
+            self.windows.setdefault(pid, deque(maxlen=self.config.window)).append(seen)
+        if counts:
+            self.failure_rates.append(1.0 - float(np.mean([s / n for s, n in counts.values()])))
+            self.shape = beta_shape(self.failure_rate, self.config.beta_sum)
 
     def state_dict(self) -> dict[str, Any]:
-        """Plain JSON data: the failure rate and every observed prompt's stats."""
-        return {"failure_rate": self.failure_rate,
-                "prompts": {pid: stats_to_state(s) for pid, s in self.stats.items()}}
+        """Plain JSON data: each prompt's window, the failure-rate window and the curve's shape."""
+        return {"prompts": {pid: [list(x) for x in w] for pid, w in self.windows.items()},
+                "failure_rates": list(self.failure_rates), "shape": list(self.shape)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.failure_rate = None if state["failure_rate"] is None else float(state["failure_rate"])
-        self.stats = {pid: stats_from_state(s) for pid, s in state["prompts"].items()}
+        window = self.config.window
+        self.windows = {pid: deque((tuple(x) for x in w), maxlen=window) for pid, w in state["prompts"].items()}
+        self.failure_rates = deque(state["failure_rates"], maxlen=window)
+        self.shape = tuple(state["shape"])

@@ -7,10 +7,11 @@ step's ``rollouts_generated`` (the runtime's own count of what the generate stag
 and against the allocator's budget:
 
 - exact: ``control.fixed_n`` (``n * |batch|``), ``control.mc_grpo`` (``(g + 1) * |batch|``),
-  ``control.gdro_rollout`` (the DP hits ``n_bar * |batch|`` exactly), ``control.coba`` (its heap
-  hands out exactly ``mean_rollouts * |batch|``), ``control.xrpo`` (exact whenever ``n_max *
-  |batch| >= budget`` and every base group comes back, both true here);
+  ``control.gdro_rollout`` (the DP hits ``n_bar * |batch|`` exactly), ``control.xrpo`` (exact
+  whenever ``n_max * |batch| >= budget`` and every base group comes back, both true here);
 - bounded, by design of the method:
+  - ``control.coba``: ``spent <= mean_rollouts * |batch|`` (as the authors' BetaAllocator, a
+    prompt at ``n_max`` takes no more of the leftover, so a step can fall short);
   - ``control.dars``: ``n |batch| <= spent <= n_max |batch|`` (the top-up is sized by each
     prompt's accuracy, capped at ``N_max``);
   - ``control.ar3po``: ``k |batch| <= spent <= k * stages * |batch|`` (a prompt stops at its first
@@ -92,8 +93,10 @@ def test_every_step_spends_the_budget(name, tmp_path):
             assert generated == cfg.n * BATCH, where
         elif name == "mc_grpo_arith":
             assert m["spent"] == m["budget"] == (cfg.g + 1) * BATCH == generated, where
-        elif name in ("gdro_arith", "coba_arith"):
+        elif name == "gdro_arith":
             assert m["spent"] == m["budget"] == cfg.mean_rollouts * BATCH == generated, where
+        elif name == "coba_arith":
+            assert m["spent"] == generated <= m["budget"] == cfg.mean_rollouts * BATCH, where
         elif name == "xrpo_arith":
             assert cfg.n_max * BATCH >= m["budget"]
             assert m["spent"] == m["budget"] == cfg.mean_rollouts * BATCH == generated, where

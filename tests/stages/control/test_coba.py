@@ -1,11 +1,12 @@
-"""control.coba: the capability-shifted value curve and the heap-greedy allocation on hand
-cases, what ``observe`` learns, and real tiny-arith runs: the budget is spent exactly on every
-step of ``metrics.jsonl``, and resume (from a checkpoint, and after a SIGKILL) gives the
+"""control.coba: the value curve, its shape and tau, and the allocation on hand cases (the
+reference's own cases are in tests/fidelity/test_coba.py), what ``observe`` learns, and real
+tiny-arith runs: what the allocator spends is what was generated on every step of ``metrics.jsonl``, and resume (from a checkpoint, and after a SIGKILL) gives the
 metrics of an uninterrupted run."""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -14,71 +15,54 @@ from pydantic import ValidationError
 
 from gfcr.graph import load_pipeline
 from gfcr.records import Allocation, AllocationEntry, Prompt, StepContext, StepReport
-from gfcr.stages.control.coba import Coba, greedy_allocation, marginal_gain, value_curve
+from gfcr.stages.control.coba import Coba, allocate, beta_shape, temperature, value
 from gfcr.stages.testing import scored_group
 from tests.conftest import REPO
 from tests.killing import sigkill_after_step
 
 
-def test_value_curve_on_hand_values():
-    # F = 0.5, kappa = 6: a = b = 3, B(3, 3) = 2! 2! / 5! = 1/30, so V(p) = 30 p^2 (1 - p)^2
-    assert value_curve(0.5, 0.5, 6.0) == pytest.approx(30 / 16)  # 1.875
-    assert value_curve(0.25, 0.5, 6.0) == pytest.approx(30 * (1 / 16) * (9 / 16))  # 1.0546875
-    # F = 0.1: a = 1.4, b = 4.6, B(1.4, 4.6) = 0.88726 * 13.3813 / 120 = 0.098945
-    # V(0.5) = 0.5^4 / B = 0.63167; V(0.25) = 0.25^0.4 0.75^3.6 / B = 0.57435 * 0.35517 / B = 2.0617
-    assert value_curve(0.5, 0.1, 6.0) == pytest.approx(0.63167, abs=1e-4)
-    assert value_curve(0.25, 0.1, 6.0) == pytest.approx(2.0608, abs=2e-3)
+def test_the_value_curve_on_hand_values():
+    # a = 9, b = 2: B(9, 2) = 1/90, BetaPDF(0.5) = 90 / 2^9; tau = 3, N = 4: 1 - exp(-4/3 * 1/4)
+    assert value(0.5, 4, 3.0, 9.0, 2.0) == pytest.approx((1 - math.exp(-1 / 3)) * 90 / 2 ** 9)
+    # p is clipped to [0.01, 0.99]: p = 0 is valued as 0.01, not 0
+    assert value(0.0, 4, 3.0, 9.0, 2.0) == value(0.01, 4, 3.0, 9.0, 2.0) > 0
+    gains = [value(0.3, n + 1, 5.0, 3.0, 4.0) - value(0.3, n, 5.0, 3.0, 4.0) for n in range(1, 30)]
+    assert all(a > b > 0 for a, b in zip(gains, gains[1:]))  # diminishing: the greedy maximises the sum
 
 
-@pytest.mark.parametrize("failure_rate", [0.1, 0.3, 0.5, 0.8, 0.95])
-def test_the_curve_peaks_at_the_failure_rate(failure_rate):
-    grid = np.linspace(0.001, 0.999, 999)
-    peak = grid[np.argmax([value_curve(p, failure_rate, 6.0) for p in grid])]
-    assert peak == pytest.approx(failure_rate, abs=2e-3)
+def test_the_shape_follows_the_failure_rate_sharpened_below_one_half():
+    assert beta_shape(0.8, 11.0) == pytest.approx((1 + 9 * 0.8, 10 - 9 * 0.8))  # mode 0.8
+    assert beta_shape(1.0, 7.0) == (6.0, 1.0)  # clipped to [1, s - 1]
+    # F = 0.3 <= 0.5: F' = 1 / (1 + e^2) = 0.1192, a = 1 + 5 F'
+    assert beta_shape(0.3, 7.0)[0] == pytest.approx(1 + 5 / (1 + math.exp(2)))
+    assert beta_shape(0.5, 7.0) == pytest.approx((3.5, 3.5))  # continuous at 0.5
 
 
-def test_a_weak_model_values_easy_prompts_a_strong_one_hard_ones():
-    easy, hard = 0.75, 0.25
-    # F = 0.9: a = 4.6, b = 1.4; V(0.75) / V(0.25) = 3^3.6 / 3^0.4 = 3^3.2 = 33.6
-    assert value_curve(easy, 0.9, 6.0) / value_curve(hard, 0.9, 6.0) == pytest.approx(3 ** 3.2)
-    assert value_curve(hard, 0.1, 6.0) / value_curve(easy, 0.1, 6.0) == pytest.approx(3 ** 3.2)
+def test_tau_grows_with_the_spread_of_the_explored_pass_rates():
+    assert temperature([0.4, 0.4], 3.0, 12.0, 0.1667, 0.01) == 3.0
+    # var([0.1, 0.9]) = 0.16: tau = 3 + 9 * 0.16 / 0.1667
+    assert temperature([0.1, 0.9], 3.0, 12.0, 0.1667, 0.01) == pytest.approx(3 + 9 * 0.16 / 0.1667)
+    assert temperature([0.0, 1.0], 3.0, 12.0, 0.1667, 0.01) == 12.0  # 0.2401 / 0.1667 clipped to 1
 
 
-def test_marginal_gain_is_the_increase_of_the_informative_group_value():
-    # U(n) = V (1 - p^n - (1 - p)^n); p = 0.25, V = 1: U(3) - U(2) = (1 - 1/64 - 27/64) - (1 - 1/16 - 9/16)
-    u = lambda n: 1 - 0.25 ** n - 0.75 ** n  # noqa: E731
-    assert marginal_gain(0.25, 2, 1.0) == pytest.approx(u(3) - u(2)) == pytest.approx(0.1875)
-    assert marginal_gain(0.25, 3, 1.0) == pytest.approx(u(4) - u(3)) == pytest.approx(0.1875 * 0.625)
-    assert marginal_gain(0.0, 2, 5.0) == marginal_gain(1.0, 2, 5.0) == 0.0
-    gains = [marginal_gain(0.3, n, 1.0) for n in range(1, 12)]
-    assert all(a >= b for a, b in zip(gains, gains[1:]))  # diminishing: the greedy is optimal
+def test_allocation_on_a_hand_case():
+    shape = (9.0, 2.0)  # the prior curve of beta_sum 11
+    # first step: nothing seen, an even split with the remainder to the first
+    assert allocate([None] * 3, 10, 2, 128, shape).counts == [4, 3, 3]
+    # p 0.5 explored, 0 very hard, 1 very easy: 6 above n_min, the explored share is
+    # 0.6 + 0.2 * (1/3 * 2) -> int(6 * 0.733) = 4 to the heap's only prompt, the 2 left to the very hard
+    plan = allocate([0.5, 0.0, 1.0], 12, 2, 128, shape)
+    assert (plan.counts, plan.kinds, plan.tau) == ([6, 4, 2], ["explored", "very_hard", "very_easy"], 3.0)
+    # n_max caps the heap; what it cannot place goes to the very hard, then the others
+    assert allocate([0.5, 0.0, 1.0], 12, 2, 5, shape).counts == [5, 5, 2]
+    # a never-seen prompt next to seen ones counts as p = 0.5: equal rates tie to the earlier prompt
+    assert allocate([0.5, None], 5, 2, 128, shape).counts == [3, 2]
 
 
-def test_greedy_allocation_on_a_hand_case():
-    # F = 0.5: V(0.5) = 1.875, V(0.25) = 1.0546875; both start at n_min = 2.
-    # gains: A (p 0.5): n=2 1.875 * 0.25 * 1 = 0.46875, n=3 0.234375, n=4 0.1171875
-    #        B (p 0.25): n=2 1.0546875 * 0.1875 * 1 = 0.19775, n=3 0.19775 * 0.625 = 0.12360
-    # extra 2: A, A -> [4, 2]; extra 3: then B (0.198 > 0.117) -> [4, 3]; extra 4: B (0.124 > 0.117) -> [4, 4]
-    assert greedy_allocation([0.5, 0.25], 0.5, budget=6, n_min=2, n_max=16, kappa=6.0) == [4, 2]
-    assert greedy_allocation([0.5, 0.25], 0.5, budget=7, n_min=2, n_max=16, kappa=6.0) == [4, 3]
-    assert greedy_allocation([0.5, 0.25], 0.5, budget=8, n_min=2, n_max=16, kappa=6.0) == [4, 4]
-    # the capability shift: F = 0.1 first gains A 0.63167 * 0.25 = 0.158 < B 2.0608 * 0.1875 = 0.386 -> B
-    assert greedy_allocation([0.5, 0.25], 0.1, budget=5, n_min=2, n_max=16, kappa=6.0) == [2, 3]
-    # n_max caps A at 3, so the rest goes to B even at a lower gain
-    assert greedy_allocation([0.5, 0.25], 0.5, budget=8, n_min=2, n_max=3, kappa=6.0) == [3, 3]
-    # ties go to the earlier prompt
-    assert greedy_allocation([0.5, 0.5], 0.5, budget=5, n_min=2, n_max=16, kappa=6.0) == [3, 2]
-
-
-def test_the_greedy_spends_exactly_the_budget_on_random_cases():
-    rng = np.random.default_rng(0)
-    for _ in range(200):
-        k = int(rng.integers(1, 20))
-        n_min, n_max = int(rng.integers(1, 4)), int(rng.integers(4, 20))
-        mean = int(rng.integers(n_min, n_max + 1))
-        rates = rng.choice([0.0, 1.0, *rng.random(5)], size=k).tolist()  # 0 and 1 have zero gain
-        counts = greedy_allocation(rates, float(rng.random()), mean * k, n_min, n_max, 6.0)
-        assert sum(counts) == mean * k and min(counts) >= n_min and max(counts) <= n_max
+def test_the_weighted_leftover_favours_earlier_prompts_as_the_reference_does():
+    # four very easy prompts, 24 above n_min: int(24/4) = 6, then int(18/4) = 4, 3, 2, then 9 evenly
+    assert allocate([1.0] * 4, 32, 2, 128, (9.0, 2.0)).counts == [11, 8, 7, 6]
+    assert allocate([1.0] * 4, 32, 2, 128, (9.0, 2.0), leftover="uniform").counts == [8, 8, 8, 8]
 
 
 def _picked(*prompts: str) -> Allocation:
@@ -89,37 +73,33 @@ def _ctx(step: int) -> StepContext:
     return StepContext("run", step, 0, step)
 
 
-def test_the_stage_learns_pass_rates_and_the_failure_rate_and_sizes_groups_from_them():
-    stage = Coba(Coba.Config(mean_rollouts=3, n_min=2, n_max=16))
+def test_the_stage_learns_pass_rates_and_the_failure_rate_in_its_window():
+    stage = Coba(Coba.Config(mean_rollouts=4, n_min=2, n_max=16, window=2, beta_sum=7.0))
     stage.before_step(_ctx(0))
     first = stage.run(_picked("p:0", "p:1"))
-    # nothing seen: p = 0.5 for both, F = 0.5; equal gains: the tie to p:0, whose next gain halves,
-    # then p:1 -> one each; the third rollout of each gained 1.875 * 0.25 * (0.5 + 0.5) = 0.46875
-    assert [e.n_rollouts for e in first] == [3, 3]
-    assert first.entries[0].why.code == "capability_value" and first.entries[0].why.value == pytest.approx(1.875)
-    assert first.entries[1].why.quantities["last_gain"] == pytest.approx(0.46875)
+    assert [e.n_rollouts for e in first] == [4, 4] and first.entries[0].why.code == "first_step"
+    assert stage.step_metrics()["alpha"] == 5.0 and "failure_rate" not in stage.step_metrics()
     stage.observe(StepReport("run", 0, 1, (scored_group("p:0", [1, 0, 0, 0]), scored_group("p:1", [1, 1, 1, 1])),
                              None, {}, {}))
-    # decay 0, prior Beta(1, 1): p:0 (1 + 1) / (4 + 2) = 1/3, p:1 (4 + 1) / (4 + 2) = 5/6;
-    # F = 3 failures / 8 rollouts = 0.375 (the first observation, taken as is)
-    assert (stage.pass_rate("p:0"), stage.pass_rate("p:1")) == (pytest.approx(1 / 3), pytest.approx(5 / 6))
+    # p:0 1/4, p:1 4/4; F = 1 - mean(1/4, 1) = 0.375 -> F' = 1 / (1 + e^1.25), a = 1 + 5 F'
+    assert (stage.pass_rate("p:0"), stage.pass_rate("p:1"), stage.pass_rate("p:2")) == (0.25, 1.0, None)
     assert stage.failure_rate == pytest.approx(0.375)
-    stage.before_step(_ctx(1))
-    second = stage.run(_picked("p:0", "p:1", "p:2"))
-    expected = greedy_allocation([1 / 3, 5 / 6, 0.5], 0.375, 9, 2, 16, 6.0)
-    assert [e.n_rollouts for e in second] == expected and sum(expected) == 9
-    assert stage.step_metrics() == {"prompts": 3, "budget": 9, "spent": 9, "failure_rate": 0.375, "mode": 0.375,
-                                    "min_n": min(expected), "max_n": max(expected),
-                                    "mean_p": pytest.approx((1 / 3 + 5 / 6 + 0.5) / 3)}
+    assert stage.shape == pytest.approx(beta_shape(0.375, 7.0))
     # groups of other steps and prompts this stage did not size are not learnt from
+    stage.before_step(_ctx(1))
+    stage.run(_picked("p:0", "p:2"))
     stage.observe(StepReport("run", 1, 2, (scored_group("p:0", [0, 0], step=1), scored_group("p:9", [1], step=1),
-                                           scored_group("p:1", [1], step=0)), None, {}, {}))
-    # F = 0.9 * 0.375 + 0.1 * (2 / 2) = 0.4375
-    assert stage.failure_rate == pytest.approx(0.4375)
-    assert "p:9" not in stage.stats and stage.pass_rate("p:1") == pytest.approx(5 / 6)
+                                           scored_group("p:1", [0], step=0)), None, {}, {}))
+    assert stage.pass_rate("p:0") == pytest.approx(1 / 6) and stage.pass_rate("p:9") is None
+    assert stage.failure_rate == pytest.approx((0.375 + 1.0) / 2)
+    # window 2: a third observation pushes out p:0's first
+    stage.before_step(_ctx(2))
+    stage.run(_picked("p:0"))
+    stage.observe(StepReport("run", 2, 3, (scored_group("p:0", [1, 1], step=2),), None, {}, {}))
+    assert stage.pass_rate("p:0") == pytest.approx(2 / 4) and stage.failure_rate == pytest.approx(0.5)
     clone = Coba(stage.config)
     clone.load_state_dict(json.loads(json.dumps(stage.state_dict())))
-    assert clone.state_dict() == stage.state_dict()
+    assert clone.state_dict() == stage.state_dict() and clone.pass_rate("p:0") == stage.pass_rate("p:0")
 
 
 def test_skipped_prompts_stay_skipped_and_misconfiguration_is_loud():
@@ -127,11 +107,13 @@ def test_skipped_prompts_stay_skipped_and_misconfiguration_is_loud():
     alloc = Allocation(0, (AllocationEntry(Prompt("p:0", text="0"), 1, reason="picked"),
                            AllocationEntry(Prompt("p:1", text="1"), 0, reason="skip")))
     out = stage.run(alloc)
-    assert [e.n_rollouts for e in out] == [8, 0] and out.entries[0].reason.startswith("picked; coba: p 0.5")
+    assert [e.n_rollouts for e in out] == [16, 0] and out.entries[0].reason.startswith("picked; coba: p 0.5")
     with pytest.raises(ValidationError, match="n_min <= mean_rollouts <= n_max"):
-        Coba.Config(mean_rollouts=20)
+        Coba.Config(mean_rollouts=200)
     with pytest.raises(ValidationError):
-        Coba.Config(kappa=2.0)
+        Coba.Config(beta_sum=2.0)
+    with pytest.raises(ValidationError):
+        Coba.Config(leftover="random")
 
 
 def test_validate_refuses_a_fixed_n_after_coba(tmp_path):
@@ -182,14 +164,15 @@ def full_run(tmp_path_factory) -> Path:
     return root / "full"
 
 
-def test_every_step_spends_exactly_the_budget(full_run):
+def test_every_step_spends_what_it_allocates(full_run):
     records = _metrics(full_run)
     assert [r["step"] for r in records] == [0, 1, 2, 3]
     for r in records:
         m = r["stages"]["budget"]
-        assert m["spent"] == m["budget"] == 8 * 4 == r["rollouts_generated"]
-    assert records[0]["stages"]["budget"]["failure_rate"] == 0.5  # nothing observed yet
-    assert records[1]["stages"]["budget"]["failure_rate"] != 0.5
+        assert m["spent"] == r["rollouts_generated"] and m["budget"] == 8 * 4
+        assert m["spent"] <= m["budget"]  # only a prompt at n_max leaves some unspent
+    assert "failure_rate" not in records[0]["stages"]["budget"]  # nothing observed yet: the prior curve
+    assert records[0]["stages"]["budget"]["alpha"] == 9.0 and 0 <= records[1]["stages"]["budget"]["failure_rate"] <= 1
     assert any(r["stages"]["budget"]["max_n"] > r["stages"]["budget"]["min_n"] for r in records[2:])
 
 
