@@ -20,6 +20,13 @@ It needs the whole batch, so the update calls ``estimate_batch(groups, pool)``:
 
 ``estimate(group)`` alone normalises the batch of that one group.
 
+Fidelity: checked against OpenRLHF/OpenRLHF@3c3be62: 38/38 cases
+(``tests/fidelity/reinforce_pp.json``; ``compute_advantages_and_returns``, estimator
+``reinforce_baseline``, with and without ``--no_advantage_std_norm``, single-rollout groups
+and masked tokens included). verl's ``reinforce_plus_plus_baseline`` differs from OpenRLHF:
+its ``masked_whiten`` uses the unbiased token variance (``N / (N - 1)``) and adds 1e-8 to it;
+gfcr follows OpenRLHF, REINFORCE++'s authors' trainer.
+
 Deviations:
 - the KL is not in the reward: OpenRLHF's REINFORCE++ folds ``-kl_coef * KL_t`` into each
   token's reward (so the per-token returns differ) unless ``--use_kl_loss``; in gfcr the KL is

@@ -21,6 +21,10 @@ GSPO defines no per-token importance weight, so the update's corrections ``tis``
 ``decoupled_clip`` and ``recompute_old`` are refused by ``gfcr validate``
 (``token_corrections = False``); ``staleness`` masks tokens and pairs with it.
 
+Fidelity: checked against volcengine/verl@b178a3c: 24/24 cases (``tests/fidelity/gspo.json``;
+``compute_policy_loss_gspo``, which computes GSPO-token: the loss and its gradient agree for
+per-response advantages, clip (3e-4, 4e-4) and (0.2, 0.2), padding and masked tokens).
+
 Deviations: none for scalar (per-response) advantages, which every built-in estimator gives. A
 per-token advantage ``A_it`` enters each token's term with the sequence ratio,
 ``-min(s_i A_it, clip(s_i) A_it)`` (the paper defines only sequence advantages). verl
