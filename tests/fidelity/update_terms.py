@@ -39,14 +39,16 @@ def aggregate(aggregation: Any, per_token: torch.Tensor, weight: torch.Tensor, a
                for s in range(0, len(all_rows), MICRO_BATCH))
 
 
-def loss_terms(inp: dict[str, Any], loss: str, aggregation: str, **loss_config: Any) -> dict[str, Any]:
+def loss_terms(inp: dict[str, Any], loss: str, aggregation: str, aggregation_config: dict[str, Any] | None = None,
+               **loss_config: Any) -> dict[str, Any]:
     """The aggregated loss, its gradient w.r.t. ``log_prob`` and the loss's ``clipped`` fraction
     over the counted tokens, for ``log_ratio = log_prob - old_log_prob``."""
     log_prob = torch.tensor(inp["log_prob"], dtype=torch.float32, requires_grad=True)  # [B, R]
     weight = torch.tensor(inp["mask"], dtype=torch.float32)  # [B, R]
     log_ratio = log_prob - torch.tensor(inp["old_log_prob"], dtype=torch.float32)
     terms = build(LOSSES, loss, **loss_config).terms(log_ratio, torch.tensor(inp["advantages"]), weight)
-    total = aggregate(build(AGGREGATIONS, aggregation), terms.per_token, weight, rows(inp))
+    total = aggregate(build(AGGREGATIONS, aggregation, **(aggregation_config or {})), terms.per_token, weight,
+                      rows(inp))
     total.backward()
     counted = weight > 0
     clipfrac = float(terms.clipped[counted].float().mean()) if counted.any() else 0.0
