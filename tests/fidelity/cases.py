@@ -168,6 +168,7 @@ EXPECTED = {
     "seq_mean_token_mean": "GRPO's aggregation (verl: agg_loss seq-mean-token-mean)",
     "seq_mean_token_sum": "Dr.GRPO's aggregation (verl: agg_loss seq-mean-token-sum, seq-mean-token-sum-norm)",
     "overlong": "DAPO's overlong penalty (OpenRLHF: apply_overlong_penalty)",
+    "finish_reason": "DAPO's overlong filtering (SkyRL: apply_overlong_filtering)",
 }
 
 
