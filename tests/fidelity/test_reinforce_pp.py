@@ -39,3 +39,8 @@ def advantages(inp: dict[str, Any]) -> list[list[float]]:
 @pytest.mark.parametrize("case", cases(METHOD), ids=case_ids(METHOD))
 def test_reinforce_pp_matches_the_reference(case):
     check(METHOD, case, advantages)
+
+
+@pytest.mark.parametrize("case", cases("reinforce_pp_verl"), ids=case_ids("reinforce_pp_verl"))
+def test_reinforce_pp_against_verl_differs_only_as_documented(case):
+    check("reinforce_pp_verl", case, advantages)

@@ -23,9 +23,13 @@ It needs the whole batch, so the update calls ``estimate_batch(groups, pool)``:
 Fidelity: checked against OpenRLHF/OpenRLHF@3c3be62: 38/38 cases
 (``tests/fidelity/reinforce_pp.json``; ``compute_advantages_and_returns``, estimator
 ``reinforce_baseline``, with and without ``--no_advantage_std_norm``, single-rollout groups
-and masked tokens included). verl's ``reinforce_plus_plus_baseline`` differs from OpenRLHF:
-its ``masked_whiten`` uses the unbiased token variance (``N / (N - 1)``) and adds 1e-8 to it;
-gfcr follows OpenRLHF, REINFORCE++'s authors' trainer.
+and masked tokens included). Also checked against volcengine/verl@b178a3c: 1/20 cases, 19
+documented deviations (``tests/fidelity/reinforce_pp_verl.json``;
+``compute_reinforce_plus_plus_baseline_outcome_advantage`` on the same inputs): verl's
+``masked_whiten`` divides by the unbiased token variance (times ``N / (N - 1)``, ``N`` the
+batch's counted tokens), so its advantages are ``sqrt((N - 1) / N)`` times these (18 cases),
+and it gives a group of one rollout its raw reward before the whitening (1 case). gfcr
+follows OpenRLHF, the trainer of REINFORCE++'s authors.
 
 Deviations:
 - the KL is not in the reward: OpenRLHF's REINFORCE++ folds ``-kl_coef * KL_t`` into each
