@@ -1,6 +1,8 @@
 """REINFORCE++ with baseline (advantage ``reinforce_pp``) against OpenRLHF's
-``compute_advantages_and_returns`` with ``--advantage_estimator reinforce_baseline``: every
-rollout's advantage after the batch-wide, token-weighted whitening."""
+``compute_advantages_and_returns`` with ``--advantage_estimator reinforce_baseline`` (and
+verl's variant), and REINFORCE++ without one (``reinforce_pp_plain``) against the same
+function with ``reinforce``: every rollout's advantage after the batch-wide, token-weighted
+whitening."""
 
 from __future__ import annotations
 
@@ -30,8 +32,8 @@ def _groups(inp: dict[str, Any]) -> list[RolloutGroup]:
     return groups
 
 
-def advantages(inp: dict[str, Any]) -> list[list[float]]:
-    cls = ADVANTAGE_ESTIMATORS.get("reinforce_pp")
+def advantages(inp: dict[str, Any], alias: str = "reinforce_pp") -> list[list[float]]:
+    cls = ADVANTAGE_ESTIMATORS.get(alias)
     out = cls(cls.Config(std_norm=inp["std_norm"])).estimate_batch(_groups(inp), None)
     return [[float(a) for a in group.values] for group in out]
 
@@ -44,3 +46,12 @@ def test_reinforce_pp_matches_the_reference(case):
 @pytest.mark.parametrize("case", cases("reinforce_pp_verl"), ids=case_ids("reinforce_pp_verl"))
 def test_reinforce_pp_against_verl_differs_only_as_documented(case):
     check("reinforce_pp_verl", case, advantages)
+
+
+def advantages_plain(inp: dict[str, Any]) -> list[list[float]]:
+    return advantages(inp, "reinforce_pp_plain")
+
+
+@pytest.mark.parametrize("case", cases("reinforce_pp_plain"), ids=case_ids("reinforce_pp_plain"))
+def test_reinforce_pp_plain_matches_the_reference(case):
+    check("reinforce_pp_plain", case, advantages_plain)
