@@ -3,8 +3,8 @@
 arXiv 2501.03262), as OpenRLHF computes it (``--advantage_estimator reinforce``;
 ``openrlhf/trainer/ppo_utils/experience_maker.py``, ``compute_advantages_and_returns``).
 
-The paper's REINFORCE++ proper, for prompts sampled once or a few times: no per-prompt
-baseline, only the normalisation across the update's batch. Every response token carries its
+The paper's REINFORCE++ without the ``-baseline`` suffix: no per-prompt baseline, only the
+normalisation across the update's batch. Every response token carries its
 response's reward ``r_i`` (OpenRLHF's return with ``gamma = 1`` and the reward on the last
 token), and with ``n_i`` the tokens of response ``i`` that count in the loss and
 ``N = sum_i n_i``:
