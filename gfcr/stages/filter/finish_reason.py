@@ -32,9 +32,6 @@ Deviations:
 A group already dropped by an earlier filter is left alone, so that its lineage names the
 first decision.
 
-Fidelity: public code at verl-project/verl@1dda039; reference cases pending (DAPO's overlong
-filtering).
-
 Example:
 
 >>> from gfcr.stages.testing import scored_group

@@ -35,9 +35,6 @@ carries an ``overlong`` component (a replayed rollout scored in an earlier step)
 alone, so its reward is not penalised twice. ``|y|`` is the response's token count, EOS
 included when the engine returned one, as verl's ``valid_response_length``.
 
-Fidelity: public code at verl-project/verl@1dda039; reference cases pending (DAPO's overlong reward,
-``verl/workers/reward_manager/dapo.py``).
-
 Example (``L_max = 8``, ``L_cache = 4``: lengths 4, 6, 8 and 9 get 0, -2/4, -4/4 and -1):
 
 >>> from gfcr.records import Rollout, RolloutGroup, RolloutGroups, Segment
