@@ -71,6 +71,7 @@ BUILTIN_ADVANTAGE_ESTIMATORS = {
     "mc_grpo": "gfcr.stages.components.advantage.mc_grpo:MCGRPO",
     "rloo": "gfcr.stages.components.advantage.rloo:RLOO",
     "reinforce_pp": "gfcr.stages.components.advantage.reinforce_pp:ReinforcePP",
+    "reinforce_pp_plain": "gfcr.stages.components.advantage.reinforce_pp_plain:ReinforcePPPlain",
     "dr_grpo": "gfcr.stages.components.advantage.dr_grpo:DrGRPO",
     "krpo": "gfcr.stages.components.advantage.krpo:KRPO",
     "pvpo": "gfcr.stages.components.advantage.pvpo:PVPO",

@@ -155,8 +155,21 @@ EXPECTED = {
     "mopps": "MoPPS (thu-rllab/MoPPS: PosteriorSampler)",
     "greso": "GRESO", "gapo": "GAPO", "mc_grpo": "MC-GRPO", "dars": "DARS", "gdro_weights": "Prompt-GDRO",
     "gdro_rollout": "Rollout-GDRO (kishanpb/verl-gdro: rollout_choose_arms)",
-    "update_components": "update components against verl / OpenRLHF / TRL (RLOO, REINFORCE++, Dr.GRPO, GSPO, "
-                         "CISPO, DAPO's clip and filters)",
+    # the update components whose reference lives in a well-known trainer (verl, OpenRLHF)
+    "mean_std": "GRPO advantage (verl: compute_grpo_outcome_advantage)",
+    "dr_grpo": "Dr.GRPO advantage (verl: compute_grpo_outcome_advantage, norm_adv_by_std_in_grpo False)",
+    "mean": "mean-centred advantage (verl: compute_grpo_outcome_advantage, norm_adv_by_std_in_grpo False)",
+    "rloo": "RLOO (verl: compute_rloo_outcome_advantage)",
+    "reinforce_pp": "REINFORCE++ with baseline (OpenRLHF: compute_advantages_and_returns, reinforce_baseline)",
+    "reinforce_pp_plain": "REINFORCE++ (OpenRLHF: compute_advantages_and_returns, reinforce)",
+    "ppo_clip": "PPO clip, DAPO's clip-higher, dual clip (verl: compute_policy_loss_vanilla)",
+    "gspo": "GSPO (verl: compute_policy_loss_gspo)", "gspo_token": "GSPO-token (verl: compute_policy_loss_gspo)",
+    "cispo": "CISPO (verl: compute_policy_loss_cispo)",
+    "token_mean": "DAPO's token-level aggregation (verl: agg_loss token-mean)",
+    "seq_mean_token_mean": "GRPO's aggregation (verl: agg_loss seq-mean-token-mean)",
+    "seq_mean_token_sum": "Dr.GRPO's aggregation (verl: agg_loss seq-mean-token-sum, seq-mean-token-sum-norm)",
+    "overlong": "DAPO's overlong penalty (OpenRLHF: apply_overlong_penalty)",
+    "finish_reason": "DAPO's overlong filtering (SkyRL: apply_overlong_filtering)",
 }
 
 

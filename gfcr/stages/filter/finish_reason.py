@@ -15,14 +15,22 @@ controller ended it). Each rollout of an included group whose finish reason is i
   it, with this stage's id and the reason ``finish reason `aborted```. A group left with no
   rollout is dropped. The output holds the included groups, as ``filter.nonzero_variance``'s.
 
-Deviations: ``drop`` is not in DAPO (use it for partial rollouts, ``aborted`` or ``pruned``,
-whose reward says little about the prompt). A rollout whose ``finish_reason`` is empty (made
-by a stage that does not record one, such as ``generate.fake`` without in-flight controllers)
-never matches. A group already dropped by an earlier filter is left alone, so that its lineage
-names the first decision.
+Fidelity: checked against NovaSky-AI/SkyRL@a956457: 8/12 cases, 4 documented deviations
+(``tests/fidelity/finish_reason.json``; ``apply_overlong_filtering``).
 
-Fidelity: public code at verl-project/verl@1dda039; reference cases pending (DAPO's overlong
-filtering).
+Deviations:
+- SkyRL masks every response that did not end with a stop token; the default ``reasons:
+  [length]`` masks truncated ones only, DAPO's rule, and ``reasons: [length, aborted, pruned,
+  exited]`` gives SkyRL's (2 reference cases differ under the default; with those reasons
+  they agree);
+- a rollout whose ``finish_reason`` is empty (made by a stage that does not record one, such
+  as ``generate.fake`` without in-flight controllers) never matches; SkyRL masks it (2
+  reference cases);
+- ``drop`` is not in DAPO (use it for partial rollouts, ``aborted`` or ``pruned``, whose
+  reward says little about the prompt).
+
+A group already dropped by an earlier filter is left alone, so that its lineage names the
+first decision.
 
 Example:
 

@@ -20,6 +20,12 @@ place. Defaults are verl's DAPO recipe (``recipe/dapo``, reward manager ``dapo``
 since it must equal the generate stage's ``max_new_tokens`` (verl's
 ``max_response_length``), and ``buffer`` may not exceed it (verl asserts the same).
 
+Fidelity: checked against OpenRLHF/OpenRLHF@3c3be62: 5/5 cases (``tests/fidelity/overlong.json``;
+``apply_overlong_penalty`` of ``openrlhf/trainer/ppo_utils/length_penalty.py``, which caps the
+excess at the buffer as eq. 13 does: lengths around both edges of the buffer and past
+``max_length``, DAPO's 20480/4096, penalty factors 0.5 to 2, a buffer as long as
+``max_length``).
+
 Deviations: verl computes ``min(-(|y| - (L_max - L_cache)) / L_cache * penalty_factor, 0)``
 with no floor (its responses cannot exceed ``L_max``); this stage follows eq. 13 and floors
 the penalty at ``-penalty_factor`` for ``|y| > L_max`` (possible only when ``max_length`` is
@@ -28,9 +34,6 @@ equivalent: the penalty is always recorded in ``reward_components``. A rollout t
 carries an ``overlong`` component (a replayed rollout scored in an earlier step) is left
 alone, so its reward is not penalised twice. ``|y|`` is the response's token count, EOS
 included when the engine returned one, as verl's ``valid_response_length``.
-
-Fidelity: public code at verl-project/verl@1dda039; reference cases pending (DAPO's overlong reward,
-``verl/workers/reward_manager/dapo.py``).
 
 Example (``L_max = 8``, ``L_cache = 4``: lengths 4, 6, 8 and 9 get 0, -2/4, -4/4 and -1):
 

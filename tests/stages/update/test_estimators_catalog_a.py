@@ -1,4 +1,4 @@
-"""The estimators rloo, reinforce_pp, dr_grpo, krpo and pvpo against hand-computed groups, and
+"""The estimators rloo, reinforce_pp, reinforce_pp_plain, dr_grpo, krpo and pvpo against hand-computed groups, and
 the pairings ``gfcr validate`` checks for dr_grpo (its aggregation) and mc_grpo (G + 1 rollouts
 from a Control stage)."""
 
@@ -49,7 +49,8 @@ def values(advantages):
     return [np.array(a.values) for a in advantages]
 
 
-@pytest.mark.parametrize("module", ["rloo", "reinforce_pp", "dr_grpo", "krpo", "pvpo", "mc_grpo"])
+@pytest.mark.parametrize("module", ["rloo", "reinforce_pp", "reinforce_pp_plain", "dr_grpo", "krpo",
+                                    "pvpo", "mc_grpo"])
 def test_module_examples_run(module):
     result = doctest.testmod(importlib.import_module(f"gfcr.stages.components.advantage.{module}"))
     assert result.attempted > 0 and result.failed == 0
@@ -137,6 +138,29 @@ def test_reinforce_pp_edge_cases():
     with pytest.raises(ValueError, match=r"group b:0@s0: 1 of 2 rewards are NaN"):
         build("reinforce_pp").estimate_batch([good, bad], None)
 
+
+
+# --- reinforce_pp_plain ---------------------------------------------------------------------
+
+def test_reinforce_pp_plain_whitens_the_raw_rewards_over_the_batch_tokens():
+    # no group centring: c = r = [1, 0 | 1, 1], n = [3, 1 | 2, 2], N = 8, mu = (3 + 0 + 2 + 2) / 8 = 0.875
+    # r - mu = [0.125, -0.875, 0.125, 0.125]; var = (3 * 0.015625 + 0.765625 + 4 * 0.015625) / 8 = 0.109375
+    groups = [sized_group("a:0", [1, 0], [3, 1]), sized_group("b:0", [1, 1], [2, 2])]
+    s = math.sqrt(0.109375)
+    out = np.concatenate(values(build("reinforce_pp_plain").estimate_batch(groups, None)))
+    np.testing.assert_allclose(out, [0.125 / s, -0.875 / s, 0.125 / s, 0.125 / s], atol=1e-12)
+    plain = np.concatenate(values(build("reinforce_pp_plain", std_norm=False).estimate_batch(groups, None)))
+    np.testing.assert_allclose(plain, [0.125, -0.875, 0.125, 0.125], atol=1e-12)
+
+
+def test_reinforce_pp_plain_edge_cases():
+    # a lone rollout has no group baseline to lose: across a batch it is compared with the others
+    singles = [scored_group("a:0", [1.0]), scored_group("b:0", [0.0])]
+    assert np.concatenate(values(build("reinforce_pp_plain").estimate_batch(singles, None))).tolist() == [1, -1]
+    assert adv([1, 1, 1], "reinforce_pp_plain").tolist() == [0.0] * 3  # nothing to compare in the batch
+    with pytest.raises(ValueError, match=r"group b:0@s0: 1 of 2 rewards are NaN"):
+        build("reinforce_pp_plain").estimate_batch([scored_group("a:0", [1, 0]), scored_group("b:0", [1, NAN])],
+                                                         None)
 
 # --- krpo ----------------------------------------------------------------------------------------
 

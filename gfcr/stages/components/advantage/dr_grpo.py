@@ -11,9 +11,15 @@ preference for long wrong answers. In gfcr that half is the aggregation
 with any other aggregation. The estimator ``mean`` computes the same centring without the
 pairing, for ablations that combine it with another aggregation.
 
+Fidelity: checked against volcengine/verl@b178a3c: 33/36 cases, 3 documented deviations
+(``tests/fidelity/dr_grpo.json``; ``compute_grpo_outcome_advantage`` with
+``norm_adv_by_std_in_grpo=False``, verl's Dr.GRPO setting).
+
 Deviations:
-- a group whose rewards are all equal, or a group of one rollout, gets exactly 0.0 (the
-  mean's rounding would otherwise leave tiny non-zero values for non-binary rewards);
+- a group of one rollout gets exactly 0.0: a lone rollout has no baseline here; verl gives it
+  its raw reward ``r`` (mean 0) (3 reference cases: rewards 1, 0.5 and -2; a reward of 0 agrees);
+- a group whose rewards are all equal gets exactly 0.0, as in verl (the mean's rounding would
+  otherwise leave tiny non-zero values for non-binary rewards);
 - unscored rollouts (NaN rewards) raise ValueError naming the group.
 
 Example:

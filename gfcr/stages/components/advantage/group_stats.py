@@ -1,5 +1,5 @@
-"""Group statistics several estimators share (numpy only): the group z-score and the rollouts'
-correctness flags.
+"""Group statistics several estimators share (numpy only): the group z-score, the rollouts'
+correctness flags, and REINFORCE++'s token-weighted whitening across the update's batch.
 
 >>> standardised(np.array([0.0, 1.0]), eps=0.0).tolist()
 [-0.7071067811865475, 0.7071067811865475]
@@ -9,10 +9,12 @@ correctness flags.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 
-from gfcr.records import RolloutGroup
-from gfcr.stages.components.advantage.base import has_no_baseline
+from gfcr.records import Rollout, RolloutGroup
+from gfcr.stages.components.advantage.base import Advantages, has_no_baseline
 
 
 def standardised(values: np.ndarray, eps: float, ddof: int = 1) -> np.ndarray:
@@ -22,6 +24,38 @@ def standardised(values: np.ndarray, eps: float, ddof: int = 1) -> np.ndarray:
     if has_no_baseline(values):
         return np.zeros_like(values)
     return (values - values.mean()) / (values.std(ddof=ddof) + eps)
+
+
+VAR_FLOOR = 1e-8  # OpenRLHF's var.clamp(min=1e-8) before rsqrt
+
+
+def counted_tokens(rollout: Rollout) -> int:
+    """The response tokens that count in the loss (OpenRLHF's ``action_mask``)."""
+    return len(rollout) if rollout.loss_mask is None else int(np.count_nonzero(rollout.loss_mask))
+
+
+def token_whitened(c: np.ndarray, n: np.ndarray, std_norm: bool) -> np.ndarray:
+    """``[B*G]``: each response's value ``c_i`` whitened over the batch's tokens, a response
+    weighing its ``n_i`` counted tokens (OpenRLHF's masked whitening with ``gamma = 1``):
+    ``(c_i - mu) / sqrt(max(var, 1e-8))`` with the token mean ``mu`` and population variance
+    ``var``; ``c - mu`` when not ``std_norm``; 0.0 when no token counts."""
+    total = n.sum()
+    if total == 0:
+        return c * 0.0
+    mu = float((n * c).sum() / total)
+    if not std_norm:
+        return c - mu
+    var = float((n * (c - mu) ** 2).sum() / total)
+    return (c - mu) / np.sqrt(max(var, VAR_FLOOR))
+
+
+def batch_whitened(groups: Sequence[RolloutGroup], values: list[np.ndarray], std_norm: bool) -> list[Advantages]:
+    """Per group, its rollouts' ``values`` whitened over the tokens of the whole batch."""
+    c = np.concatenate(values) if values else np.zeros(0)  # [B*G]
+    n = np.array([counted_tokens(r) for g in groups for r in g.rollouts], dtype=np.float64)  # [B*G]
+    a = token_whitened(c, n, std_norm)
+    bounds = np.cumsum([len(x) for x in values])[:-1]
+    return [Advantages.scalars(part) for part in np.split(a, bounds)]
 
 
 def correct_flags(group: RolloutGroup, alias: str) -> np.ndarray:

@@ -3,9 +3,15 @@
 With ``r`` the group's rewards, ``A = r - mean(r)``: no division by the std, which Dr. GRPO
 shows biases the update towards too easy and too hard questions.
 
+Fidelity: checked against volcengine/verl@b178a3c: 33/36 cases, 3 documented deviations
+(``tests/fidelity/mean.json``; ``compute_grpo_outcome_advantage`` with
+``norm_adv_by_std_in_grpo=False``, verl's Dr.GRPO setting).
+
 Deviations:
-- a group whose rewards are all equal, or a group of one rollout, gets exactly 0.0 (the
-  mean's rounding would otherwise leave tiny non-zero values for non-binary rewards);
+- a group of one rollout gets exactly 0.0: a lone rollout has no baseline here; verl gives it
+  its raw reward ``r`` (mean 0) (3 reference cases: rewards 1, 0.5 and -2; a reward of 0 agrees);
+- a group whose rewards are all equal gets exactly 0.0, as in verl (the mean's rounding would
+  otherwise leave tiny non-zero values for non-binary rewards);
 - unscored rollouts (NaN rewards) raise ValueError naming the group.
 
 Example:

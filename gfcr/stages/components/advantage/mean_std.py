@@ -5,9 +5,17 @@ unbiased sample std (``std_ddof: 1``), as TRL, verl (``torch.std``) and the peer
 compute it; ``std_ddof: 0`` gives the population std. ``eps`` defaults to verl's 1e-6 (TRL
 uses 1e-4).
 
+Fidelity: checked against volcengine/verl@b178a3c: 32/36 cases, 4 documented deviations
+(``tests/fidelity/mean_std.json``; ``compute_grpo_outcome_advantage``).
+
 Deviations:
-- a group whose rewards are all equal, or a group of one rollout, gets exactly 0.0 (verl
-  gives a singleton group its raw reward: mean 0, std 1; a lone rollout has no baseline here);
+- a group of one rollout gets exactly 0.0: a lone rollout has no baseline here; verl gives it
+  ``r / (1 + eps)`` (mean 0, std 1) (3 reference cases: rewards 1, 0.5 and -2; a reward of 0
+  agrees);
+- computed in float64 (verl: float32), so a group whose spread is tiny next to its rewards
+  (1 and 1 + 1e-4) differs in the third digit (1 reference case);
+- a group whose rewards are all equal gets exactly 0.0, as in verl (where float32 rounding
+  could leave a residue divided by ``eps``; none of the 6 such cases does);
 - unscored rollouts (NaN rewards) raise ValueError naming the group.
 
 Example:

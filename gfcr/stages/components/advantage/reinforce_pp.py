@@ -20,6 +20,17 @@ It needs the whole batch, so the update calls ``estimate_batch(groups, pool)``:
 
 ``estimate(group)`` alone normalises the batch of that one group.
 
+Fidelity: checked against OpenRLHF/OpenRLHF@3c3be62: 38/38 cases
+(``tests/fidelity/reinforce_pp.json``; ``compute_advantages_and_returns``, estimator
+``reinforce_baseline``, with and without ``--no_advantage_std_norm``, single-rollout groups
+and masked tokens included). Also checked against volcengine/verl@b178a3c: 1/20 cases, 19
+documented deviations (``tests/fidelity/reinforce_pp_verl.json``;
+``compute_reinforce_plus_plus_baseline_outcome_advantage`` on the same inputs): verl's
+``masked_whiten`` divides by the unbiased token variance (times ``N / (N - 1)``, ``N`` the
+batch's counted tokens), so its advantages are ``sqrt((N - 1) / N)`` times these (18 cases),
+and it gives a group of one rollout its raw reward before the whitening (1 case). gfcr
+follows OpenRLHF, the trainer of REINFORCE++'s authors.
+
 Deviations:
 - the KL is not in the reward: OpenRLHF's REINFORCE++ folds ``-kl_coef * KL_t`` into each
   token's reward (so the per-token returns differ) unless ``--use_kl_loss``; in gfcr the KL is
@@ -53,21 +64,15 @@ from typing import Any, Sequence
 import numpy as np
 from pydantic import Field
 
-from gfcr.records import Rollout, RolloutGroup
+from gfcr.records import RolloutGroup
 from gfcr.stages.components.advantage.base import Advantages, EstimatorConfig, checked_rewards, has_no_baseline
-
-VAR_FLOOR = 1e-8  # OpenRLHF's var.clamp(min=1e-8) before rsqrt
+from gfcr.stages.components.advantage.group_stats import batch_whitened
 
 
 def group_centred(group: RolloutGroup) -> np.ndarray:
     """``r - mean(r)`` ``[G]``; exactly 0 for a group with no baseline."""
     r = checked_rewards(group)
     return r * 0.0 if has_no_baseline(r) else r - r.mean()
-
-
-def counted_tokens(rollout: Rollout) -> int:
-    """The response tokens that count in the loss (OpenRLHF's ``action_mask``)."""
-    return len(rollout) if rollout.loss_mask is None else int(np.count_nonzero(rollout.loss_mask))
 
 
 class ReinforcePP:
@@ -84,19 +89,4 @@ class ReinforcePP:
         return self.estimate_batch([group], None)[0]
 
     def estimate_batch(self, groups: Sequence[RolloutGroup], pool: Any) -> list[Advantages]:
-        centred = [group_centred(g) for g in groups]  # per group [G]
-        c = np.concatenate(centred) if centred else np.zeros(0)  # [B*G]
-        n = np.array([counted_tokens(r) for g in groups for r in g.rollouts], dtype=np.float64)  # [B*G]
-        a = self._whitened(c, n)
-        bounds = np.cumsum([len(x) for x in centred])[:-1]
-        return [Advantages.scalars(part) for part in np.split(a, bounds)]
-
-    def _whitened(self, c: np.ndarray, n: np.ndarray) -> np.ndarray:
-        total = n.sum()
-        if total == 0:
-            return c * 0.0
-        mu = float((n * c).sum() / total)
-        if not self.config.std_norm:
-            return c - mu
-        var = float((n * (c - mu) ** 2).sum() / total)
-        return (c - mu) / np.sqrt(max(var, VAR_FLOOR))
+        return batch_whitened(groups, [group_centred(g) for g in groups], self.config.std_norm)

@@ -12,12 +12,16 @@ which equals ``G / (G - 1) * (r_i - mean(r))``: the mean baseline, scaled up so 
 rollout's own reward lowers its baseline (the estimate is unbiased). No std division and no
 batch normalisation (OpenRLHF's ``rloo`` and TRL's ``RLOOTrainer`` default agree).
 
+Fidelity: checked against volcengine/verl@b178a3c: 33/36 cases, 3 documented deviations
+(``tests/fidelity/rloo.json``; ``compute_rloo_outcome_advantage``).
+
 Deviations:
 - the paper folds a KL penalty into the sequence reward (``r - beta * KL``); in gfcr the KL
   is a term of the loss (``update.with.kl_coef``), so ``r`` is the verifier's reward alone;
-- a group whose rewards are all equal, or a group of one rollout (no other rollout to be a
-  baseline), gets exactly 0.0; unscored rollouts (NaN rewards) raise ValueError naming the
-  group.
+- a group of one rollout (no other rollout to be a baseline) gets exactly 0.0; verl leaves its
+  reward unchanged, ``A = r`` (3 reference cases: rewards 1, 0.5 and -2; a reward of 0 agrees);
+- a group whose rewards are all equal gets exactly 0.0, as in verl; unscored rollouts (NaN
+  rewards) raise ValueError naming the group.
 
 Example (``[1, 0, 0, 0]``: rollout 0's baseline is 0, the others' is 1/3):
 

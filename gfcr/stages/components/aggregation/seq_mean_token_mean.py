@@ -6,7 +6,19 @@ responses (GRPO as written, arXiv 2402.03300 eq. 3; verl's ``seq-mean-token-mean
 with ``n_i`` the number of tokens of response ``i`` whose weight is non-zero and ``N`` the
 number of responses with any such token, over the whole batch.
 
-Deviations: a tree's shared tokens are weighted ``1/k`` in each leaf's sum but each leaf is
+Fidelity: checked against volcengine/verl@b178a3c: 8/10 cases, 2 documented deviations
+(``tests/fidelity/seq_mean_token_mean.json``; ``agg_loss`` with ``seq-mean-token-mean``);
+checked against huggingface/trl@f2cd577: 10/12 cases, 2 documented deviations
+(``tests/fidelity/seq_mean_token_mean_trl.json``; ``GRPOTrainer._compute_loss`` with
+``loss_type: grpo``, after ``ppo_clip``).
+
+Deviations:
+- an empty response (0 tokens) is one of the ``N`` responses (TRL's GRPO loss counts every
+  response the same way); verl's ``agg_loss`` leaves a response with no counted token out of
+  ``N`` (2 verl reference cases);
+- a response whose every token is masked out of the loss is left out of ``N``, as verl leaves
+  it out; TRL's mean over the batch's rows counts it (2 TRL reference cases);
+- a tree's shared tokens are weighted ``1/k`` in each leaf's sum but each leaf is
 still divided by its own length, so "a shared prefix counts once" is exact only under
 ``token_mean``.
 

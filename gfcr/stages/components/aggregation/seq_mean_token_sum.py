@@ -1,6 +1,6 @@
 """aggregation ``seq_mean_token_sum``: Dr.GRPO's length-unbiased aggregation (Liu et al., 2025,
 "Understanding R1-Zero-Like Training: A Critical Perspective", arXiv 2503.20783, section 3.1;
-verl's ``seq-mean-token-sum-norm``).
+TRL's ``loss_type: dr_grpo``).
 
     L = (1 / N) sum_i ( sum_t w_it l_it / C )
 
@@ -12,7 +12,24 @@ with any counted token.
 ``constant`` has no default: Dr.GRPO sets it to the generation's ``max_new_tokens``, and a
 silent guess would rescale the loss (and, through gradient clipping, the step).
 
-Deviations: none.
+``constant: 1`` is verl's ``seq-mean-token-sum``.
+
+Fidelity: checked against volcengine/verl@b178a3c: 12/30 cases, 18 documented deviations
+(``tests/fidelity/seq_mean_token_sum.json``; ``agg_loss`` with ``seq-mean-token-sum`` and
+``seq-mean-token-sum-norm``); checked against huggingface/trl@f2cd577: 10/12 cases, 2 documented
+deviations (``tests/fidelity/seq_mean_token_sum_trl.json``; ``GRPOTrainer._compute_loss`` with
+``loss_type: dr_grpo``, ``constant`` = its ``max_completion_length``).
+
+Deviations:
+- verl's ``seq-mean-token-sum-norm`` divides the sum of the responses' token-loss sums by
+  ``C`` alone; here it is also divided by ``N``, Dr.GRPO's ``1/G`` (as TRL's ``dr_grpo``
+  divides by the batch size times ``max_completion_length``), so verl's loss is ``N`` times
+  this one (16 verl reference cases; the 4 with one response agree);
+- an empty response (0 tokens) is one of the ``N`` responses (TRL counts every response the
+  same way); verl's ``agg_loss`` leaves a response with no counted token out of ``N`` (2
+  verl reference cases, ``seq-mean-token-sum``);
+- a response whose every token is masked out of the loss is left out of ``N``, as verl leaves
+  it out; TRL's mean over the batch's rows counts it (2 TRL reference cases).
 
 Example (C = 4):
 

@@ -6,6 +6,11 @@ section 3.3; verl's ``loss_agg_mode: token-mean``).
 over the whole batch (all micro-batches), so a long response counts in proportion to its
 length, and a tree's shared prefix (weight ``1/k`` on each of ``k`` leaves) counts once.
 
+Fidelity: checked against volcengine/verl@b178a3c: 10/10 cases (``tests/fidelity/token_mean.json``;
+``agg_loss`` with ``token-mean``, reduced in micro-batches against the batch's token count);
+checked against huggingface/trl@f2cd577: 24/24 cases (``tests/fidelity/token_mean_trl.json``;
+``GRPOTrainer._compute_loss`` with ``loss_type`` ``bnpo`` and ``dapo``, after ``ppo_clip``).
+
 Deviations: none.
 
 Example:

@@ -16,6 +16,15 @@ by setting eps_low to a large value; instead, we only tuned eps_high"), so ``eps
 None (no lower clip). The paper does not publish its ``eps_high``, so ``eps_high`` has no
 default and must be set: a guessed bound would silently change which tokens are reweighted.
 
+Fidelity: checked against volcengine/verl@b178a3c: 40/40 cases (``tests/fidelity/cispo.json``;
+``compute_policy_loss_cispo``: the gradient of the aggregated loss and the clipped fraction,
+with and without a lower bound, per-response and per-token advantages, ``token_mean`` and
+``seq_mean_token_mean``). verl's lower bound defaults to its ``clip_ratio`` (0.2) where
+``clip_ratio_low`` is unset; gfcr's ``eps_low`` defaults to none, the paper's. Also
+checked against huggingface/trl@f2cd577: 12/12 cases (``tests/fidelity/cispo_trl.json``;
+``GRPOTrainer._compute_loss`` with ``loss_type: cispo``, whose ``epsilon_high`` is the cap
+itself: TRL's 5.0 is ``eps_high: 4.0`` here).
+
 Deviations:
 - the loss value uses ``log_ratio = log pi_theta - log pi_prox`` in place of
   ``log pi_theta`` (the two differ by a constant, so the gradient is the same; the reported loss

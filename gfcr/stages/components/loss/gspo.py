@@ -21,7 +21,16 @@ GSPO defines no per-token importance weight, so the update's corrections ``tis``
 ``decoupled_clip`` and ``recompute_old`` are refused by ``gfcr validate``
 (``token_corrections = False``); ``staleness`` masks tokens and pairs with it.
 
-Deviations: none for scalar (per-response) advantages, which every built-in estimator gives. A
+Fidelity: checked against volcengine/verl@b178a3c: 24/24 cases (``tests/fidelity/gspo.json``;
+``compute_policy_loss_gspo``, which computes GSPO-token: the loss and its gradient agree for
+per-response advantages, clip (3e-4, 4e-4) and (0.2, 0.2), padding and masked tokens);
+checked against huggingface/trl@f2cd577: 10/12 cases, 2 documented deviations
+(``tests/fidelity/gspo_trl.json``; ``GRPOTrainer._compute_loss`` with
+``importance_sampling_level: sequence``, ``loss_type: grpo``).
+
+Deviations: with ``seq_mean_token_mean``, a response whose every token is masked out of the
+loss is left out of the mean over responses, as verl leaves it out; TRL's mean over rows
+counts it (2 TRL reference cases). None otherwise for scalar (per-response) advantages, which every built-in estimator gives. A
 per-token advantage ``A_it`` enters each token's term with the sequence ratio,
 ``-min(s_i A_it, clip(s_i) A_it)`` (the paper defines only sequence advantages). verl
 additionally caps the log sequence ratio at 10 for numerics; not done here.

@@ -17,7 +17,11 @@ Defaults ``eps_low = 3e-4``, ``eps_high = 4e-4`` (the paper's, section 5.1). No 
 importance weight is defined, so the corrections ``tis``, ``decoupled_clip`` and
 ``recompute_old`` are refused (``token_corrections = False``).
 
-Deviations: none (verl also caps the log ratio at 10 for numerics; not done here).
+Fidelity: checked against volcengine/verl@b178a3c: 24/24 cases (``tests/fidelity/gspo_token.json``;
+``compute_policy_loss_gspo``: the loss and its gradient).
+
+Deviations: none (verl also caps the log ratio at 10 for numerics; not done here, and no
+case reaches it).
 
 Example (a single token: ``s = e^0.1`` is above ``1 + 4e-4``; with a negative advantage the
 unclipped term is the minimum, so the loss is ``-s A``):

@@ -14,7 +14,16 @@ range cannot pull an unbounded negative advantage (verl: ``clip_ratio_c = 3.0``)
 ``clipped`` marks the tokens whose ratio lies outside ``[1 - eps_low, 1 + eps_high]`` (the
 ``clip_fraction`` metric), whatever the advantage's sign.
 
-Deviations: none (verl, TRL and the peer hand loop compute the same surrogate).
+Fidelity: checked against volcengine/verl@b178a3c: 60/60 cases (``tests/fidelity/ppo_clip.json``;
+``compute_policy_loss_vanilla``: the aggregated loss and its gradient, symmetric clip,
+DAPO's clip-higher ``[0.2, 0.28]``, dual clip 3.0 and 10.0, positive and negative advantages,
+ratios inside and far outside the range, padding and masked tokens, ``token_mean`` and
+``seq_mean_token_mean``).
+
+Deviations: none (verl, TRL and the peer hand loop compute the same surrogate; verl also
+clamps the log-ratio to [-20, 20] before the exponential, which no case reaches). verl always
+dual-clips (``clip_ratio_c`` 3.0 by default); here ``dual_clip`` is off unless set, as in
+TRL.
 
 Example (a token whose probability rose 50% with a positive advantage is clipped):
 

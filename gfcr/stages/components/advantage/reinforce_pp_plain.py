@@ -1,0 +1,76 @@
+"""advantage ``reinforce_pp_plain``: plain REINFORCE++, without a group baseline (Hu et al., 2025,
+"REINFORCE++: A Simple and Efficient Approach for Aligning Large Language Models",
+arXiv 2501.03262), as OpenRLHF computes it (``--advantage_estimator reinforce``;
+``openrlhf/trainer/ppo_utils/experience_maker.py``, ``compute_advantages_and_returns``).
+
+The paper's REINFORCE++ without the ``-baseline`` suffix: no per-prompt baseline, only the
+normalisation across the update's batch. Every response token carries its
+response's reward ``r_i`` (OpenRLHF's return with ``gamma = 1`` and the reward on the last
+token), and with ``n_i`` the tokens of response ``i`` that count in the loss and
+``N = sum_i n_i``:
+
+    mu  = sum_i n_i r_i / N,   var = sum_i n_i (r_i - mu)^2 / N,   A_i = (r_i - mu) / sqrt(max(var, 1e-8))
+
+``std_norm: false`` (OpenRLHF's ``--no_advantage_std_norm``) keeps ``A_i = r_i - mu``. The
+estimator ``reinforce_pp`` is the variant with a group baseline (REINFORCE++-baseline), for
+several rollouts per prompt. Both need the whole batch, so the update calls
+``estimate_batch(groups, pool)``; ``estimate(group)`` alone normalises the batch of that one
+group.
+
+Fidelity: checked against OpenRLHF/OpenRLHF@3c3be62: 38/38 cases
+(``tests/fidelity/reinforce_pp_plain.json``; ``compute_advantages_and_returns``,
+estimator ``reinforce``, gamma 1, with and without ``--no_advantage_std_norm``, single-rollout
+groups and masked tokens included).
+
+Deviations:
+- the KL is not in the reward: OpenRLHF folds ``-kl_coef * KL_t`` into each token's reward
+  unless ``--use_kl_loss``; in gfcr the KL is a term of the loss (``update.with.kl_coef``), so
+  every token of a response has the same advantage;
+- ``gamma`` is 1 (OpenRLHF's default): a discounted return, which would give each token its
+  own advantage, is not offered;
+- ``n_i`` counts the response tokens the rollout's own ``loss_mask`` keeps (all when it has
+  none), OpenRLHF's ``action_mask``; computed in float64 (OpenRLHF: float32); unscored
+  rollouts (NaN rewards) raise ValueError naming the group.
+
+Example (one-token responses with rewards 1, 0, 0, 1: mu = 0.5, var = 0.25):
+
+>>> from gfcr.stages.testing import scored_group
+>>> estimator = ReinforcePPPlain(ReinforcePPPlain.Config())
+>>> estimator.estimate_batch([scored_group("p:0", [1.0, 0.0]), scored_group("p:1", [0.0, 1.0])], None)[0].values
+(1.0, -1.0)
+>>> estimator.estimate(scored_group("p:2", [1.0])).values  # a batch of one response: nothing to compare
+(0.0,)
+
+YAML:
+
+.. code-block:: yaml
+
+    update: {use: update.grpo, from: keep, with: {advantage: {use: reinforce_pp_plain, with: {std_norm: true}}}}
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from pydantic import Field
+
+from gfcr.records import RolloutGroup
+from gfcr.stages.components.advantage.base import Advantages, EstimatorConfig, checked_rewards
+from gfcr.stages.components.advantage.group_stats import batch_whitened
+
+
+class ReinforcePPPlain:
+    """Rewards whitened over the tokens of the update's batch; no group baseline."""
+
+    class Config(EstimatorConfig):
+        std_norm: bool = Field(True, description="divide by the batch's token std (OpenRLHF's default; "
+                                                 "false: --no_advantage_std_norm)")
+
+    def __init__(self, config: Config):
+        self.config = config
+
+    def estimate(self, group: RolloutGroup) -> Advantages:
+        return self.estimate_batch([group], None)[0]
+
+    def estimate_batch(self, groups: Sequence[RolloutGroup], pool: Any) -> list[Advantages]:
+        return batch_whitened(groups, [checked_rewards(g) for g in groups], self.config.std_norm)

@@ -1,0 +1,58 @@
+"""Shared drivers of the update components' fidelity tests: one case's token tensors through a
+gfcr loss and aggregation, in micro-batches as ``update.grpo`` runs them.
+
+A case gives ``old_log_prob``, ``log_prob``, ``advantages`` and ``mask`` as ``[B, R]`` lists
+(``mask`` 0 on padding and on masked tokens) and ``lengths``, each response's token count.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from gfcr.registry.catalog import AGGREGATIONS, LOSSES
+from gfcr.stages.components.aggregation import Row
+
+MICRO_BATCH = 2  # responses per reduce call: the aggregation must divide by the batch's totals
+
+
+def rows(inp: dict[str, Any]) -> list[Row]:
+    """One ``Row`` per response, as ``update.grpo`` builds them (one group holding the batch)."""
+    mask = np.asarray(inp["mask"], dtype=np.float64)  # [B, R]
+    b = len(inp["lengths"])
+    return [Row("g", b, np.zeros(b), n, float(mask[i].sum()), int((mask[i] > 0).sum()))
+            for i, n in enumerate(inp["lengths"])]
+
+
+def build(registry: Any, alias: str, **config: Any) -> Any:
+    cls = registry.get(alias)
+    return cls(cls.Config(**config))
+
+
+def aggregate(aggregation: Any, per_token: torch.Tensor, weight: torch.Tensor, all_rows: list[Row]) -> torch.Tensor:
+    """The step's loss: the sum of ``reduce`` over micro-batches, each against the batch's plan."""
+    plan = aggregation.plan(all_rows)
+    return sum(aggregation.reduce(per_token[s:s + MICRO_BATCH], weight[s:s + MICRO_BATCH],
+                                  all_rows[s:s + MICRO_BATCH], plan)
+               for s in range(0, len(all_rows), MICRO_BATCH))
+
+
+def loss_terms(inp: dict[str, Any], loss: str, aggregation: str, aggregation_config: dict[str, Any] | None = None,
+               **loss_config: Any) -> dict[str, Any]:
+    """The aggregated loss, its gradient w.r.t. ``log_prob`` and the loss's ``clipped`` fraction
+    over the counted tokens, for ``log_ratio = log_prob - old_log_prob``."""
+    log_prob = torch.tensor(inp["log_prob"], dtype=torch.float32, requires_grad=True)  # [B, R]
+    weight = torch.tensor(inp["mask"], dtype=torch.float32)  # [B, R]
+    log_ratio = log_prob - torch.tensor(inp["old_log_prob"], dtype=torch.float32)
+    terms = build(LOSSES, loss, **loss_config).terms(log_ratio, torch.tensor(inp["advantages"]), weight)
+    total = aggregate(build(AGGREGATIONS, aggregation, **(aggregation_config or {})), terms.per_token, weight,
+                      rows(inp))
+    total.backward()
+    counted = weight > 0
+    clipfrac = float(terms.clipped[counted].float().mean()) if counted.any() else 0.0
+    return {"loss": float(total.detach()), "grad": log_prob.grad.tolist(), "clipfrac": clipfrac}
+
+
+AGGREGATION_OF_MODE = {"token-mean": "token_mean", "seq-mean-token-mean": "seq_mean_token_mean"}
