@@ -51,6 +51,7 @@ def peer_prompts(path: Path) -> None:
 def gfcr_pipeline(prompts: Path, out: Path) -> None:
     spec = yaml.safe_load((REPO / "pipelines" / "grpo_arith_smollm2.yaml").read_text())
     spec["name"] = "bench-grpo-smollm2"
+    spec["policy"]["engine"] = "hf"  # the loops compared here are transformers loops (vLLM: benchmarks/vllm_cpu.py)
     spec["data"] = {"source": "jsonl", "with": {"path": str(prompts), "verifier": "arithmetic", "name": "peer"}}
     spec.pop("eval", None)
     spec["run"] = {"steps": 1, "seed": 42}

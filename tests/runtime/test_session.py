@@ -182,3 +182,22 @@ def test_a_rollout_budget_stops_the_run_and_every_kept_token_has_signal(write_sp
     for r in records:  # the zero-variance filter drops groups with equal rewards: every kept token has signal
         assert r["tokens_with_signal"] == r["tokens_in_update"] and r["tokens_scored"] == 0
     assert sum(r["tokens_with_signal"] for r in records) > 0
+
+
+def test_each_step_records_the_weight_sync_time(write_spec, tmp_path):
+    """``time.sync_s``: the wall seconds of the engine's weight sync after the optimizer step
+    (vLLM's ``reload_weights``; the transformers engine shares the weights and has nothing to do).
+    The sync is slowed by a known 50 ms here (labelled: a wrapper around the real engine's)."""
+    run = _start(write_spec, DAPO, tmp_path / "run", ["run.steps=2", "executor.kind=local"])
+    engine, real_sync = run.resources.engine, run.resources.engine.sync_weights
+
+    def slow_sync(version: int) -> None:
+        time.sleep(0.05)
+        real_sync(version)
+
+    engine.sync_weights = slow_sync
+    run.train()
+    for record in _metrics(tmp_path / "run"):
+        synced = not record["update_skipped"]
+        assert (record["time"]["sync_s"] >= 0.05) == synced, record
+        assert record["time"]["sync_s"] <= record["time"]["stages_s"]["update"]

@@ -95,6 +95,7 @@ resumed rollouts:
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -267,10 +268,11 @@ class GRPOUpdate:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         policy.version += 1
+        sync_start = time.perf_counter()
         if self.resources is not None and self.resources.engine is not None:
             self.resources.engine.sync_weights(policy.version)
         return UpdateReport(policy.version, len(forward), sum(len(i.rollout) for i in forward), loss=loss,
-                            metrics=metrics)
+                            metrics=metrics, sync_s=time.perf_counter() - sync_start)
 
     def _policy(self) -> Policy:
         if self.policy is None:
