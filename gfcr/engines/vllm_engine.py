@@ -58,10 +58,14 @@ Deviations:
   in-flight controller runs step by step through vLLM's request-level engine
   (``gfcr.engines.vllm_steps``: one vLLM request per row, aborted when the controller ends
   it, ``max_in_flight`` rows at a time, refilled); it samples what the same call without a
-  controller does. A controller may not call ``generate`` from its ``steer`` (an error;
-  ``control.truncate_steps`` is refused by ``gfcr validate``): ``LLM.generate`` would step the
-  engine until the steered rows had ended too, and keep their outputs. Without a controller ``LLM.generate`` runs the call and ``max_in_flight``
+  controller does. Without a controller ``LLM.generate`` runs the call and ``max_in_flight``
   is left to vLLM's own scheduler (``max_num_seqs``).
+- Generate calls from a controller's ``steer`` (``control.truncate_steps``' trial answers) are
+  served by the trained policy's own decode loop (``gfcr.engines.hf.TransformersEngine`` over
+  the same model object, whose weights vLLM holds), not by vLLM: vLLM's one engine is stepping
+  the host's rows, and ``LLM.generate`` would step them to their end and keep their outputs.
+  The trial answers are draws from the same distribution (greedy ones equal vLLM's up to
+  rounding), with the transformers forward's behaviour log-probabilities and its speed.
 - Entropy. vLLM returns the sampled token's log-probability, not the distribution, so where a
   request asks for per-token entropy the engine scores the call's completions with the
   trained policy's forward pass after the call (``score``, 8 completions a pass): the entropy
@@ -105,7 +109,7 @@ import numpy as np
 import torch
 
 from gfcr.engines.decode import Row, first_stop
-from gfcr.engines.hf import score_batch
+from gfcr.engines.hf import TransformersEngine, score_batch
 from gfcr.engines.policy import HFPolicy
 from gfcr.engines.vllm_steps import generate_steered
 from gfcr.engines.vllm_worker import device_uuid
@@ -256,7 +260,8 @@ class VLLMEngine:
         self.llm = start_llm(policy, self.settings, seed)
         self.in_process = all(pid == os.getpid() for pid in self.llm.collective_rpc("gfcr_pid"))
         self._version = -1
-        self._steering = False  # a steered call is running: a controller's own generate call would take its rows
+        self._steering = False  # a steered call is running: a controller's own calls go to `in_steer`
+        self.in_steer = TransformersEngine(policy, replica)  # the trained policy's decode loop (see above)
         self.sync_weights(policy.version)
 
     @property
@@ -291,9 +296,8 @@ class VLLMEngine:
         if self.llm is None:
             raise EngineError("this vLLM engine was closed at the end of its run\n    fix: start a new run "
                               "(or a new VLLMEngine)")
-        if self._steering:
-            raise lacking("generate_in_steer", "an in-flight controller called `generate` from its `steer`",
-                          "the controller")
+        if self._steering:  # a controller's own call: vLLM is stepping its host's rows
+            return self.in_steer.generate(requests, controller, max_in_flight)
         for r in requests:
             check_params(r.params)
         if self._version != self.policy.version:

@@ -189,10 +189,6 @@ ENGINE_LACKS: dict[str, dict[str, EngineLack]] = {
             "top_p", "vLLM records the log-probabilities of the top-p-truncated, renormalized distribution, each "
             "above the untruncated one by -log(kept mass), which would bias every ratio of the update",
             "set `top_p: 1.0` on `{stage}`, or use `policy.engine: hf` (the transformers engine)"),
-        "generate_in_steer": EngineLack(
-            None, "vLLM's `LLM.generate` steps its one engine until every request in it has ended, the host's rows "
-            "in flight included, so a trial answer would take the host's rows from it",
-            "use `policy.engine: hf` (the transformers engine), or remove `{stage}` from its host's `in_flight`"),
     },
 }
 

@@ -148,31 +148,6 @@ def test_top_p_below_one_is_refused_with_the_reason():
         vllm_engine.check_params(SamplingParams(top_p=0.9))
 
 
-def test_a_controller_generating_from_its_steer_is_refused_not_left_to_take_the_hosts_rows(monkeypatch):
-    """`gfcr validate` refuses control.truncate_steps on vLLM; a call from Python past it fails at once
-    (vLLM's LLM.generate would run the host's in-flight rows to their end and keep their outputs)."""
-    engine = object.__new__(vllm_engine.VLLMEngine)
-    engine.llm, engine._version, engine._steering = SimpleNamespace(llm_engine=None), 0, False
-    engine.policy = SimpleNamespace(version=0, decode=None)
-    engine.replica = "vllm-0"
-    probe = GenerationRequest("q0.probe", (1, 2), 1, SamplingParams(temperature=0.0, max_new_tokens=2))
-
-    class Prober:
-        every = 1
-
-        def steer(self, view):
-            return engine.generate([probe])
-
-    def steered(llm_engine, requests, make_params, decode, replica, controller, max_in_flight):
-        return controller.steer(None)
-
-    monkeypatch.setattr(vllm_engine, "generate_steered", steered)
-    with pytest.raises(EngineError, match=r"(?s)a generate call from inside its `steer`.*LLM.generate` steps its one "
-                                          r"engine.*fix: use `policy.engine: hf`"):
-        engine.generate([GenerationRequest("q0", (1, 2), 2, SamplingParams())], Prober())
-    assert engine._steering is False
-
-
 def test_sampling_arguments_ask_for_untruncated_sampled_token_logprobs():
     params = SamplingParams(temperature=0.7, max_new_tokens=12, stop=("\n",), seed=3)
     kwargs = vllm_engine.sampling_kwargs(params, 4, vllm_engine.request_seed(3, "q0"))
@@ -498,6 +473,39 @@ def test_a_steered_call_samples_what_the_plain_call_does(real_engine):
         for c, d in zip(g, h):
             np.testing.assert_allclose(c.logprobs, d.logprobs, atol=tol)
             assert c.finish_reason == d.finish_reason and c.text == d.text
+
+
+class Prober(Watch):
+    """A test controller that, like control.truncate_steps, asks the engine for a greedy answer
+    from inside its ``steer`` (once), and ends nothing."""
+
+    def __init__(self, engine, probe):
+        super().__init__()
+        self.engine, self.probe, self.answers = engine, probe, []
+
+    def steer(self, view):
+        if not self.answers:
+            self.answers = self.engine.generate([self.probe])
+        return super().steer(view)
+
+
+def test_a_generate_call_from_a_steer_is_answered_without_taking_the_hosts_rows(real_engine):
+    """control.truncate_steps' trial answers: a call from a controller's ``steer`` goes to the
+    trained policy's decode loop (vLLM's one engine is stepping the host's rows): the host's rows
+    are those of the plain call, the trial answer is vLLM's own greedy answer."""
+    policy, engine, tol = real_engine
+    params = SamplingParams(temperature=1.0, max_new_tokens=8, seed=12)
+    probe = GenerationRequest("probe", tuple(policy.encode(Prompt("p", text=QUESTIONS[1]))), 1,
+                              SamplingParams(temperature=0.0, max_new_tokens=6))
+    plain = _generate(engine, _requests(policy, 2), params)
+    prober = Prober(engine, probe)
+    steered = engine.generate([dataclasses.replace(r, params=params) for r in _requests(policy, 2)], controller=prober)
+    assert _tokens(steered) == _tokens(plain) and prober.views >= 2
+    ((answer,),) = prober.answers
+    ((vllm_answer,),) = engine.generate([probe])
+    assert answer.token_ids == vllm_answer.token_ids and answer.finish_reason == vllm_answer.finish_reason
+    np.testing.assert_allclose(answer.logprobs, vllm_answer.logprobs, atol=tol)
+    assert engine._steering is False
 
 
 def test_grpo_update_syncs_the_engine(real_engine):

@@ -367,14 +367,6 @@ CASES = [
          "--set stages.rollout.with.top_p=0.95", "stages.rollout.with.top_p",
          "`rollout` (generate.tree) needs nucleus sampling (`top_p` below 1)",
          "set `top_p: 1.0` on `rollout`, or use `policy.engine: hf`", ["stages.rollout.with.top_p=0.95"]),
-    Case("trial answers from an in-flight controller on the vLLM engine",
-         edit(VLLM_QUICK, "  rollout: {use: generate.sample, from: budget,",
-              "  steps:   {use: control.truncate_steps, with: {markers: [\"=\"]}}\n"
-              "  rollout: {use: generate.sample, from: budget, in_flight: [steps],"),
-         "steps:   {use: control.truncate_steps", "stages.steps",
-         "`steps` (control.truncate_steps) needs a generate call from inside its `steer`, while its host's rows "
-         "are in flight, which `policy.engine: vllm` cannot give: vLLM's `LLM.generate` steps its one engine",
-         "use `policy.engine: hf` (the transformers engine), or remove `steps` from its host's `in_flight`"),
     Case("infinite learning rate", edit(QUICK, "lr: 3.0e-4", "lr: .inf"),
          "lr: .inf", "update.with.lr", "`lr` must be a finite number, got `inf`", FINITE_FIX),
     Case("infinite sampling temperature", edit(QUICK, "temperature: 1.0", "temperature: .inf"),

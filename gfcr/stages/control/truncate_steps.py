@@ -43,9 +43,10 @@ Metrics per step: ``checks`` (trial answers), ``exits``, ``confidence_mean`` and
 ``probe_tokens`` (greedy tokens of every trial answer), ``forced_tokens`` (appended to exited rows)
 and ``cut_mean`` (the new tokens exited rows kept before their answer).
 
-Engines: the transformers engine only. A trial answer is a generate call made from ``steer`` while
-the host's rows are in flight, which the vLLM engine cannot serve (``engine_needs``: ``gfcr
-validate`` refuses the stage with ``policy.engine: vllm``; docs/vllm.md).
+Engines: both. A trial answer is a generate call made from ``steer`` while the host's rows are in
+flight (``engine_needs``: ``generate_in_steer``). The transformers engine serves it from its decode
+loop, paused meanwhile; the vLLM engine, whose one engine is stepping the host's rows, serves it
+from the trained policy's own decode loop (the weights vLLM holds; docs/vllm.md).
 
 Lineage: an exited rollout's ``finish_reason`` is ``exited``, its ``stop_reason`` names the
 boundary, the trial answer and its confidence, and ``forced_tokens`` counts the appended tokens;
@@ -73,8 +74,8 @@ Deviations (choices the abstract leaves open, and where DEER is followed or not)
 - DEER's token budget split (``think_ratio``) and repetition exit are not used: the row's own
   ``max_new_tokens`` is its budget.
 
-It needs an engine that decodes in this process (the transformers engine; the fake engine in
-tests): a trial answer is generated from inside the host's decode loop.
+It needs an engine that serves a generate call from inside the host's decode loop (both engines;
+the fake engine in tests).
 
 Fidelity: public code at davidweidawang/Step-GRPO@df76889; reference cases pending
 (``verl/workers/rollout/deer_utils.py``: ``answer_confidence``, ``should_early_exit``;
