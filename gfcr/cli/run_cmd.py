@@ -44,29 +44,37 @@ def run(file: Path, set_: SetOption = None,
 
 def resume(run_dir: Annotated[Path, typer.Argument(help="a run directory made by `gfcr run`")],
            steps: Annotated[Optional[int], typer.Option(help="run until this many steps in all")] = None,
-           executor: ExecutorOption = None) -> None:
-    """Continue a run from its newest checkpoint, up to run.steps (or --steps)."""
+           executor: ExecutorOption = None,
+           strict: Annotated[bool, typer.Option(help="refuse (exit 2) when the newest checkpoint is damaged, "
+                                                "instead of continuing from the newest intact one")] = False) -> None:
+    """Continue a run from its newest intact checkpoint, up to run.steps (or --steps)."""
     from gfcr.runtime.manifest import check_resumable
     from gfcr.runtime.rundir import RunDir
+    from gfcr.runtime.rundir_lock import lock_run_dir
     from gfcr.tracking.mlflow_tracker import check_run_store
 
     def resumed(hooks: tuple) -> object:
-        check_run_store(run_dir)  # a store that is down fails before the run directory changes
         rd = RunDir(run_dir)
+        if rd.spec.is_file():  # one process at a time: a run in use is refused at once, naming its holder
+            lock_run_dir(run_dir)
+        check_run_store(run_dir)  # a store that is down fails before the run directory changes
         if rd.spec.is_file():  # a damaged checkpoint or lost metrics, found before torch loads
-            check_resumable(rd)
+            check_resumable(rd, strict)
         from gfcr.runtime.session import Run
 
-        return Run.resume(run_dir, steps, hooks, executor=executor)
+        return Run.resume(run_dir, steps, hooks, executor=executor, strict=strict)
 
     _train(resumed)
 
 
 def _start_run(pipeline: CompiledPipeline, run_dir: Path | None, hooks: tuple) -> object:
-    from gfcr.runtime.rundir import check_new_run_dir
+    from gfcr.runtime.rundir import RunDir, check_new_run_dir
+    from gfcr.runtime.rundir_lock import lock_run_dir
 
-    if run_dir is not None:
-        check_new_run_dir(run_dir)  # a --run-dir in use fails before torch loads
+    if run_dir is not None:  # a --run-dir in use fails before torch loads
+        if RunDir(run_dir).spec.is_file():
+            lock_run_dir(run_dir)  # a run going on there: refused, naming its process
+        check_new_run_dir(run_dir)
     from gfcr.tracking.mlflow_tracker import check_store
 
     check_store(pipeline.spec)  # a wrong MLflow URI fails before the run directory is written (and torch loads)
@@ -107,6 +115,10 @@ def _train(make_run) -> None:
             _print_skipped(pool)
         for skipped in getattr(session, "skipped_checkpoints", ()):
             err.print(f"[yellow]warning:[/] skipped a damaged checkpoint: {escape(skipped.message)}", markup=True)
+        if getattr(session, "skipped_checkpoints", ()):
+            start = session.last_checkpoint or "step 0 (no intact checkpoint)"
+            err.print(f"    continuing from {escape(str(start))}; metrics.jsonl and lineage/ are cut back to step "
+                      f"{session.runner.step} and its later steps run again", markup=True)
         summary = session.train()
     except (Exception, KeyboardInterrupt) as exc:
         if hook is not None:
