@@ -1,7 +1,8 @@
 """``gfcr run`` and ``gfcr resume``: train a pipeline with a progress bar, then print a summary
 saying where the results are.
 
-A user's mistake exits 2 (what, where, the fix), a bug in a stage 1 (its traceback), Ctrl-C 130
+A user's mistake exits 2 (what, where, the fix), a bug in a stage 1 (its traceback), a full disk 1
+(the write that failed, the space it needed, the ``gfcr resume`` that continues the run), Ctrl-C 130
 (where the run stopped and the ``gfcr resume`` that continues it).
 """
 
@@ -18,6 +19,7 @@ from rich.markup import escape
 
 from gfcr.cli.common import ExecutorOption, SetOption, compile_file, err, fail, out
 from gfcr.errors import GfcrError, StageError
+from gfcr.runtime.diskspace import DiskFullError
 
 if TYPE_CHECKING:
     from gfcr.graph import CompiledPipeline
@@ -130,6 +132,10 @@ def _train(make_run) -> None:
             raise typer.Exit(130) from None
         if not isinstance(exc, GfcrError):
             raise
+        if isinstance(exc, DiskFullError):  # not a mistake in the command: exit 1, and how to go on
+            fail(exc)
+            err.print(f"    {escape(_stopped_at(session))}", markup=True)
+            raise typer.Exit(1) from None
         if isinstance(exc, StageError) and not exc.user_error:  # a bug in a stage: its traceback, then what failed
             err.print(escape("".join(traceback.format_exception(exc.cause)).rstrip()), markup=True)
             err.print(f"[red]error:[/] {escape(str(exc))}", markup=True)

@@ -164,9 +164,17 @@ def strict_refusal(damaged: list[tuple[Path, CheckpointError]]) -> CheckpointErr
 def check_resumable(run_dir: RunDir, strict: bool = False) -> None:
     """What ``Run.resume`` would refuse in ``run_dir``'s files, found without torch: with
     ``strict``, a damaged newest checkpoint; metrics lost before the step of the checkpoint it
-    would continue from. Nothing is written; a run with no intact checkpoint is left to ``Run.resume``."""
+    would continue from; checkpoints that are all damaged. Nothing is written."""
     checkpoint, damaged = intact_checkpoint(run_dir)
     if strict and damaged:
         raise strict_refusal(damaged)
+    if checkpoint is None and damaged:
+        raise no_intact_checkpoint(run_dir, damaged)
     if checkpoint is not None:
         run_dir.check_metrics(checkpoint_step(checkpoint))
+
+
+def no_intact_checkpoint(run_dir: RunDir, damaged: list[tuple[Path, CheckpointError]]) -> CheckpointError:
+    """The error of a run directory whose checkpoints are all damaged: the newest one's problem."""
+    first = damaged[0][1]
+    return CheckpointError(f"{run_dir.path} has no complete checkpoint to resume from: {first.message}", first.fix)

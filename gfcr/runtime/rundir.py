@@ -130,10 +130,18 @@ class RunDir:
         return sorted(found, reverse=True)
 
     def append_metrics(self, record: dict[str, Any]) -> None:
-        with open(self.metrics, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record, sort_keys=True) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        """Append one step's line, whole or not at all: a write that fails (a full disk) is cut
+        off again, so the file still ends with the previous step."""
+        line = memoryview((json.dumps(record, sort_keys=True) + "\n").encode("utf-8"))
+        with open(self.metrics, "ab", buffering=0) as f:  # unbuffered: nothing left to flush at close
+            size = f.seek(0, os.SEEK_END)
+            try:
+                while line:
+                    line = line[f.write(line):]
+                os.fsync(f.fileno())
+            except OSError:
+                os.ftruncate(f.fileno(), size)
+                raise
 
     def read_metrics(self) -> list[dict[str, Any]]:
         """Every step's record, in order; a RunDirError at ``file:line`` if a line is damaged or

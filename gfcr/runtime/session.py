@@ -28,7 +28,8 @@ from gfcr.graph import CompiledPipeline, load_pipeline
 from gfcr.records import StepReport
 from gfcr.registry import STAGES, Registry
 from gfcr.runtime.checkpoint import load_checkpoint, save_checkpoint
-from gfcr.runtime.manifest import intact_checkpoint, strict_refusal
+from gfcr.runtime.diskspace import disk_write, tree_bytes
+from gfcr.runtime.manifest import intact_checkpoint, no_intact_checkpoint, strict_refusal
 from gfcr.runtime.evaluation import EvalResult, evaluate
 from gfcr.runtime.lineage import write_control_lineage, write_lineage
 from gfcr.runtime.local import LocalRunner
@@ -120,7 +121,7 @@ class Run:
         if strict and damaged:
             raise strict_refusal(damaged)
         if checkpoint is None and (damaged or rd.legacy_checkpoints()):
-            raise _no_checkpoint(rd, [problem for _, problem in damaged])  # before the policy loads: it fails in a second
+            raise _no_checkpoint(rd, damaged)  # before the policy loads: it fails in a second
         run = cls(pipeline, rd, hooks)
         if checkpoint is not None:
             load_checkpoint(checkpoint, run.runner, run.resources)
@@ -159,11 +160,9 @@ class Run:
             t0 = time.perf_counter()
             report = self.runner.run_step()
             record = step_record(report, result, time.perf_counter() - t0)
-            self.dir.append_metrics(record)
+            self._record(step, record, report)
             spent["rollouts"] += record["rollouts_generated"]
             spent["tokens"] += record["tokens_generated"]
-            write_lineage(self.dir.lineage(step), report)
-            write_control_lineage(self.dir.control_lineage(step), report)
             self._hook("after_step", record)
             if every is not None and self.runner.step % every == 0:
                 self._checkpoint()
@@ -171,11 +170,24 @@ class Run:
         if self.last_checkpoint is None or self.last_checkpoint != self.dir.checkpoint(self.runner.step):
             self._checkpoint()
         summary = self._summary(final, time.perf_counter() - start)
-        write_text(self.dir.summary, json.dumps(summary, indent=2) + "\n")
+        text = json.dumps(summary, indent=2) + "\n"
+        with disk_write("run summary", self.dir.summary, lambda: len(text.encode())):
+            write_text(self.dir.summary, text)
         self._hook("after_run", summary)
         self.resources.close()  # engine actors, a Ray cluster gfcr started
         release_run_dir(self.dir.path)  # finished: `gfcr resume --steps N` may go on from here
         return summary
+
+    def _record(self, step: int, record: dict[str, Any], report: StepReport) -> None:
+        """Write a step's metrics line and lineage files; on a full disk, a ``DiskFullError``
+        with the file before it as it was (a metrics line whole or not at all, lineage renamed in)."""
+        line = len(json.dumps(record, sort_keys=True)) + 1
+        with disk_write(f"metrics of step {step}", self.dir.metrics, lambda: line):
+            self.dir.append_metrics(record)
+        for path, write in ((self.dir.lineage(step), write_lineage), (self.dir.control_lineage(step), write_control_lineage)):
+            previous = path.with_name(path.name.replace(f"{step:06d}", f"{max(step - 1, 0):06d}"))
+            with disk_write(f"lineage of step {step}", path, lambda: tree_bytes(previous) or None):
+                write(path, report)
 
     def _spent(self) -> dict[str, int]:
         """Rollouts and tokens generated so far (by the steps before a resume, too)."""
@@ -292,11 +304,10 @@ def _set_aside(path: Path, problem: CheckpointError) -> CheckpointError:
     return CheckpointError(f"{problem.message} (moved to {aside}; delete it once looked at)", problem.fix)
 
 
-def _no_checkpoint(rd: RunDir, problems: list[CheckpointError]) -> CheckpointError:
+def _no_checkpoint(rd: RunDir, damaged: list[tuple[Path, CheckpointError]]) -> CheckpointError:
     """Why ``rd`` cannot resume: every checkpoint it has is damaged, or it holds only format-1 pickles."""
-    if problems:
-        first = problems[0]
-        return CheckpointError(f"{rd.path} has no complete checkpoint to resume from: {first.message}", first.fix)
+    if damaged:
+        return no_intact_checkpoint(rd, damaged)
     legacy = rd.legacy_checkpoints()
     return CheckpointError(
         f"{legacy[0][1]} is not a gfcr checkpoint this gfcr loads: it is a pickle (a format-1 checkpoint of "
