@@ -68,16 +68,29 @@ def _metrics(run_dir: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> list[dict]:
-    work = tmp_path_factory.mktemp("reference")
-    done = _gfcr(work, RUN)
-    assert done.returncode == 0, done.stderr
-    return _metrics(work / "run")
+    """The same run, uninterrupted and in-process (a second: no model)."""
+    from gfcr.graph import load_pipeline
+    from gfcr.runtime.session import Run
+
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    Run.start(load_pipeline(FAKE, ["executor.kind=local", "run.steps=4", "run.checkpoint_every=2"]), run_dir).train()
+    return _metrics(run_dir)
+
+
+def _resume(run_dir: Path) -> None:
+    from gfcr.runtime.session import Run
+
+    Run.resume(run_dir).train()
+
+
+SLOW = pytest.mark.slow  # each case is a `gfcr run` subprocess (about 10 s on a quiet machine); one stays in the default run
 
 
 @pytest.mark.parametrize("site, pattern, nth, says, steps_recorded, checkpoints", [
-    ("metrics", "*/run/metrics.jsonl", 4, "writing the metrics of step 3 failed", 3, ["step-000002"]),
-    ("lineage", "*/run/lineage/.step-000003.parquet.*", 1, "writing the lineage of step 3 failed", 4,
-     ["step-000002"]),
+    pytest.param("metrics", "*/run/metrics.jsonl", 4, "writing the metrics of step 3 failed", 3, ["step-000002"],
+                 marks=SLOW),
+    pytest.param("lineage", "*/run/lineage/.step-000003.parquet.*", 1, "writing the lineage of step 3 failed", 4,
+                 ["step-000002"], marks=SLOW),
     ("checkpoint", "*/run/checkpoints/.step-000004.*.tmp/stages/pick/state.json", 1,
      "writing the checkpoint of step 4 failed", 4, ["step-000002"]),
 ])
@@ -92,11 +105,11 @@ def test_enospc_at_a_write_site_stops_the_run_with_exit_1_and_the_state_before_i
     assert _metrics(run_dir) == reference[:steps_recorded]  # whole lines only: none cut mid-way
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == checkpoints  # no partial copy left
     assert not [p for p in (run_dir / "lineage").iterdir() if p.name.startswith(".")]
-    resumed = _gfcr(tmp_path, ["resume", "run"])
-    assert resumed.returncode == 0, resumed.stderr
+    _resume(run_dir)  # once there is space: as if uninterrupted
     assert _metrics(run_dir) == reference
 
 
+@SLOW
 def test_a_file_size_limit_hit_by_the_kernel_stops_the_run_the_same_way(reference, tmp_path):
     """RLIMIT_FSIZE of 8 KB: a step's lineage file (about 10 KB) fails in pyarrow's write with
     EFBIG; the metrics, spec and run files stay under it."""
@@ -110,6 +123,5 @@ def test_a_file_size_limit_hit_by_the_kernel_stops_the_run_the_same_way(referenc
     assert "writing the lineage of step 0 failed: File too large" in done.stderr, done.stderr
     run_dir = tmp_path / "run"
     assert _metrics(run_dir) == reference[:1] and not list((run_dir / "lineage").iterdir())
-    resumed = _gfcr(tmp_path, ["resume", "run"])
-    assert resumed.returncode == 0, resumed.stderr
+    _resume(run_dir)  # once there is space: as if uninterrupted
     assert _metrics(run_dir) == reference
