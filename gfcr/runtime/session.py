@@ -79,14 +79,15 @@ class Run:
 
     @classmethod
     def start(cls, pipeline: CompiledPipeline, run_dir: Path | None = None, hooks: tuple[Any, ...] = ()) -> "Run":
+        made_here = run_dir is None or not Path(run_dir).exists()
         path = Path(run_dir) if run_dir is not None else new_run_dir(pipeline.spec.name)
         lock_run_dir(path)  # one process at a time (a second is refused, naming this one)
         check_new_run_dir(path)
         try:
             run = cls(pipeline, RunDir(path), hooks)  # data and policy load before anything is written
         except BaseException:
-            if only_the_lock(path):  # nothing was written: leave no empty run directory behind
-                release_run_dir(path)
+            release_run_dir(path)
+            if made_here and only_the_lock(path):  # nothing was written: leave no empty run directory behind
                 shutil.rmtree(path, ignore_errors=True)
             raise
         write_text(run.dir.spec, pipeline.spec.to_yaml())
