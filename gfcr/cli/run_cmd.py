@@ -118,8 +118,7 @@ def _train(make_run) -> None:
         for skipped in getattr(session, "skipped_checkpoints", ()):
             err.print(f"[yellow]warning:[/] skipped a damaged checkpoint: {escape(skipped.message)}", markup=True)
         if getattr(session, "skipped_checkpoints", ()):
-            start = session.last_checkpoint or "step 0 (no intact checkpoint)"
-            err.print(f"    continuing from {escape(str(start))}; metrics.jsonl and lineage/ are cut back to step "
+            err.print(f"    continuing from {escape(str(session.last_checkpoint))}; metrics.jsonl and lineage/ are cut back to step "
                       f"{session.runner.step} and its later steps run again", markup=True)
         summary = session.train()
     except (Exception, KeyboardInterrupt) as exc:

@@ -185,7 +185,8 @@ class Run:
         line = len(json.dumps(record, sort_keys=True)) + 1
         with disk_write(f"metrics of step {step}", self.dir.metrics, lambda: line):
             self.dir.append_metrics(record)
-        for path, write in ((self.dir.lineage(step), write_lineage), (self.dir.control_lineage(step), write_control_lineage)):
+        writers = ((self.dir.lineage(step), write_lineage), (self.dir.control_lineage(step), write_control_lineage))
+        for path, write in writers:
             previous = path.with_name(path.name.replace(f"{step:06d}", f"{max(step - 1, 0):06d}"))
             with disk_write(f"lineage of step {step}", path, lambda: tree_bytes(previous) or None):
                 write(path, report)
