@@ -57,6 +57,8 @@ def deploy(file: Path, name: Annotated[str, typer.Option("--name", help="the dep
     except GfcrError as exc:
         fail(exc)
         raise typer.Exit(2) from None
+    if cron is not None or interval is not None:
+        warn_if_scheduler_broken()
     parameters = {"file": str(Path(pipeline.spec.source.file or file).resolve()),  # a shipped name: its file
                   "overrides": list(set_ or []), "plugins": list(pipeline.spec.plugins)}
     deployment = _deployment(pipeline.spec.name, name, parameters, interval, cron,
@@ -66,6 +68,28 @@ def deploy(file: Path, name: Annotated[str, typer.Option("--name", help="the dep
     out.print(f"deployment [bold]{escape(pipeline.spec.name)}/{escape(name)}[/] ({deployment_id}): {when}\n"
               f"    runs when `gfcr serve` is running; start one now from the UI (`gfcr ui`) or with\n"
               f"    prefect deployment run '{pipeline.spec.name}/{name}'", markup=True)
+
+
+def warn_if_scheduler_broken() -> None:
+    """Warn when this environment's Prefect server cannot start scheduled runs: Prefect before
+    3.9.1 with SQLAlchemy 2.1 fails every scheduler pass ("Can't evaluate bulk DML statement" in
+    ``models.deployments._insert_scheduled_flow_runs``), so a schedule never starts a run. A
+    warning, not an error: the server ``PREFECT_API_URL`` names may run elsewhere, with other packages."""
+    from importlib.metadata import version
+
+    prefect, sqlalchemy = version("prefect"), version("sqlalchemy")
+    if _release(prefect) < (3, 9, 1) and _release(sqlalchemy) >= (2, 1):
+        err.print(f"[yellow]warning:[/] Prefect {prefect} with SQLAlchemy {sqlalchemy}: a Prefect server started "
+                  "from this environment never starts scheduled runs (its scheduler fails on SQLAlchemy 2.1)\n"
+                  "    [green]fix:[/] pip install 'sqlalchemy>=2.0,<2.1' (as gfcr's vllm-cpu extra does), or "
+                  "Prefect >= 3.9.1", markup=True)
+
+
+def _release(text: str) -> tuple[int, ...]:
+    """The leading numbers of a version string: '3.7.7' -> (3, 7, 7), '2.1.0rc1' -> (2, 1, 0)."""
+    import re
+
+    return tuple(int(n) for n in re.findall(r"\d+", text.split("+")[0])[:3])
 
 
 def _check_cron(expr: str) -> None:
@@ -94,6 +118,7 @@ def serve(limit: Annotated[Optional[int], typer.Option(help="most flow runs at o
     from gfcr.runtime.prefect_runner import configure_prefect
 
     configure_prefect()  # before Prefect is imported
+    warn_if_scheduler_broken()
     from prefect import serve as prefect_serve
 
     found = _gfcr_deployments()
@@ -119,6 +144,7 @@ def ui(prefect_port: Annotated[int, typer.Option(help="Prefect UI port")] = 4200
     from gfcr.tracking.mlflow_store import resolve_uri
 
     configure_prefect()
+    warn_if_scheduler_broken()  # this command starts the Prefect server, in this environment
     uri = mlflow_uri or resolve_uri(MlflowSpec())
     bin_dir = Path(sys.executable).parent
     commands = {

@@ -1,7 +1,8 @@
 """``gfcr run`` and ``gfcr resume``: train a pipeline with a progress bar, then print a summary
 saying where the results are.
 
-A user's mistake exits 2 (what, where, the fix), a bug in a stage 1 (its traceback), Ctrl-C 130
+A user's mistake exits 2 (what, where, the fix), a bug in a stage 1 (its traceback), a full disk 1
+(the write that failed, the space it needed, the ``gfcr resume`` that continues the run), Ctrl-C 130
 (where the run stopped and the ``gfcr resume`` that continues it).
 """
 
@@ -18,6 +19,7 @@ from rich.markup import escape
 
 from gfcr.cli.common import ExecutorOption, PluginOption, SetOption, compile_file, err, fail, import_plugins, out
 from gfcr.errors import GfcrError, StageError
+from gfcr.runtime.diskspace import DiskFullError
 
 if TYPE_CHECKING:
     from gfcr.graph import CompiledPipeline
@@ -44,31 +46,39 @@ def run(file: Path, set_: SetOption = None,
 
 def resume(run_dir: Annotated[Path, typer.Argument(help="a run directory made by `gfcr run`")],
            steps: Annotated[Optional[int], typer.Option(help="run until this many steps in all")] = None,
-           executor: ExecutorOption = None, plugin: PluginOption = None) -> None:
-    """Continue a run from its newest checkpoint, up to run.steps (or --steps). The run's own
-    `plugins` are imported again; --plugin imports more first (e.g. a plugin that moved)."""
+           executor: ExecutorOption = None, plugin: PluginOption = None,
+           strict: Annotated[bool, typer.Option(help="refuse (exit 2) when the newest checkpoint is damaged, "
+                                                 "instead of continuing from the newest intact one")] = False) -> None:
+    """Continue a run from its newest intact checkpoint, up to run.steps (or --steps). The run's
+    own `plugins` are imported again; --plugin imports more first (e.g. a plugin that moved)."""
     from gfcr.runtime.manifest import check_resumable
     from gfcr.runtime.rundir import RunDir
+    from gfcr.runtime.rundir_lock import lock_run_dir
     from gfcr.tracking.mlflow_tracker import check_run_store
 
     def resumed(hooks: tuple) -> object:
         import_plugins(plugin)
-        check_run_store(run_dir)  # a store that is down fails before the run directory changes
         rd = RunDir(run_dir)
+        if rd.spec.is_file():  # one process at a time: a run in use is refused at once, naming its holder
+            lock_run_dir(run_dir)
+        check_run_store(run_dir)  # a store that is down fails before the run directory changes
         if rd.spec.is_file():  # a damaged checkpoint or lost metrics, found before torch loads
-            check_resumable(rd)
+            check_resumable(rd, strict)
         from gfcr.runtime.session import Run
 
-        return Run.resume(run_dir, steps, hooks, executor=executor)
+        return Run.resume(run_dir, steps, hooks, executor=executor, strict=strict)
 
     _train(resumed)
 
 
 def _start_run(pipeline: CompiledPipeline, run_dir: Path | None, hooks: tuple) -> object:
-    from gfcr.runtime.rundir import check_new_run_dir
+    from gfcr.runtime.rundir import RunDir, check_new_run_dir
+    from gfcr.runtime.rundir_lock import lock_run_dir
 
-    if run_dir is not None:
-        check_new_run_dir(run_dir)  # a --run-dir in use fails before torch loads
+    if run_dir is not None:  # a --run-dir in use fails before torch loads
+        if RunDir(run_dir).spec.is_file():
+            lock_run_dir(run_dir)  # a run going on there: refused, naming its process
+        check_new_run_dir(run_dir)
     from gfcr.tracking.mlflow_tracker import check_store
 
     check_store(pipeline.spec)  # a wrong MLflow URI fails before the run directory is written (and torch loads)
@@ -109,6 +119,9 @@ def _train(make_run) -> None:
             _print_skipped(pool)
         for skipped in getattr(session, "skipped_checkpoints", ()):
             err.print(f"[yellow]warning:[/] skipped a damaged checkpoint: {escape(skipped.message)}", markup=True)
+        if getattr(session, "skipped_checkpoints", ()):
+            err.print(f"    continuing from {escape(str(session.last_checkpoint))}; metrics.jsonl and lineage/ are cut back to step "
+                      f"{session.runner.step} and its later steps run again", markup=True)
         summary = session.train()
     except (Exception, KeyboardInterrupt) as exc:
         if hook is not None:
@@ -120,6 +133,10 @@ def _train(make_run) -> None:
             raise typer.Exit(130) from None
         if not isinstance(exc, GfcrError):
             raise
+        if isinstance(exc, DiskFullError):  # not a mistake in the command: exit 1, and how to go on
+            fail(exc)
+            err.print(f"    {escape(_stopped_at(session))}", markup=True)
+            raise typer.Exit(1) from None
         if isinstance(exc, StageError) and not exc.user_error:  # a bug in a stage: its traceback, then what failed
             err.print(escape("".join(traceback.format_exception(exc.cause)).rstrip()), markup=True)
             err.print(f"[red]error:[/] {escape(str(exc))}", markup=True)

@@ -40,6 +40,7 @@ from safetensors.torch import load_model, save_file, save_model
 
 from gfcr.errors import CheckpointError
 from gfcr.registry import OwnsFiles, Stateful
+from gfcr.runtime.diskspace import disk_write, tree_bytes
 from gfcr.runtime.local import LocalRunner
 from gfcr.runtime.rundir import RunDir, gfcr_version
 from gfcr.runtime.manifest import (  # noqa: F401  (re-exported: where checkpoints were always read)
@@ -58,11 +59,14 @@ def save_checkpoint(run_dir: RunDir, runner: LocalRunner, resources: Resources, 
     """Write the checkpoint of ``runner.step`` atomically, then keep the newest ``keep``."""
     final = run_dir.checkpoint(runner.step)
     final.parent.mkdir(parents=True, exist_ok=True)
+    newest = run_dir.checkpoints()[0][1] if run_dir.checkpoints() else None
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
-    try:
-        _write(tmp, runner, resources)
-        _fsync_tree(tmp)
-        _replace_dir(tmp, final)
+    try:  # a full disk: the partial copy is removed below, the older checkpoints are untouched
+        with disk_write(f"checkpoint of step {runner.step}", final,
+                        lambda: max(tree_bytes(tmp), tree_bytes(newest) if newest is not None else 0)):
+            _write(tmp, runner, resources)
+            _fsync_tree(tmp)
+            _replace_dir(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     run_dir.prune_checkpoints(keep)

@@ -125,16 +125,56 @@ def checkpoint_problems(run_dir: RunDir) -> list[CheckpointError]:
     return problems
 
 
-def check_resumable(run_dir: RunDir) -> None:
-    """What ``Run.resume`` would refuse in ``run_dir``'s files, found without torch: its newest
-    complete checkpoint corrupt (a sha256 that differs), or metrics lost before that checkpoint's
-    step. Nothing is written; a run with no complete checkpoint is left to ``Run.resume``."""
-    checkpoint = latest_checkpoint(run_dir)
-    if checkpoint is None:
-        return
-    verify_checkpoint(checkpoint)
+def intact_checkpoint(run_dir: RunDir) -> tuple[Path | None, list[tuple[Path, CheckpointError]]]:
+    """The newest checkpoint that is intact (its manifest, every file's size and sha256, its
+    ``runner.json``), and each newer one with why it is not, newest first. This is what ``gfcr resume``
+    continues from: a checkpoint damaged after it was written (a bit flipped, a file cut or
+    edited, a stage's files of its own among them) is passed over for the next older one."""
+    damaged: list[tuple[Path, CheckpointError]] = []
+    for _, path in run_dir.checkpoints():
+        try:
+            verify_checkpoint(path)
+            checkpoint_step(path)
+        except CheckpointError as exc:
+            damaged.append((path, exc))
+            continue
+        return path, damaged
+    return None, damaged
+
+
+def checkpoint_step(path: Path) -> int:
+    """The step a checkpoint was written after (its ``runner.json``)."""
     try:
-        step = json.loads((checkpoint / RUNNER).read_text(encoding="utf-8"))["step"]
+        step = json.loads((path / RUNNER).read_text(encoding="utf-8"))["step"]
+        if isinstance(step, int) and not isinstance(step, bool):
+            return step
+        raise TypeError(f"step is {step!r}")
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"{checkpoint / RUNNER}: cannot read it: {exc}", _DAMAGED.format(path=checkpoint)) from None
-    run_dir.check_metrics(int(step))
+        raise CheckpointError(f"{path / RUNNER}: cannot read it: {exc}", _DAMAGED.format(path=path)) from None
+
+
+def strict_refusal(damaged: list[tuple[Path, CheckpointError]]) -> CheckpointError:
+    """``gfcr resume --strict``'s error when the newest checkpoint is damaged."""
+    first = damaged[0][1]
+    return CheckpointError(f"the newest checkpoint is damaged: {first.message}",
+                           "resume without --strict to continue from the newest intact checkpoint (the steps after "
+                           "it run again), or restore the damaged files from a copy")
+
+
+def check_resumable(run_dir: RunDir, strict: bool = False) -> None:
+    """What ``Run.resume`` would refuse in ``run_dir``'s files, found without torch: with
+    ``strict``, a damaged newest checkpoint; metrics lost before the step of the checkpoint it
+    would continue from; checkpoints that are all damaged. Nothing is written."""
+    checkpoint, damaged = intact_checkpoint(run_dir)
+    if strict and damaged:
+        raise strict_refusal(damaged)
+    if checkpoint is None and damaged:
+        raise no_intact_checkpoint(run_dir, damaged)
+    if checkpoint is not None:
+        run_dir.check_metrics(checkpoint_step(checkpoint))
+
+
+def no_intact_checkpoint(run_dir: RunDir, damaged: list[tuple[Path, CheckpointError]]) -> CheckpointError:
+    """The error of a run directory whose checkpoints are all damaged: the newest one's problem."""
+    first = damaged[0][1]
+    return CheckpointError(f"{run_dir.path} has no complete checkpoint to resume from: {first.message}", first.fix)

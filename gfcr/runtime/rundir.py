@@ -37,9 +37,11 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from gfcr.errors import RunDirError
+from gfcr.runtime.rundir_lock import only_the_lock
 
 CHECKPOINT = re.compile(r"^step-(\d{6})$")
 LEGACY_CHECKPOINT = re.compile(r"^step-(\d{6})\.pt$")  # format 1 (a pickle): found to explain, never loaded
+LINEAGE = re.compile(r"^(?:step|control)-(\d{6})\.parquet$")
 TEMPORARY = re.compile(r"^\.step-\d{6}\..*\.tmp$")  # a checkpoint being written, or one a kill cut short
 
 
@@ -75,13 +77,18 @@ def gfcr_version() -> str:
 
 
 def new_run_dir(name: str, base: Path = Path("runs")) -> Path:
+    """A new, empty ``base/<name>-<time>`` folder, made here: runs started in the same second
+    (several at once on one machine) each get their own, ``-2``, ``-3``... (``mkdir`` is atomic)."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    path = base / f"{name}-{stamp}"
-    suffix = 1
-    while path.exists():
-        suffix += 1
-        path = base / f"{name}-{stamp}-{suffix}"
-    return path
+    base.mkdir(parents=True, exist_ok=True)
+    path, suffix = base / f"{name}-{stamp}", 1
+    while True:
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            suffix += 1
+            path = base / f"{name}-{stamp}-{suffix}"
 
 
 class RunDir:
@@ -123,10 +130,18 @@ class RunDir:
         return sorted(found, reverse=True)
 
     def append_metrics(self, record: dict[str, Any]) -> None:
-        with open(self.metrics, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record, sort_keys=True) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        """Append one step's line, whole or not at all: a write that fails (a full disk) is cut
+        off again, so the file still ends with the previous step."""
+        line = memoryview((json.dumps(record, sort_keys=True) + "\n").encode("utf-8"))
+        with open(self.metrics, "ab", buffering=0) as f:  # unbuffered: nothing left to flush at close
+            size = f.seek(0, os.SEEK_END)
+            try:
+                while line:
+                    line = line[f.write(line):]
+                os.fsync(f.fileno())
+            except OSError:
+                os.ftruncate(f.fileno(), size)
+                raise
 
     def read_metrics(self) -> list[dict[str, Any]]:
         """Every step's record, in order; a RunDirError at ``file:line`` if a line is damaged or
@@ -187,6 +202,14 @@ class RunDir:
                               fix + f" (or restore {self.metrics.name} from a copy)")
         return records, damage, kept
 
+    def truncate_lineage(self, before_step: int) -> None:
+        """Delete the lineage files of steps ``>= before_step`` (a resumed run writes them again)."""
+        if not self.lineage_dir.is_dir():
+            return
+        for path in self.lineage_dir.iterdir():
+            if (m := LINEAGE.match(path.name)) and int(m.group(1)) >= before_step:
+                path.unlink()
+
     def prune_checkpoints(self, keep: int) -> None:
         """Keep the newest ``keep`` checkpoints; delete older ones and the leftovers of killed writes."""
         for _, path in self.checkpoints()[keep:]:
@@ -202,7 +225,7 @@ def check_new_run_dir(path: Path) -> None:
     torch): ``gfcr run`` calls it before it loads anything."""
     if path.exists() and not path.is_dir():
         raise RunDirError(f"run directory {path} is a file", "pick another --run-dir")
-    if path.is_dir() and any(path.iterdir()):
+    if path.is_dir() and any(path.iterdir()) and not only_the_lock(path):
         if RunDir(path).spec.is_file():  # a gfcr run: `gfcr resume` continues it, checkpointed or not
             raise RunDirError(f"run directory {path} is not empty",
                               f"pick another --run-dir, or continue that run with `gfcr resume {path}`")

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import platform
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -25,11 +27,14 @@ from gfcr.errors import CheckpointError, EvalError, RunDirError
 from gfcr.graph import CompiledPipeline, load_pipeline
 from gfcr.records import StepReport
 from gfcr.registry import STAGES, Registry
-from gfcr.runtime.checkpoint import checkpoint_problems, latest_checkpoint, load_checkpoint, save_checkpoint
+from gfcr.runtime.checkpoint import load_checkpoint, save_checkpoint
+from gfcr.runtime.diskspace import disk_write, tree_bytes
+from gfcr.runtime.manifest import intact_checkpoint, no_intact_checkpoint, strict_refusal
 from gfcr.runtime.evaluation import EvalResult, evaluate
 from gfcr.runtime.lineage import write_control_lineage, write_lineage
 from gfcr.runtime.local import LocalRunner
 from gfcr.runtime.rundir import RunDir, check_new_run_dir, gfcr_version, new_run_dir, write_text
+from gfcr.runtime.rundir_lock import lock_run_dir, only_the_lock, release_run_dir
 from gfcr.spec import PipelineSpec
 from gfcr.stages.resources import Resources
 
@@ -74,14 +79,17 @@ class Run:
 
     @classmethod
     def start(cls, pipeline: CompiledPipeline, run_dir: Path | None = None, hooks: tuple[Any, ...] = ()) -> "Run":
+        made_here = run_dir is None or not Path(run_dir).exists()
         path = Path(run_dir) if run_dir is not None else new_run_dir(pipeline.spec.name)
+        lock_run_dir(path)  # one process at a time (a second is refused, naming this one)
         check_new_run_dir(path)
-        run = cls(pipeline, RunDir(path), hooks)  # data and policy load before anything is written
         try:
-            path.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise RunDirError(f"cannot create the run directory {path}: {exc.strerror}",
-                              "pick a --run-dir in a folder you can write to") from None
+            run = cls(pipeline, RunDir(path), hooks)  # data and policy load before anything is written
+        except BaseException:
+            release_run_dir(path)
+            if made_here and only_the_lock(path):  # nothing was written: leave no empty run directory behind
+                shutil.rmtree(path, ignore_errors=True)
+            raise
         write_text(run.dir.spec, pipeline.spec.to_yaml())
         write_text(run.dir.info, json.dumps({
             "run_id": path.name, "pipeline": pipeline.spec.name, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -91,27 +99,32 @@ class Run:
 
     @classmethod
     def resume(cls, path: Path, steps: int | None = None, hooks: tuple[Any, ...] = (),
-               stages: Registry[type] = STAGES, executor: str | None = None) -> "Run":
+               stages: Registry[type] = STAGES, executor: str | None = None, strict: bool = False) -> "Run":
         """Rebuild the run in ``path`` from its spec (compiled against ``stages``) and newest checkpoint,
         to run until ``steps`` (default: its ``run.steps``), on ``executor`` (default: its own).
 
         A run killed before its first checkpoint starts again from step 0 (``restarted``); a run
-        whose checkpoints are all damaged, or only format-1 pickles, is refused. Nothing in ``path``
+        whose checkpoints are all damaged, or only format-1 pickles, is refused. A damaged newest
+        checkpoint (any file's size or sha256 off) is set aside as ``checkpoints/damaged-step-N``
+        and the run continues from the newest intact one, its metrics and lineage cut back to that
+        step; with ``strict`` it is refused instead. Nothing in ``path``
         changes (``spec.yaml``, ``metrics.jsonl``) until the run is built and its checkpoint loaded."""
         rd = RunDir(path)
         if not rd.spec.is_file():
             state = "does not exist" if not Path(path).exists() else "is not a gfcr run directory (no spec.yaml)"
             raise RunDirError(f"{path} {state}",
                               "pass the folder `gfcr run` printed, e.g. runs/quickstart-20261130-101500")
+        lock_run_dir(path)  # before anything is read for writing: a second resume is refused
         overrides = [f"run.steps={steps}"] if steps is not None else []
         overrides += [f"executor.kind={executor}"] if executor is not None else []
         pipeline = load_pipeline(rd.spec, overrides, stages)
-        checkpoint = latest_checkpoint(rd)
-        if checkpoint is None and (checkpoint_problems(rd) or rd.legacy_checkpoints()):
-            raise _no_checkpoint(rd)  # before the policy loads: it fails in a second
+        checkpoint, damaged = intact_checkpoint(rd)  # damaged newer ones are passed over (or, strict, refused)
+        if strict and damaged:
+            raise strict_refusal(damaged)
+        if checkpoint is None and (damaged or rd.legacy_checkpoints()):
+            raise _no_checkpoint(rd, damaged)  # before the policy loads: it fails in a second
         run = cls(pipeline, rd, hooks)
         if checkpoint is not None:
-            run.skipped_checkpoints = checkpoint_problems(rd)  # newer ones that are damaged: the CLI warns
             load_checkpoint(checkpoint, run.runner, run.resources)
             run.last_checkpoint = checkpoint
         # else: killed before its first checkpoint; a new Run is the state of step 0, and its seeded
@@ -121,6 +134,8 @@ class Run:
         if overrides:
             write_text(rd.spec, pipeline.spec.to_yaml())
         rd.truncate_metrics(run.runner.step)
+        rd.truncate_lineage(run.runner.step)  # the steps after the checkpoint run again and write theirs anew
+        run.skipped_checkpoints = [_set_aside(path, problem) for path, problem in damaged]  # the CLI warns
         return run
 
     # --- the loop --------------------------------------------------------------------------
@@ -146,11 +161,9 @@ class Run:
             t0 = time.perf_counter()
             report = self.runner.run_step()
             record = step_record(report, result, time.perf_counter() - t0)
-            self.dir.append_metrics(record)
+            self._record(step, record, report)
             spent["rollouts"] += record["rollouts_generated"]
             spent["tokens"] += record["tokens_generated"]
-            write_lineage(self.dir.lineage(step), report)
-            write_control_lineage(self.dir.control_lineage(step), report)
             self._hook("after_step", record)
             if every is not None and self.runner.step % every == 0:
                 self._checkpoint()
@@ -158,10 +171,25 @@ class Run:
         if self.last_checkpoint is None or self.last_checkpoint != self.dir.checkpoint(self.runner.step):
             self._checkpoint()
         summary = self._summary(final, time.perf_counter() - start)
-        write_text(self.dir.summary, json.dumps(summary, indent=2) + "\n")
+        text = json.dumps(summary, indent=2) + "\n"
+        with disk_write("run summary", self.dir.summary, lambda: len(text.encode())):
+            write_text(self.dir.summary, text)
         self._hook("after_run", summary)
         self.resources.close()  # engine actors, a Ray cluster gfcr started
+        release_run_dir(self.dir.path)  # finished: `gfcr resume --steps N` may go on from here
         return summary
+
+    def _record(self, step: int, record: dict[str, Any], report: StepReport) -> None:
+        """Write a step's metrics line and lineage files; on a full disk, a ``DiskFullError``
+        with the file before it as it was (a metrics line whole or not at all, lineage renamed in)."""
+        line = len(json.dumps(record, sort_keys=True)) + 1
+        with disk_write(f"metrics of step {step}", self.dir.metrics, lambda: line):
+            self.dir.append_metrics(record)
+        writers = ((self.dir.lineage(step), write_lineage), (self.dir.control_lineage(step), write_control_lineage))
+        for path, write in writers:
+            previous = path.with_name(path.name.replace(f"{step:06d}", f"{max(step - 1, 0):06d}"))
+            with disk_write(f"lineage of step {step}", path, lambda: tree_bytes(previous) or None):
+                write(path, report)
 
     def _spent(self) -> dict[str, int]:
         """Rollouts and tokens generated so far (by the steps before a resume, too)."""
@@ -270,12 +298,19 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def _no_checkpoint(rd: RunDir) -> CheckpointError:
+def _set_aside(path: Path, problem: CheckpointError) -> CheckpointError:
+    """Rename the damaged checkpoint ``path`` to ``damaged-step-N`` beside it (kept to inspect,
+    never loaded or pruned); ``problem``, saying where it went."""
+    aside = path.with_name(f"damaged-{path.name}")
+    shutil.rmtree(aside, ignore_errors=True)  # an older damaged copy of the same step
+    os.replace(path, aside)
+    return CheckpointError(f"{problem.message} (moved to {aside}; delete it once looked at)", problem.fix)
+
+
+def _no_checkpoint(rd: RunDir, damaged: list[tuple[Path, CheckpointError]]) -> CheckpointError:
     """Why ``rd`` cannot resume: every checkpoint it has is damaged, or it holds only format-1 pickles."""
-    problems = checkpoint_problems(rd)
-    if problems:
-        first = problems[0]
-        return CheckpointError(f"{rd.path} has no complete checkpoint to resume from: {first.message}", first.fix)
+    if damaged:
+        return no_intact_checkpoint(rd, damaged)
     legacy = rd.legacy_checkpoints()
     return CheckpointError(
         f"{legacy[0][1]} is not a gfcr checkpoint this gfcr loads: it is a pickle (a format-1 checkpoint of "

