@@ -60,8 +60,9 @@ appended tokens; ``gfcr lineage`` shows them.
 Fidelity: checked against davidweidawang/Step-GRPO@df76889: 33/33 cases
 (``tests/fidelity/step_grpo.json``: ``answer_confidence``, ``should_early_exit``,
 ``is_repetition``; ``compute_score`` is ``filter.step_reward``'s). The rollout loop
-(``vllm_rollout_spmd.py``, ``_generate_sequences_deer``) is not a pure function; where this
-stage differs from it:
+(``vllm_rollout_spmd.py``, ``_generate_sequences_deer``) is not a pure function; it was read.
+
+Deviations from it:
 
 - after an exit Step-GRPO discards the trial answer, closes the thinking block (``</think>``)
   and samples the final answer with the rest of the budget; the models here have no thinking
