@@ -73,6 +73,8 @@ Deviations from it:
   tokens of which at a check, Step-GRPO forces the answer phase) exists to leave room for that
   answer phase, which this stage does not have: the row's own ``max_new_tokens`` is its budget;
 - the trial answer ends at ``answer_end`` (``}``), where Step-GRPO's runs to ``</think>``;
+- a repetition exit takes the trial answer as it is (closed or not) as the answer; Step-GRPO goes
+  straight to its answer phase there, without a trial answer;
 - ``max_exits`` (default: no cap) can keep some rows of each group untruncated; Step-GRPO
   checks every row;
 - the appended tokens are trained on as if sampled at the current version (their behaviour
