@@ -7,6 +7,7 @@ run through the YAML pipeline (lineage, update, resume); SmolLM2 on GSM8K (slow)
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -168,18 +169,19 @@ def test_the_caps_hold_exits_per_group_checks_per_row_and_the_budget():
     assert all(r.finish_reason != "exited" and len(r) <= 12 for r in tight.values())
 
 
+@pytest.mark.slow  # 37-49 s measured on the shared machine at load 45 (two fake-engine generations with a probe per token)
 def test_a_row_whose_step_chunks_keep_repeating_exits_whatever_its_confidence():
     """Every letter a marker: consecutive letters make empty step chunks, which repeat each other, so a
     row exits (above any confidence) at the boundary where its third repeat is counted."""
     letters = dict(FAKE, markers=list("abcdefghijklmnopqrstuvwxyz"))
     controller = TruncateSteps(TruncateSteps.Config(threshold=1.0, repeats=3, **letters))
-    cut, _, _ = _generate(controller)
+    cut, _, _ = _generate(controller, max_new_tokens=16)  # 8 of the 24 rows exit
     exited = [r for r in cut.values() if r.finish_reason == "exited"]
     assert exited and controller.step_metrics()["repetition_exits"] == len(exited)
-    assert all("(3 repeated step chunks)" in r.stop_reason for r in exited)
-    # repeats off: no exit (5 checks a row, to keep it cheap: with repeats on, 5 of 11 exits above come at check 5)
-    off = TruncateSteps(TruncateSteps.Config(threshold=1.0, repeats=None, **{**letters, "max_checks": 5}))
-    _generate(off)
+    # at the 3rd repeat, or a later one where the answer did not fit the budget at the 3rd
+    assert all(int(re.search(r"\((\d+) repeated step chunks\)", r.stop_reason)[1]) >= 3 for r in exited)
+    off = TruncateSteps(TruncateSteps.Config(threshold=1.0, repeats=None, **letters))
+    _generate(off, max_new_tokens=16)
     assert off.step_metrics()["checks"] > 0 and off.step_metrics()["exits"] == 0
 
 
