@@ -52,7 +52,8 @@ def run_column(column: str, policy: Any, engine: Any, pool: list, args: argparse
     stage.setup(resources)
     controller = None
     if column != "sample":
-        controller = TruncateSteps(TruncateSteps.Config(threshold=float(column.split("@")[1]), markers=args.markers))
+        controller = TruncateSteps(TruncateSteps.Config(threshold=float(column.split("@")[1]), markers=args.markers,
+                                                        confidence=args.confidence, repeats=args.repeats))
         controller.setup(resources)
         controller.before_step(None)
         stage.attach_in_flight([controller])
@@ -110,6 +111,10 @@ def main() -> None:
     ap.add_argument("--columns", default="sample,truncate@0.95,truncate@0.6")
     ap.add_argument("--markers", type=json.loads, default=["\n"],
                     help='JSON list of step markers (default ["\\n"]: SmolLM2 writes a step a line)')
+    ap.add_argument("--confidence", choices=["geometric", "mean"], default="geometric",
+                    help="the trial answer's confidence (the figures of 2026-12-02 were measured with mean)")
+    ap.add_argument("--repeats", type=lambda v: None if v == "none" else int(v), default=3,
+                    help="repetition exit after this many repeated step chunks, or none (2026-12-02: none)")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "truncate_steps.json")
     args = ap.parse_args()
 

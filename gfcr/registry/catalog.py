@@ -39,6 +39,7 @@ BUILTIN_STAGES = {
     "filter.finish_reason": "gfcr.stages.filter.finish_reason:FinishReasonFilter",
     "filter.beta_difficulty": "gfcr.stages.filter.beta_difficulty:BetaDifficulty",
     "filter.overlong": "gfcr.stages.filter.overlong:Overlong",
+    "filter.step_reward": "gfcr.stages.filter.step_reward:StepReward",
     "filter.d3s": "gfcr.stages.filter.d3s:D3S",
     "filter.merge_rounds": "gfcr.stages.filter.merge_rounds:MergeRounds",
     "filter.uniqueness": "gfcr.stages.filter.uniqueness:Uniqueness",

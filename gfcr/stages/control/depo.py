@@ -1,8 +1,14 @@
 """control.depo: before rollout, predict which prompts would give a zero-variance group (all
 correct or all wrong) and skip them, filling the batch from an oversized candidate batch.
 
-DEPO, Difficulty-Estimated Policy Optimization (arXiv 2602.06375, Alibaba; not "Data-Efficient
-Policy Optimization", arXiv 2509.01321). **Abstract-only** (and a third-party summary): an
+Which DEPO: this stage implements DEPO, Difficulty-Estimated Policy Optimization (arXiv
+2602.06375, Alibaba), which predicts zero-variance groups *before* rollout and skips those
+prompts. It is not arXiv 2605.05802, a different method that predicts zero-variance groups
+*during* rollout (from the partial responses), and not "Data-Efficient Policy Optimization"
+(arXiv 2509.01321). Pruning during rollout is an in-flight controller in gfcr
+(``control.early_exit``, ARRoL-style); nothing here follows 2605.05802.
+
+DEPO (arXiv 2602.06375). **Abstract-only** (and a third-party summary): an
 online difficulty estimator (a BERT-style encoder with two heads, trained against the actor's
 outcomes with advantage-estimation, distillation and ranking losses) predicts which prompts
 would yield no learning signal and drops them *before* rollout; the abstract claims up to 2x
@@ -66,7 +72,8 @@ Deviations:
 - Only judged rollouts count; groups of earlier steps (replayed) are ignored.
 
 Fidelity: from the abstract: no public code (arXiv 2602.06375: code "upon acceptance"); the
-rules above are this stage's reading.
+rules above are this stage's reading. (arXiv 2605.05802, the during-rollout method, is not
+implemented.)
 
 Example (embeddings given by hand; a run computes them):
 

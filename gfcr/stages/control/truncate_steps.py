@@ -1,36 +1,42 @@
-"""control.truncate_steps: Step-GRPO's Dynamic Truncated Rollout, with DEER's answer-confidence test
-at step boundaries (an in-flight controller).
+"""control.truncate_steps: Step-GRPO's Dynamic Truncated Rollout (an in-flight controller): at a step
+boundary, force a trial answer and end the row if the model is confident in it.
 
-Step-GRPO (arXiv 2604.16890, ACL 2026; code "None") splits reasoning into steps at linguistic
-markers, and its Dynamic Truncated Rollout "exposes the model to concise high-confidence
-trajectories during exploration". Its method section was not readable here (seed_methods 2.17:
-the marker set, the truncation criterion and the reward formula are open), so the criterion is
-DEER's (arXiv 2504.15895, code ``BugSmith/DEER``, ``vllm-deer.py``), the inference-time early exit
-that Step-GRPO sets out to internalise in training: at a step boundary, force a trial answer and
-exit if the model is confident in it.
+Step-GRPO (arXiv 2604.16890; code ``davidweidawang/Step-GRPO``, ``verl/workers/rollout/deer_utils.py``
+and ``vllm_rollout_spmd.py``) runs DEER's early exit (arXiv 2504.15895) during training rollouts. The
+rule, per running row of the host's generate call, with Step-GRPO's defaults
+(``verl/workers/rollout/config.py``):
 
-The rule, per running row of the host's generate call:
-
-1. **step boundary**: the row's newest tokens complete one of ``markers``. The boundary is the
-   start of the token in which the marker begins (``cut``: the row's new tokens before it; DEER
-   likewise stops a thinking chunk before its ``Wait``). Each occurrence is checked once, a row at
-   most ``max_checks`` times (DEER's ``max_judge_steps``, 10), and only when ``cut >= min_tokens``;
+1. **step boundary**: the row's newest tokens complete one of ``markers`` (Step-GRPO's trigger
+   word ``Wait``; a substring match, as vLLM's stop strings there). The boundary is the start of
+   the token in which the marker begins (``cut``: the row's new tokens before it; Step-GRPO stops
+   the thinking chunk before its ``Wait``). Each occurrence is checked once, a row at most
+   ``max_checks`` times (``deer_max_judge_steps``, 10), and only when ``cut >= min_tokens``;
 2. **trial answer**: the engine continues the row's context, its first ``cut`` tokens and the
-   ``inducer`` (DEER's ``"\\n**Final Answer**\\n\\\\boxed"``, here with its ``{``) greedily, for at
-   most ``probe_tokens`` tokens (DEER's 20), ending at ``answer_end`` (``}``) or the end of sequence;
-3. **confidence**: the mean probability of the greedy tokens (``confidence``; DEER's default policy
-   ``avg1``, over the tokens DEER averages: its first generated token is the ``{`` that our
-   inducer already holds). A trial answer that does not end within ``probe_tokens`` has none
-   (DEER scores it anyway);
-4. **exit**: when the trial answer closed, its confidence is above ``threshold`` (DEER's ``>``,
-   0.95), the steps, inducer and answer fit the row's budget, and the row's group has fewer than
-   ``max_exits`` exits, the row ends now (finish ``exited``, status ``completed``). Its response
-   is its first ``cut`` tokens, the inducer and the trial answer. The appended tokens (a segment
-   of origin ``forced``, counted as ``Rollout.forced_tokens``) carry their log-probs under the
-   row's sampling distribution, scored at the current policy version, so the update treats them
-   as on-policy: a positive advantage raises the probability of stopping at that step, which is
-   how a truncated trajectory teaches the early exit. A row that does not exit runs on from where
-   it was (DEER appends its ``Wait`` to a row it keeps; here the marker is the row's own).
+   ``inducer`` (Step-GRPO's ``"\\n**Final Answer**\\n\\\\boxed"``, here with its ``{``) greedily, for
+   at most ``probe_tokens`` tokens (``deer_prob_check_max_tokens``, 20), ending at ``answer_end``
+   (``}``) or the end of sequence;
+3. **confidence** (``confidence: geometric``, Step-GRPO's Eq. 2, ``answer_confidence``): the
+   geometric mean of the greedy tokens' probabilities, each floored at 1e-10. Step-GRPO skips the
+   first generated token, the ``{`` that opens ``\\boxed{``; here the inducer holds that ``{``, so
+   the mean runs over the same tokens. A trial answer that did not end within ``probe_tokens`` has
+   confidence 0 (Step-GRPO's ``qwen3_strict``: a confidence counts only when the trial answer
+   closed). ``confidence: mean`` is DEER's ``avg1`` (the arithmetic mean), this stage's rule
+   before the reference code could be read;
+4. **exit**: when the confidence is above ``threshold`` (``should_early_exit``: ``>``, delta
+   0.95), or the row's step chunks (its text between consecutive boundaries) have repeated the
+   chunk before them ``repeats`` times (DEER's repetition exit, ``is_repetition`` with unigrams,
+   3, counted over the row's life), the steps, inducer and answer fit the row's budget, and the
+   row's group has fewer than ``max_exits`` exits, the row ends now (finish ``exited``, status
+   ``completed``). Its response is its first ``cut`` tokens, the inducer and the trial answer. The
+   appended tokens (a segment of origin ``forced``, counted as ``Rollout.forced_tokens``) carry
+   their log-probs under the row's sampling distribution, scored at the current policy version,
+   so the update treats them as on-policy: a positive advantage raises the probability of
+   stopping at that step, which is how a truncated trajectory teaches the early exit. A row that
+   does not exit runs on from where it was (Step-GRPO appends its trigger word back; here the
+   marker is the row's own).
+
+Step-GRPO's other half, the step-aware relative reward (``compute_score``), is the stage
+``filter.step_reward``: put it after ``filter.verify``.
 
 Costs: each trial answer is a prefill of the row's context, its steps and the inducer (charged to
 ``tokens_scored``) and up to ``probe_tokens`` greedy tokens. A trial answer that is kept is part
@@ -38,8 +44,8 @@ of the response and counts as generated there; the tokens of the others are char
 generated (``Resources.charge_generation``), so budgets and ``gfcr compare`` see them. Scoring the
 appended tokens is charged to ``tokens_scored`` as every ``score`` call is.
 
-Metrics per step: ``checks`` (trial answers), ``exits``, ``confidence_mean`` and ``confidence_max``
-(over the checks),
+Metrics per step: ``checks`` (trial answers), ``exits`` (``repetition_exits`` of them by the
+repetition rule), ``confidence_mean`` and ``confidence_max`` (over the checks),
 ``probe_tokens`` (greedy tokens of every trial answer), ``forced_tokens`` (appended to exited rows)
 and ``cut_mean`` (the new tokens exited rows kept before their answer).
 
@@ -49,37 +55,35 @@ loop, paused meanwhile; the vLLM engine, whose one engine is stepping the host's
 from the trained policy's own decode loop (the weights vLLM holds; docs/vllm.md).
 
 Lineage: an exited rollout's ``finish_reason`` is ``exited``, its ``stop_reason`` names the
-boundary, the trial answer and its confidence, and ``forced_tokens`` counts the appended tokens;
-``gfcr lineage`` shows them.
+boundary, the trial answer and its confidence (or the repeats), and ``forced_tokens`` counts the
+appended tokens; ``gfcr lineage`` shows them.
 
-Deviations (choices the abstract leaves open, and where DEER is followed or not):
+Fidelity: checked against davidweidawang/Step-GRPO@df76889: 33/33 cases
+(``tests/fidelity/step_grpo.json``: ``answer_confidence``, ``should_early_exit``,
+``is_repetition``; ``compute_score`` is ``filter.step_reward``'s). The rollout loop
+(``vllm_rollout_spmd.py``, ``_generate_sequences_deer``) is not a pure function; it was read.
 
-- the step-aware relative reward (Step-GRPO's second half) is not implemented: its formula is not
-  public. This stage is the truncation half, and composes with any reward and update;
-- the markers: DEER uses one transition word (``Wait``, or ``Alternatively``); Step-GRPO's set is
-  not public. The default is DEER's two words, ``Hmm`` and the blank line ``"\\n\\n"`` (the step
-  separator of instruct models that do not write ``Wait``, SmolLM2 among them);
-- the trial answer is greedy, as DEER's code comment and its "max prob" confidence say (the line
-  that would set it is commented out there, leaving vLLM's default temperature);
-- after an exit DEER closes the thinking block (``</think>``) and lets the model write its final
-  answer freely; for models without one (every model here) the trial answer is the answer. Set
-  ``inducer`` to end a thinking block first where a model has one;
-- DEER checks every row; ``max_exits`` (default: no cap) can keep some rows of each group
-  untruncated, so that a group compares truncated with full trajectories;
-- a trial answer that does not end (``answer_end`` or end of sequence) within ``probe_tokens`` is
-  not taken, whatever its confidence (DEER scores the tokens it has);
+Deviations from it:
+
+- after an exit Step-GRPO discards the trial answer, closes the thinking block (``</think>``)
+  and samples the final answer with the rest of the budget; the models here have no thinking
+  block, so the trial answer is the answer (the exit then trains the model to answer right
+  after the step, which is what the truncation is for). Set ``inducer`` to close a thinking
+  block first where a model has one;
+- the thinking budget (``deer_think_ratio`` 0.9 of the response length, past which, or within 50
+  tokens of which at a check, Step-GRPO forces the answer phase) exists to leave room for that
+  answer phase, which this stage does not have: the row's own ``max_new_tokens`` is its budget;
+- the trial answer ends at ``answer_end`` (``}``), where Step-GRPO's runs to ``</think>``;
+- a repetition exit takes the trial answer as it is (closed or not) as the answer; Step-GRPO goes
+  straight to its answer phase there, without a trial answer;
+- ``max_exits`` (default: no cap) can keep some rows of each group untruncated; Step-GRPO
+  checks every row;
 - the appended tokens are trained on as if sampled at the current version (their behaviour
   log-probs are the current policy's): the inducer was not sampled at all, and this is what lets
-  the update reward stopping there; SPEC-RL treats its accepted draft prefixes the same way;
-- DEER's token budget split (``think_ratio``) and repetition exit are not used: the row's own
-  ``max_new_tokens`` is its budget.
+  the update reward stopping there; SPEC-RL treats its accepted draft prefixes the same way.
 
 It needs an engine that serves a generate call from inside the host's decode loop (both engines;
 the fake engine in tests).
-
-Fidelity: public code at davidweidawang/Step-GRPO@df76889; reference cases pending
-(``verl/workers/rollout/deer_utils.py``: ``answer_confidence``, ``should_early_exit``;
-``examples/reward_function/step_grpo.py``: ``compute_score``; issue 29).
 
 Example (the pure parts: where a step ends, and the confidence of a trial answer):
 
@@ -89,8 +93,12 @@ Example (the pure parts: where a step ends, and the confidence of a trial answer
 True
 >>> cut_at(5, [0, 3, 5, 7, 12])  # tokens' decoded lengths: the first 2 tokens end at char 5
 2
->>> round(confidence(np.log([0.9, 1.0, 0.8])), 4)
-0.9
+>>> round(confidence(np.log([0.9, 1.0, 0.8])), 4)  # geometric mean: (0.9 * 1.0 * 0.8) ** (1/3)
+0.8963
+>>> round(confidence(np.log([0.9, 1.0, 0.8]), rule="mean"), 4), confidence(np.log([0.9]), closed=False)
+(0.9, 0.0)
+>>> is_repetition("add the tens", "the tens add"), is_repetition("2 + 2", "2 + 2")  # a repeated word
+(True, False)
 
 YAML (SmolLM2 on GSM8K: ``pipelines/truncate_steps_gsm8k_smollm2.yaml``):
 
@@ -102,7 +110,7 @@ YAML (SmolLM2 on GSM8K: ``pipelines/truncate_steps_gsm8k_smollm2.yaml``):
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Sequence
+from typing import Annotated, Any, ClassVar, Literal, Sequence
 
 import numpy as np
 from pydantic import Field
@@ -136,9 +144,44 @@ def cut_at(start: int, lengths: Sequence[int]) -> int:
     return k
 
 
-def confidence(logprobs: np.ndarray) -> float:
-    """DEER's answer confidence (policy ``avg1``): the mean probability of the trial answer's tokens."""
-    return float(np.mean(np.exp(np.asarray(logprobs, np.float64)))) if len(logprobs) else 0.0
+MIN_PROBABILITY = 1e-10  # Step-GRPO floors each token's probability here before the geometric mean
+
+
+def confidence(logprobs: Sequence[float], closed: bool = True, rule: str = "geometric") -> float:
+    """The confidence of a trial answer from its tokens' log-probs (the tokens after the inducer).
+
+    ``geometric`` (Step-GRPO's Eq. 2, ``answer_confidence``; DEER's policy ``avg2``): the geometric
+    mean of the tokens' probabilities, each floored at 1e-10. ``mean`` (DEER's ``avg1``): their
+    arithmetic mean. 0.0 for an answer with no tokens, or one that did not ``closed`` (end within
+    its token budget: Step-GRPO's strict rule, which accepts a confidence only when the trial answer
+    closed the thinking block)."""
+    lp = np.asarray(logprobs, np.float64)
+    if not len(lp) or not closed:
+        return 0.0
+    if rule == "mean":
+        return float(np.mean(np.exp(lp)))
+    if rule != "geometric":
+        raise ValueError(f"unknown confidence rule {rule!r}; use 'geometric' (Step-GRPO) or 'mean' (DEER's avg1)")
+    return float(np.exp(np.mean(np.maximum(lp, np.log(MIN_PROBABILITY)))))
+
+
+def should_exit(conf: float, threshold: float) -> bool:
+    """The exit test: the trial answer's confidence is strictly above the threshold (a tie stays)."""
+    return conf > threshold
+
+
+def is_repetition(previous: str, chunk: str, n: int = 1) -> bool:
+    """DEER's repetition test (Step-GRPO's ``is_repetition``): two consecutive step chunks whose sets of
+    word ``n``-grams (words split at single spaces) are the same and as large as each chunk's n-gram
+    count, i.e. every n-gram of each is distinct and shared with the other."""
+    def grams(text: str) -> tuple[set[tuple[str, ...]], int]:
+        words = text.split(" ")
+        found = [tuple(words[i:i + n]) for i in range(max(0, len(words) - n + 1))]
+        return set(found), len(found)
+
+    (a, count_a), (b, count_b) = grams(previous), grams(chunk)
+    shared = len(a & b)
+    return shared == count_a == count_b
 
 
 class TruncateSteps:
@@ -148,10 +191,15 @@ class TruncateSteps:
 
     class Config(StageConfig):
         markers: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1, description=(
-            "text that starts a new reasoning step; the row is checked before it"))] = [
-            "\n\n", "Wait", "Alternatively", "Hmm"]
+            "text that starts a new reasoning step; the row is checked before it (Step-GRPO: Wait)"))] = ["Wait"]
         threshold: Annotated[float, Field(ge=0.0, le=1.0, description=(
-            "exit when the trial answer's mean token probability is above it (DEER: 0.95)"))] = 0.95
+            "exit when the trial answer's confidence is above it (Step-GRPO's delta: 0.95)"))] = 0.95
+        confidence: Annotated[Literal["geometric", "mean"], Field(description=(
+            "geometric: geometric mean of the trial answer's token probabilities (Step-GRPO); "
+            "mean: their arithmetic mean (DEER's avg1)"))] = "geometric"
+        repeats: Annotated[int | None, Field(ge=1, description=(
+            "end a row, whatever its confidence, once this many of its step chunks have repeated the one "
+            "before (DEER's repetition exit, as Step-GRPO runs it: 3); None: never"))] = 3
         inducer: Annotated[str, Field(min_length=1, description=(
             "text appended after the steps to ask for the answer (DEER's, with its `{`)"))] = DEER_INDUCER
         answer_end: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1, description=(
@@ -174,6 +222,8 @@ class TruncateSteps:
         self._seen: dict[tuple[str, int], int] = {}  # row -> characters of its text already scanned
         self._cut: dict[tuple[str, int], int] = {}  # row -> the cut of its last check
         self._checks: dict[tuple[str, int], int] = {}
+        self._chunk: dict[tuple[str, int], tuple[int, str]] = {}  # row -> where its step began, the step before
+        self._repeats: dict[tuple[str, int], int] = {}  # row -> repeated step chunks so far
         self._exits: dict[str, int] = {}  # group key -> exits so far
         self._step: dict[str, float] = {}
         self._confidences: list[float] = []
@@ -198,23 +248,27 @@ class TruncateSteps:
                                     view.contexts[row.request_id] + row.token_ids[:cut] + self._inducer, 1,
                                     SamplingParams(temperature=0.0, max_new_tokens=self.config.probe_tokens,
                                                    stop=tuple(self.config.answer_end)))
-                  for row, cut, _ in due]
+                  for row, cut, _, _ in due]
         self.resources.charge_scoring(sum(len(p.prompt_token_ids) for p in probes))
         answers = [c for (c,) in self.engine.generate(probes)]
         exits, why, rejected = [], {}, 0
-        for (row, cut, marker), answer in zip(due, answers):
-            conf = confidence(answer.logprobs) if answer.finish_reason == "stop" else 0.0  # closed, or eos
+        for (row, cut, marker, repeated), answer in zip(due, answers):
+            closed = answer.finish_reason == "stop"  # answer_end, or the end of sequence
+            conf = confidence(answer.logprobs, closed, self.config.confidence)
             forced = self._inducer + answer.token_ids
             group = view.group_of(row.request_id)
             self._confidences.append(conf)
             self._step["probe_tokens"] += len(answer.token_ids)
             fits = cut + len(forced) <= view.budgets[row.request_id]
-            if conf > self.config.threshold and fits and not self._capped(group):
+            if (repeated or should_exit(conf, self.config.threshold)) and fits and not self._capped(group):
                 self._exits[group] = self._exits.get(group, 0) + 1
                 exits.append((row, cut, forced))
-                why[_key(row)] = (f"control.truncate_steps: trial answer {self._decode(answer.token_ids)!r} at "
-                                  f"confidence {conf:.3f} > {self.config.threshold} before step marker {marker!r} "
+                reason = (f"{self._repeats[_key(row)]} repeated step chunks" if repeated else
+                          f"confidence {conf:.3f} > {self.config.threshold}")
+                why[_key(row)] = (f"control.truncate_steps: trial answer {self._decode(answer.token_ids)!r} "
+                                  f"({reason}) before step marker {marker!r} "
                                   f"at token {cut} (check {self._checks[_key(row)]} of {self.config.max_checks})")
+                self._step["repetition_exits"] += repeated
             else:
                 rejected += len(answer.token_ids)
         self.resources.charge_generation(0, rejected)
@@ -223,8 +277,9 @@ class TruncateSteps:
     def _capped(self, group: str) -> bool:
         return self.config.max_exits is not None and self._exits.get(group, 0) >= self.config.max_exits
 
-    def _boundary(self, row: LiveRow) -> tuple[LiveRow, int, str] | None:
-        """The row's newest unchecked step boundary (the row, its cut, the marker), or None."""
+    def _boundary(self, row: LiveRow) -> tuple[LiveRow, int, str, bool] | None:
+        """The row's newest unchecked step boundary (the row, its cut, the marker, and whether its step
+        chunks have now repeated ``repeats`` times), or None."""
         key = _key(row)
         if row.finish_reason is not None or not row.token_ids or self._checks.get(key, 0) >= self.config.max_checks:
             return None
@@ -239,7 +294,18 @@ class TruncateSteps:
         self._cut[key] = cut
         self._checks[key] = self._checks.get(key, 0) + 1
         self._step["checks"] += 1
-        return row, cut, found[1]
+        return row, cut, found[1], self._repeated(key, text, *found)
+
+    def _repeated(self, key: tuple[str, int], text: str, start: int, marker: str) -> bool:
+        """Count a repeat when the step chunk that ends at ``start`` (the text since the previous
+        boundary's marker) repeats the chunk before it; True once ``repeats`` are counted (never reset)."""
+        begin, previous = self._chunk.get(key, (0, None))
+        chunk = text[begin:start]
+        self._chunk[key] = (start + len(marker), chunk)
+        if self.config.repeats is None or previous is None or not is_repetition(previous, chunk):
+            return False
+        self._repeats[key] = self._repeats.get(key, 0) + 1
+        return self._repeats[key] >= self.config.repeats
 
     def _exits_of(self, exits: list[tuple[LiveRow, int, tuple[int, ...]]], view: InFlightView) -> dict:
         """Each exiting row's ``Exit``: the appended tokens scored under the row's sampling distribution."""
@@ -258,7 +324,8 @@ class TruncateSteps:
 
     def before_step(self, ctx: Any) -> None:
         self._seen, self._cut, self._checks, self._exits = {}, {}, {}, {}
-        self._step = {"checks": 0.0, "exits": 0.0, "probe_tokens": 0.0, "forced_tokens": 0.0}
+        self._chunk, self._repeats = {}, {}
+        self._step = {"checks": 0.0, "exits": 0.0, "repetition_exits": 0.0, "probe_tokens": 0.0, "forced_tokens": 0.0}
         self._confidences, self._cuts = [], []
 
     @property

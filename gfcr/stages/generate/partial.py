@@ -61,9 +61,37 @@ Deviations:
 Metrics per step: ``buffered`` (groups in the buffer after the call), ``resumed_groups``,
 ``to_buffer`` (groups the call put there), ``deferred`` and ``resumed_tokens`` (tokens carried in).
 
-Fidelity: public code at THUDM/slime; reference cases pending (APRIL,
-``slime/rollout/components/partial_rollout_fn.py``); public code at 777pomingzi/CoPRIS@43ee8c7;
-reference cases pending (CoPRIS, ``verl/experimental/agent_loop/agent_loop.py``; issue 29).
+Fidelity: checked against THUDM/slime@624b824: 7/8 cases, 1 documented deviation (APRIL);
+checked against 777pomingzi/CoPRIS@43ee8c7: 5/5 cases (CoPRIS).
+
+- APRIL (``tests/fidelity/april.json``: ``RolloutDataSourceWithBuffer.get_samples`` / ``add_samples``
+  with ``pop_first``, the buffer order ``components/partial_rollout_fn.py`` also keeps; the rule
+  is ``serve`` here). Buffered groups are served first, oldest first, then fresh prompts, and a
+  resumed group left unfinished again goes to the back. The deviation: the partials of a call
+  join the buffer in the order the call served them; slime appends them in the order its
+  ``abort()`` collects their tasks (asyncio's completion order). Read, not run
+  (``sglang_rollout.py``, ``generate_rollout_async``): slime asks for ``--over-sampling-batch-size``
+  groups (default: the rollout batch; it asserts the over-sampling batch is at least the rollout
+  batch) and asks again while the groups in flight or kept fall below the target after dynamic-
+  filter drops; here ``groups_in_flight`` is one call's places (with fewer places than
+  ``stop_at_target``'s groups the stop never fires and nothing is buffered; nothing checks this),
+  and the top-up is ``filter.dynamic_sampling`` in a loop block. Groups that finish past the
+  target in the same wait are discarded by slime ("not stored back"). slime's
+  ``--mask-offpolicy-in-partial-rollout`` (off by default) zeroes the loss mask of a resumed
+  sample's earlier tokens; ``max_staleness: 0`` on the update's correction does the same here.
+- CoPRIS (``tests/fidelity/copris.json``).
+  Its importance-sampling correction lives in ``verl/trainer/ppo/ray_trainer.py``, ``fit``
+  (L1140-1203): after every generation round the actor recomputes ``old_log_probs`` of every
+  returned row, finished or not (``agent_loop.py`` returns the cancelled ones too), and the
+  trainer keeps, per (prompt, row), the values it had and appends only the new tail
+  (``torch.cat((stored, new[:, len(stored):]))``), so each token's ``pi_old`` is the policy that
+  sampled it; the PPO ratio (clip 0.2/0.28, dual clip ``clip_ratio_c`` 10) is taken against that.
+  Here a resumed row's new tokens are a segment after its prefix's (``splice``) and the update's
+  ratio is against those behaviour log-probs: the same values, with one difference in where they
+  come from: CoPRIS recomputes them with the trainer's forward pass, gfcr keeps the sampler's
+  (identical with the transformers engine up to batching; with vLLM they differ by the
+  sampler/trainer mismatch, which ``update.grpo``'s ``recompute_old`` correction avoids at the
+  cost of recomputing with the current weights, not the sampling ones).
 
 Example (the ``tiny-arith`` policy; the stop below aborts after 3 decode steps, so every
 row of the 8-token budget is unfinished, goes to the buffer, and resumes at the next step,
@@ -105,7 +133,8 @@ YAML:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Annotated, Any
+from collections.abc import Sequence
+from typing import Annotated, Any, TypeVar
 
 from pydantic import Field
 
@@ -118,6 +147,7 @@ from gfcr.stages.generate.rollout_state import copy_segment, rollout_from_state,
 from gfcr.stages.generate.sample import Sample, to_rollout
 from gfcr.stages.resources import GenerationRequest
 
+T, U = TypeVar("T"), TypeVar("U")
 TO_BUFFER = "to the partial buffer"  # the drop reason of a group carried to the next call
 
 
@@ -151,9 +181,7 @@ class Partial(Sample):
         ctx, round_, params = self.sampling(allocation, ctx)
         cfg = self.config
         entries = allocation.active()
-        places = cfg.groups_in_flight or len(entries)
-        resumed, self.buffer = self.buffer[:places], self.buffer[places:]
-        fresh = entries[:max(0, places - len(resumed))]
+        resumed, self.buffer, fresh = serve(self.buffer, entries, cfg.groups_in_flight or len(entries))
         suffix = f"~p{allocation.step}" + (f".r{round_}" if round_ else "")
         plan = [_Resume(b, b.root + suffix) for b in resumed] + [_Fresh(e, allocation.step, round_) for e in fresh]
         requests = [req for item in plan for req in item.requests(self, params)]
@@ -186,6 +214,14 @@ class Partial(Sample):
         self.buffer = [BufferedGroup(b["root"], b["prompt_id"], tuple(b["prompt_token_ids"]), b["target_size"],
                                      b["sample_weight"], [rollout_from_state(r) for r in b["rollouts"]])
                        for b in state["buffer"]]
+
+
+def serve(buffer: Sequence[T], fresh: Sequence[U], places: int) -> tuple[list[T], list[T], list[U]]:
+    """Who generates this call: the buffered groups first, oldest first, then fresh entries in order,
+    ``places`` in all (slime's ``pop_first`` then the dataset). Returns the buffered groups served,
+    the buffer left, and the fresh entries served; the buffer's new partials are appended after it."""
+    served = list(buffer[:places])
+    return served, list(buffer[places:]), list(fresh[:max(0, places - len(served))])
 
 
 class _Fresh:

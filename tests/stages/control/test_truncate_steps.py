@@ -7,6 +7,7 @@ run through the YAML pipeline (lineage, update, resume); SmolLM2 on GSM8K (slow)
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -45,8 +46,11 @@ def test_cut_at_keeps_the_tokens_that_end_before_the_marker(start, lengths, cut)
     assert cut_at(start, lengths) == cut
 
 
-def test_confidence_is_the_mean_token_probability():
-    assert confidence(np.log(np.array([0.5, 1.0, 0.75]))) == pytest.approx(0.75)
+def test_confidence_is_the_geometric_mean_token_probability_by_default():
+    logprobs = np.log(np.array([0.5, 1.0, 0.75]))
+    assert confidence(logprobs) == pytest.approx((0.5 * 1.0 * 0.75) ** (1 / 3))
+    assert confidence(logprobs, rule="mean") == pytest.approx(0.75)  # DEER's avg1
+    assert confidence(logprobs, closed=False) == 0.0  # an answer that did not end has none
     assert confidence(np.zeros(0)) == 0.0
 
 
@@ -163,6 +167,22 @@ def test_the_caps_hold_exits_per_group_checks_per_row_and_the_budget():
     tight, _, _ = _generate(controller, max_new_tokens=12)
     assert controller.step_metrics()["checks"] > 0
     assert all(r.finish_reason != "exited" and len(r) <= 12 for r in tight.values())
+
+
+@pytest.mark.slow  # 37-49 s measured on the shared machine at load 45 (two fake-engine generations with a probe per token)
+def test_a_row_whose_step_chunks_keep_repeating_exits_whatever_its_confidence():
+    """Every letter a marker: consecutive letters make empty step chunks, which repeat each other, so a
+    row exits (above any confidence) at the boundary where its third repeat is counted."""
+    letters = dict(FAKE, markers=list("abcdefghijklmnopqrstuvwxyz"))
+    controller = TruncateSteps(TruncateSteps.Config(threshold=1.0, repeats=3, **letters))
+    cut, _, _ = _generate(controller, max_new_tokens=16)  # 8 of the 24 rows exit
+    exited = [r for r in cut.values() if r.finish_reason == "exited"]
+    assert exited and controller.step_metrics()["repetition_exits"] == len(exited)
+    # at the 3rd repeat, or a later one where the answer did not fit the budget at the 3rd
+    assert all(int(re.search(r"\((\d+) repeated step chunks\)", r.stop_reason)[1]) >= 3 for r in exited)
+    off = TruncateSteps(TruncateSteps.Config(threshold=1.0, repeats=None, **letters))
+    _generate(off, max_new_tokens=16)
+    assert off.step_metrics()["checks"] > 0 and off.step_metrics()["exits"] == 0
 
 
 # --- a real run (tiny-arith: its one-line answers have no steps, so a digit stands for a marker) --
