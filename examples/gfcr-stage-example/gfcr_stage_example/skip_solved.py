@@ -14,6 +14,8 @@ Deviations: not a published method. It is the skipping of GRESO (Zheng et al., 2
 floor), so it is never rolled out again; prompts that were all wrong are kept. A batch never
 spans two epochs: when the epoch runs out mid-batch the step gets fewer prompts.
 
+Fidelity: gfcr's own: the example stage of ``docs/writing-a-stage.md``; no method to check against.
+
 Example:
 
 >>> from gfcr.records import Prompt, PromptPool, Rollout, RolloutGroup, Segment, StepReport

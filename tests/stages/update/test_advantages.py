@@ -21,7 +21,7 @@ NAMES = sorted(BUILTIN_ADVANTAGE_ESTIMATORS)
 # prompt pool (estimate_batch): both are tested in test_estimators_catalog_a.py
 # tree reads the group's tree (RolloutGroup.tree), which a plain group has not: its equal-reward
 # zeros are tested on hand trees in test_tree_advantage.py
-NOT_GROUP_CENTRED = {"krpo", "pvpo", "tree"}
+NOT_GROUP_CENTRED = {"krpo", "pvpo", "tree", "reinforce_pp_plain"}  # reinforce_pp_plain: no group baseline, by design
 NEEDS_POOL = {"pvpo"}
 # Config fields with no default get their smallest valid value here: stratified has no default
 # stratum key or alpha (the paper's alpha could not be verified).
