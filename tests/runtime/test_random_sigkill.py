@@ -260,6 +260,7 @@ def by_phase(hits: Counter) -> Counter:
     return phases
 
 
+@pytest.mark.slow  # 150 s; the default suite's SIGKILL test is test_session.py's mid-checkpoint one
 def test_three_random_sigkills(tmp_path, reference):
     started = time.monotonic()
     hits = kill_and_resume(tmp_path, 3, seed=0, reference=reference)

@@ -165,6 +165,7 @@ def _without_clock(figures: dict) -> dict:
     return figures
 
 
+@pytest.mark.slow  # 55 s on the quiet machine
 def test_a_sigkilled_comparison_continues_where_it_stopped(tmp_path):
     (tmp_path / "task.yaml").write_text(TASK)
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
