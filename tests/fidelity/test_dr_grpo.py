@@ -4,22 +4,14 @@ advantages per case."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
-from gfcr.registry.catalog import ADVANTAGE_ESTIMATORS
-from gfcr.stages.testing import scored_group
 from tests.fidelity.cases import case_ids, cases, check
+from tests.fidelity.update_terms import group_advantages
 
 METHOD = "dr_grpo"
 
 
-def advantages(inp: dict[str, Any]) -> list[float]:
-    cls = ADVANTAGE_ESTIMATORS.get("dr_grpo")
-    return [float(a) for a in cls(cls.Config()).estimate(scored_group("p", inp["rewards"])).values]
-
-
 @pytest.mark.parametrize("case", cases(METHOD), ids=case_ids(METHOD))
 def test_dr_grpo_matches_the_reference(case):
-    check(METHOD, case, advantages)
+    check(METHOD, case, group_advantages(METHOD))

@@ -3,25 +3,14 @@ reduced in micro-batches of two responses (each against the batch's plan) and su
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
-import torch
 
-from gfcr.registry.catalog import AGGREGATIONS
 from tests.fidelity.cases import case_ids, cases, check
-from tests.fidelity.update_terms import aggregate, build, rows
+from tests.fidelity.update_terms import aggregated
 
 METHOD = "token_mean"
 
 
-def aggregated(inp: dict[str, Any]) -> float:
-    config = {} if METHOD != "seq_mean_token_sum" else {"constant": inp["constant"]}
-    loss = aggregate(build(AGGREGATIONS, METHOD, **config), torch.tensor(inp["loss_mat"]),
-                     torch.tensor(inp["mask"]), rows(inp))
-    return float(loss)
-
-
 @pytest.mark.parametrize("case", cases(METHOD), ids=case_ids(METHOD))
 def test_token_mean_matches_the_reference(case):
-    check(METHOD, case, aggregated)
+    check(METHOD, case, aggregated(METHOD))

@@ -12,8 +12,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from gfcr.registry.catalog import AGGREGATIONS, LOSSES
+from gfcr.registry.catalog import ADVANTAGE_ESTIMATORS, AGGREGATIONS, LOSSES
 from gfcr.stages.components.aggregation import Row
+from gfcr.stages.testing import scored_group
 
 MICRO_BATCH = 2  # responses per reduce call: the aggregation must divide by the batch's totals
 
@@ -56,3 +57,24 @@ def loss_terms(inp: dict[str, Any], loss: str, aggregation: str, aggregation_con
 
 
 AGGREGATION_OF_MODE = {"token-mean": "token_mean", "seq-mean-token-mean": "seq_mean_token_mean"}
+
+
+def group_advantages(estimator: str) -> Any:
+    """A case's one group through the advantage ``estimator`` (default config): its advantages."""
+    def advantages(inp: dict[str, Any]) -> list[float]:
+        cls = ADVANTAGE_ESTIMATORS.get(estimator)
+        return [float(a) for a in cls(cls.Config()).estimate(scored_group("p", inp["rewards"])).values]
+
+    return advantages
+
+
+def aggregated(method: str) -> Any:
+    """A case's per-token losses reduced by the aggregation ``method`` in micro-batches of two
+    responses (each against the batch's plan) and summed; ``seq_mean_token_sum`` takes the case's
+    ``constant``."""
+    def reduce(inp: dict[str, Any]) -> float:
+        config = {"constant": inp["constant"]} if method == "seq_mean_token_sum" else {}
+        return float(aggregate(build(AGGREGATIONS, method, **config), torch.tensor(inp["loss_mat"]),
+                               torch.tensor(inp["mask"]), rows(inp)))
+
+    return reduce
