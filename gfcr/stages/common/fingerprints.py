@@ -52,17 +52,8 @@ def _batch(model: Any, rows: Sequence[tuple[Sequence[int], Sequence[int]]], pad_
            layers: Sequence[int] | None) -> np.ndarray:
     import torch
 
-    sequences = [list(p) + list(r) for p, r in rows]
-    width = max(len(s) for s in sequences)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, s in enumerate(sequences):
-        ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
-        mask[i, width - len(s):] = 1
-    device = next(model.parameters()).device
-    ids, mask = ids.to(device), mask.to(device)
-    hidden = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-                   output_hidden_states=True).hidden_states[1:]  # L x [B, width, d]: each decoder layer's output
+    mask, hidden = _hidden_states(model, [(p, r) for p, r in rows], pad_id)
+    width, device = mask.shape[1], mask.device
     chosen = [hidden[i] for i in (range(len(hidden)) if layers is None else layers)]
     response = torch.zeros((len(rows), width), dtype=torch.float32, device=device)  # [B, width]
     for i, (_, r) in enumerate(rows):
@@ -107,17 +98,8 @@ def answer_logits(model: Any, rows: Sequence[tuple[Sequence[int], Sequence[int],
 def _answer_batch(model: Any, rows: Sequence[tuple[Sequence[int], Sequence[int], int]], pad_id: int) -> np.ndarray:
     import torch
 
-    sequences = [list(p) + list(r) for p, r, _ in rows]
-    width = max(len(s) for s in sequences)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, s in enumerate(sequences):
-        ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
-        mask[i, width - len(s):] = 1
-    device = next(model.parameters()).device
-    ids, mask = ids.to(device), mask.to(device)
-    hidden = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-                   output_hidden_states=True).hidden_states[1:]  # L x [B, width, d]: each decoder layer's output
+    mask, hidden = _hidden_states(model, [(p, r) for p, r, _ in rows], pad_id)
+    width, device = mask.shape[1], mask.device
     rows_t = torch.arange(len(rows), device=device)
     at = torch.tensor([width - len(r) + a for _, r, a in rows], device=device)  # left-padded: the response is the tail
     target = torch.tensor([r[a + 1] for _, r, a in rows], device=device)
@@ -147,3 +129,22 @@ def first_token_anchor(pieces: Sequence[str]) -> int | None:
     gfcr's reading of the answer for tasks without ``\\boxed{``, whose response is the answer."""
     first = next((i for i, piece in enumerate(pieces) if piece.strip()), None)
     return None if first is None else first - 1
+
+
+def _hidden_states(model: Any, rows: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int) -> tuple[Any, Any]:
+    """One forward over the prompt + response rows, left-padded: the attention mask ``[B, width]``
+    and each decoder layer's output (``L x [B, width, d]``)."""
+    import torch
+
+    sequences = [list(p) + list(r) for p, r in rows]
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, s in enumerate(sequences):
+        ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
+        mask[i, width - len(s):] = 1
+    device = next(model.parameters()).device
+    ids, mask = ids.to(device), mask.to(device)
+    hidden = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                   output_hidden_states=True).hidden_states[1:]
+    return mask, hidden
