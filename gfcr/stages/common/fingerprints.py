@@ -34,17 +34,7 @@ BATCH = 32  # rows per forward pass
 def fingerprints(model: Any, rows: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int,
                  layers: Sequence[int] | None = None) -> np.ndarray:  # [len(rows), L * d] float32
     """The fingerprint of each ``(prompt ids, response ids)`` row (a response has at least one token)."""
-    import torch
-
-    out = []
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            for start in range(0, len(rows), BATCH):
-                out.append(_batch(model, rows[start:start + BATCH], pad_id, layers))
-    finally:
-        model.train(was_training)
+    out = _in_batches(model, rows, lambda chunk: _batch(model, chunk, pad_id, layers))
     return np.concatenate(out) if out else np.zeros((0, 0), dtype=np.float32)
 
 
@@ -80,17 +70,7 @@ def answer_logits(model: Any, rows: Sequence[tuple[Sequence[int], Sequence[int],
     token at every decoder layer: ``lm_head(h_l[anchor])[response[anchor + 1]]``, ``h_l`` the output
     of layer ``l`` (the last one after the final norm, as the model returns it), ``anchor`` an index
     into the response (-1: the prompt's last token), keeping the last ``last_layers`` layers."""
-    import torch
-
-    out = []
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            for start in range(0, len(rows), BATCH):
-                out.append(_answer_batch(model, rows[start:start + BATCH], pad_id))
-    finally:
-        model.train(was_training)
+    out = _in_batches(model, rows, lambda chunk: _answer_batch(model, chunk, pad_id))
     logits = np.concatenate(out) if out else np.zeros((0, 0))
     return logits if last_layers is None else logits[:, -last_layers:]
 
@@ -129,6 +109,23 @@ def first_token_anchor(pieces: Sequence[str]) -> int | None:
     gfcr's reading of the answer for tasks without ``\\boxed{``, whose response is the answer."""
     first = next((i for i, piece in enumerate(pieces) if piece.strip()), None)
     return None if first is None else first - 1
+
+
+def _in_batches(model: Any, rows: Sequence[Any], forward: Any) -> list[np.ndarray]:
+    """``forward`` over ``rows`` in chunks of ``BATCH``, in eval mode without gradients (the
+    model's mode restored after)."""
+    import torch
+
+    out = []
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for start in range(0, len(rows), BATCH):
+                out.append(forward(rows[start:start + BATCH]))
+    finally:
+        model.train(was_training)
+    return out
 
 
 def _hidden_states(model: Any, rows: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int) -> tuple[Any, Any]:

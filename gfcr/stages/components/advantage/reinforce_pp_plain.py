@@ -52,25 +52,15 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from pydantic import Field
-
 from gfcr.records import RolloutGroup
-from gfcr.stages.components.advantage.base import Advantages, EstimatorConfig, checked_rewards
+from gfcr.stages.components.advantage.base import Advantages, checked_rewards
 from gfcr.stages.components.advantage.group_stats import batch_whitened
+from gfcr.stages.components.advantage.reinforce_pp import ReinforcePP
 
 
-class ReinforcePPPlain:
-    """Rewards whitened over the tokens of the update's batch; no group baseline."""
-
-    class Config(EstimatorConfig):
-        std_norm: bool = Field(True, description="divide by the batch's token std (OpenRLHF's default; "
-                                                 "false: --no_advantage_std_norm)")
-
-    def __init__(self, config: Config):
-        self.config = config
-
-    def estimate(self, group: RolloutGroup) -> Advantages:
-        return self.estimate_batch([group], None)[0]
+class ReinforcePPPlain(ReinforcePP):
+    """Rewards whitened over the tokens of the update's batch; no group baseline (``reinforce_pp``
+    without its ``group_centred`` step: same Config, same whitening)."""
 
     def estimate_batch(self, groups: Sequence[RolloutGroup], pool: Any) -> list[Advantages]:
         return batch_whitened(groups, [checked_rewards(g) for g in groups], self.config.std_norm)
