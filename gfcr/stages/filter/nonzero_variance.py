@@ -9,8 +9,11 @@ Deviations: DAPO compares the standard deviation to 0 exactly; here rewards are 
 when ``max - min <= tolerance`` (default 0, i.e. exact). Groups with fewer than two scored
 rollouts are dropped too, since they have no variance to measure.
 
-Fidelity: public code at Kwai-Klear/RLEP@c15e5b4; reference cases pending (DAPO's zero-variance
-filter, ``recipe/dapo/dapo_ray_trainer.py``, read in this copy of verl's DAPO recipe).
+Fidelity: checked against volcengine/verl@004c888: 10/12 cases, 2 documented deviations
+
+The cases (``tests/fidelity/nonzero_variance.json``) run the keep rule of verl's DAPO recipe
+(``recipe/dapo/dapo_ray_trainer.py``, ``RayDAPOTrainer.fit``) on one generation batch; the two
+deviations are the two listed above (a group of one; a rounding-level ``np.std``).
 
 Example:
 
