@@ -60,6 +60,7 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from gfcr.stages.verifiers.base import Score, VerifierOptions, parse_options
+from gfcr.stages.verifiers.sandbox import INSIDE_RUNNER, INSIDE_WORKDIR, SandboxLevel, bwrap_prefix, interpreter, resolve
 
 RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "code_runner.py")
 FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
@@ -72,6 +73,8 @@ class CodeOptions(VerifierOptions):
     timeout_s: Annotated[float, Field(gt=0.0, le=600.0, description="wall-clock seconds for the program")] = 3.0
     memory_mb: Annotated[int, Field(ge=64, le=1 << 20, description="address-space limit, MiB")] = 512
     file_size_kb: Annotated[int, Field(ge=0, le=1 << 30, description="largest file it may write, KiB")] = 1024
+    sandbox: SandboxLevel = Field("auto", description="bwrap (a namespace sandbox), guard (rlimits and an audit "
+                                  "hook alone), or auto (bwrap where it works)")
 
 
 def extract_code(response: str, entry_point: str) -> tuple[str, bool]:
@@ -97,28 +100,35 @@ def cpu_seconds(opts: CodeOptions) -> int:
 
 
 def run_sandboxed(program: str, opts: CodeOptions) -> tuple[bool, str]:
-    """(passed, reason) of ``program`` run by ``code_runner`` under ``opts``' limits."""
+    """(passed, reason) of ``program`` run by ``code_runner`` under ``opts``' limits, at ``opts.sandbox``'s level."""
+    level = resolve(opts.sandbox)
     workdir = tempfile.mkdtemp(prefix="gfcr-code-")
     read_fd, write_fd = os.pipe()
     try:
-        with open(os.path.join(workdir, "program.py"), "w", encoding="utf-8") as handle:
+        program_path = os.path.join(workdir, "program.py")
+        with open(program_path, "w", encoding="utf-8") as handle:
             handle.write(program)
-        cpu = cpu_seconds(opts)
-        args = [sys.executable, "-I", "-S", "-B", RUNNER, str(write_fd), workdir, str(opts.memory_mb << 20),
-                str(cpu), str(opts.file_size_kb << 10)]
+        limits = [str(opts.memory_mb << 20), str(cpu_seconds(opts)), str(opts.file_size_kb << 10)]
+        if level == "bwrap":
+            args = [*bwrap_prefix(program_path, RUNNER), interpreter(), "-I", "-S", "-B", INSIDE_RUNNER,
+                    str(write_fd), INSIDE_WORKDIR, *limits]
+        else:
+            args = [sys.executable, "-I", "-S", "-B", RUNNER, str(write_fd), workdir, *limits]
         process = subprocess.Popen(args, cwd=workdir, env={}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL, pass_fds=(write_fd,), close_fds=True)
         os.close(write_fd)
         write_fd = -1
         verdict, overran = _read_verdict(read_fd, time.monotonic() + opts.timeout_s)
         if overran:
-            process.kill()
+            process.kill()  # under bwrap, --die-with-parent and the PID namespace take everything inside with it
         code = process.wait()
     finally:
         for fd in (read_fd, write_fd):
             if fd >= 0:
                 os.close(fd)
         shutil.rmtree(workdir, ignore_errors=True)
+    if level == "bwrap" and code > 128:
+        code = 128 - code  # bwrap exits 128 + N when the runner was killed by signal N
     return _judge(verdict, overran, code, opts)
 
 
