@@ -49,8 +49,8 @@ def warn_about_inputs(pipeline) -> None:
     from gfcr.runtime.inputs import input_warnings
 
     for p in input_warnings(pipeline):
-        err.print(f"[yellow]warning:[/] [bold]{escape(str(p.where))}[/]: {escape(p.path)}: {escape(p.message)}",
-                  markup=True)
+        where = f"[bold]{escape(str(p.where))}[/]: {escape(p.path)}"
+        err.print(f"[yellow]warning:[/] {where}: {escape(p.message)}", markup=True)
         err.print(f"    [green]fix:[/] {escape(p.fix)}", markup=True)
 
 
