@@ -2,7 +2,8 @@
 
 Run as a script, never imported by gfcr: ``python -I -S -B code_runner.py VERDICT_FD WORKDIR
 MEMORY_BYTES CPU_SECONDS FILE_BYTES``, with ``WORKDIR`` (a fresh temporary directory holding
-``program.py``, or ``/sandbox`` inside bubblewrap) as its working directory and an empty environment. Before the program runs:
+``program.py``, or ``/sandbox`` inside bubblewrap) as its working directory and an empty
+environment. Before the program runs:
 
 1. ``resource.setrlimit``, soft and hard: ``RLIMIT_AS`` (address space), ``RLIMIT_CPU`` (CPU
    seconds; the kernel kills past it), ``RLIMIT_FSIZE`` (largest file it may write; Python
