@@ -14,9 +14,10 @@ Two levels, both with ``code_runner``'s guard (rlimits and an audit hook) inside
   filesystem of its own holding only a read-only view of the system's ``/usr`` (and ``/bin``,
   ``/lib*``, ``/sbin``) and of the Python installation, a private ``/dev``, and two size-capped
   tmpfs, ``/tmp`` and the working directory ``/sandbox`` (holding a read-only ``program.py``);
-  so the run directory, the home directory and the rest of the disk do not exist in there. ``--die-with-parent`` and the PID namespace end every process
-  it started when the runner ends or is killed; ``--new-session`` detaches it from the terminal;
-  ``--disable-userns`` (where this bwrap has it) forbids nested user namespaces.
+  so the run directory, the home directory and the rest of the disk do not exist in there.
+  ``--die-with-parent`` and the PID namespace end every process it started when the runner ends
+  or is killed; ``--new-session`` detaches it from the terminal; ``--disable-userns`` (where this
+  bwrap has it) forbids nested user namespaces.
 - ``auto`` (the default): ``bwrap`` where it works on this machine (checked once per process by
   running ``python -c pass`` in that sandbox), else ``guard``; ``gfcr validate`` warns when it
   falls back (``isolation_warning``) and says how to get the stronger level.
