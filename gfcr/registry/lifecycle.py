@@ -256,6 +256,25 @@ class ChecksRows(Protocol):
     def check(self, on_error: str) -> list[Any]: ...  # [gfcr.errors.Problem]
 
 
+@dataclass(frozen=True)
+class HostNote:
+    """What a data source's prompts need of this machine and do not get: the Config key it is about, what,
+    the fix, and whether the run cannot go on here (``error``) or goes on with less (a warning)."""
+
+    key: str
+    message: str
+    fix: str
+    error: bool = False
+
+
+@runtime_checkable
+class ChecksHost(Protocol):
+    """A data source whose prompts need something of this machine (the ``code`` verifier's sandbox),
+    checked cheaply before a run."""
+
+    def check_host(self) -> list[HostNote]: ...
+
+
 @runtime_checkable
 class CountsPrompts(Protocol):
     """A data source that counts its prompts up to ``limit`` (None when it cannot say cheaply)."""

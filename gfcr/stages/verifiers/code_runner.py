@@ -2,7 +2,8 @@
 
 Run as a script, never imported by gfcr: ``python -I -S -B code_runner.py VERDICT_FD WORKDIR
 MEMORY_BYTES CPU_SECONDS FILE_BYTES``, with ``WORKDIR`` (a fresh temporary directory holding
-``program.py``) as its working directory and an empty environment. Before the program runs:
+``program.py``, or ``/sandbox`` inside bubblewrap) as its working directory and an empty
+environment. Before the program runs:
 
 1. ``resource.setrlimit``, soft and hard: ``RLIMIT_AS`` (address space), ``RLIMIT_CPU`` (CPU
    seconds; the kernel kills past it), ``RLIMIT_FSIZE`` (largest file it may write; Python
@@ -24,8 +25,12 @@ The verdict is one JSON line on the pipe ``VERDICT_FD``: ``{"passed": true}`` or
 This is a guard against accidents and against the hostile-but-dumb output of a policy
 being trained (infinite loops, huge allocations, fork bombs, stray writes, network calls),
 NOT a security boundary against a determined attacker: code in the same interpreter can
-write to the verdict pipe's descriptor, and a CPython bug or an unblocked C extension can
-escape the audit hook. Run untrusted code from the internet in a container or VM.
+write to the verdict pipe's descriptor, and a CPython bug, an unaudited C function
+(``_posixsubprocess.fork_exec``) or an unblocked C extension can escape the audit hook. At the
+``bwrap`` level (``gfcr.stages.verifiers.sandbox``) this runner runs inside a bubblewrap
+namespace sandbox, which holds what gets past the hook: no network, no view of the disk
+beyond the Python installation, nothing left running. Run untrusted code from the internet in
+a container or VM all the same.
 """
 
 import json

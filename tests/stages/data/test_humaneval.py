@@ -24,7 +24,8 @@ def test_the_packaged_problems_become_chat_prompts_for_the_code_verifier():
     assert first.prompt_id == "humaneval:test:0" and first.metadata["task_id"] == "HumanEval/0"
     assert first.verifier.name == "code" and first.verifier.ground_truth.lstrip().startswith("METADATA")
     assert {k: v for k, v in first.verifier.options.items() if k != "prompt"} == {
-        "entry_point": "has_close_elements", "timeout_s": 3.0, "memory_mb": 512, "file_size_kb": 1024}
+        "entry_point": "has_close_elements", "timeout_s": 3.0, "memory_mb": 512, "file_size_kb": 1024,
+        "sandbox": "auto"}
     assert first.verifier.options["prompt"].startswith("from typing import List\n\n\ndef has_close_elements(")
     assert first.messages[0]["content"].endswith("```python\n" + first.verifier.options["prompt"] + "```")
 
@@ -35,12 +36,12 @@ def test_a_plain_or_gzipped_file_its_limits_and_template(tmp_path):
     packed = tmp_path / "he.jsonl.gz"
     with gzip.open(packed, "wt", encoding="utf-8") as handle:
         handle.write(json.dumps(ROW) + "\n")
-    config = dict(template="{prompt}", timeout_s=1.5, memory_mb=256, file_size_kb=0)
+    config = dict(template="{prompt}", timeout_s=1.5, memory_mb=256, file_size_kb=0, sandbox="guard")
     for path in (plain, packed):
         (prompt,) = HumanEvalSource(HumanEvalSource.Config(path=str(path), **config)).load()
         assert prompt.messages == [{"role": "user", "content": ROW["prompt"]}]
         assert prompt.verifier.options == {"entry_point": "add", "prompt": ROW["prompt"], "timeout_s": 1.5,
-                                           "memory_mb": 256, "file_size_kb": 0}
+                                           "memory_mb": 256, "file_size_kb": 0, "sandbox": "guard"}
         assert prompt.verifier.ground_truth == ROW["test"]  # not stripped: a completion continues it exactly
 
 

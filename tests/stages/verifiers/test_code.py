@@ -1,6 +1,8 @@
 """The ``code`` verifier: HumanEval's canonical solutions pass, ``pass`` bodies fail, and hostile
 programs (an endless loop, 10 GB, a fork, a write outside the sandbox, a socket, reading the
-run directory) each score 0 with the reason."""
+run directory) each score 0 with the reason, inside the bubblewrap sandbox and under the guard
+alone (``sandbox: guard``, the fallback where bwrap does not work). What the namespace adds to
+the guard is in ``test_sandbox.py``."""
 
 from __future__ import annotations
 
@@ -13,11 +15,16 @@ import pytest
 from gfcr.records import VerifierSpec
 from gfcr.stages.data.humaneval import HumanEvalSource
 from gfcr.stages.verifiers.code import CodeOptions, build_program, extract_code, verify_code
+from gfcr.stages.verifiers.sandbox import bwrap_problem
 from gfcr.stages.verifiers.scoring import score_text
 
 PROMPT = 'def add(a, b):\n    """The sum of a and b."""\n'
 TESTS = "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(-1, 1) == 0\n"
 OPTIONS = {"entry_point": "add", "prompt": PROMPT, "timeout_s": 1.0}
+
+
+LEVELS = [pytest.param("bwrap", marks=pytest.mark.skipif(bwrap_problem() is not None, reason=str(bwrap_problem()))),
+          "guard"]
 
 
 def score(body: str, **options):
@@ -53,21 +60,23 @@ def test_a_completion_continues_the_prompt_and_a_fenced_function_replaces_its_st
     ("    raise SystemExit(0)\n", "SystemExit: 0"),
     ("    open('big', 'w').write('x' * (2 << 20))\n    return a + b\n", "OSError: [Errno 27] File too large"),
 ])
-def test_hostile_programs_score_zero_with_the_reason(body, reason):
+@pytest.mark.parametrize("level", LEVELS)
+def test_hostile_programs_score_zero_with_the_reason(body, reason, level):
     start = time.monotonic()
-    verdict = score(body)
+    verdict = score(body, sandbox=level)
     assert not verdict.correct and verdict.reason.startswith(reason), verdict.reason
     assert time.monotonic() - start < 1.0 + 1.0
     assert not Path("/tmp/gfcr-sandbox-escape").exists()
 
 
-def test_the_run_directory_is_out_of_reach(tmp_path):
+@pytest.mark.parametrize("level", LEVELS)
+def test_the_run_directory_is_out_of_reach(tmp_path, level):
     secret = tmp_path / "run" / "metrics.jsonl"
     secret.parent.mkdir()
     secret.write_text("{}\n")
-    verdict = score(f"    open({str(secret)!r}).read()\n    return a + b\n")
+    verdict = score(f"    open({str(secret)!r}).read()\n    return a + b\n", sandbox=level)
     assert verdict.reason == f"sandbox refused reading {str(secret)!r} outside the sandbox directory"
-    assert score("    open('scratch', 'w').write('ok')\n    return a + b\n").correct  # its own directory is fine
+    assert score("    open('scratch', 'w').write('ok')\n    return a + b\n", sandbox=level).correct  # its own directory
 
 
 def test_the_code_verifier_runs_in_filter_verify_s_worker_pool():
