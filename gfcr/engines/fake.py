@@ -70,8 +70,9 @@ class FakeEngine:
     def policy_version(self) -> int:
         return self.version
 
-    def sync_weights(self, policy_version: int) -> None:
+    def sync_weights(self, policy_version: int) -> int:
         self.version = policy_version
+        return 0
 
     def encode(self, text: str) -> tuple[int, ...]:
         return tuple(self.ALPHABET.index(ch) for ch in text)

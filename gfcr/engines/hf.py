@@ -65,8 +65,9 @@ class TransformersEngine:
     def policy_version(self) -> int:
         return self.policy.version
 
-    def sync_weights(self, policy_version: int) -> None:
+    def sync_weights(self, policy_version: int) -> int:
         """The engine shares the trained model object: its weights are always current."""
+        return 0
 
     @torch.no_grad()
     def generate(self, requests: Sequence[GenerationRequest], controller: InFlightController | None = None,

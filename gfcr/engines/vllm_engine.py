@@ -269,8 +269,8 @@ class VLLMEngine:
         """The policy version whose weights vLLM holds."""
         return self._version
 
-    def sync_weights(self, policy_version: int) -> None:
-        """Copy ``policy.model``'s parameters into every vLLM worker."""
+    def sync_weights(self, policy_version: int) -> int:
+        """Copy ``policy.model``'s parameters into every vLLM worker; returns their bytes."""
         params = [(name, p.detach()) for name, p in self.policy.model.named_parameters()]
         if self.device == "cpu":  # repacked layers: see gfcr.engines.vllm_worker
             self.llm.collective_rpc("gfcr_reload_weights", args=(params,))
@@ -280,6 +280,7 @@ class VLLMEngine:
             self.llm.collective_rpc("gfcr_load_ipc", args=ipc_handles(params))
         self.llm.reset_prefix_cache()
         self._version = policy_version
+        return sum(p.numel() * p.element_size() for _, p in params)
 
     def close(self) -> None:
         """Stop vLLM and give its GPU memory back (at the end of a run; a second call does nothing)."""

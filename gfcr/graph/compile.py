@@ -4,7 +4,8 @@ Every problem is collected and raised together as one ``GraphError``: unknown st
 stage configs that do not validate, inputs left unbound, edges whose types do not match,
 cycles outside loop blocks, loop blocks that cannot end, outputs nobody reads, in-flight
 controllers that are not attached to exactly one generate stage that can host them, stages
-that need of the engine what ``policy.engine`` lacks (``ENGINE_LACKS``).
+that need of the engine what ``policy.engine`` lacks (``ENGINE_LACKS``), engine replicas Ray
+cannot place as the spec asks (``gfcr.graph.placement``).
 
 In-flight controllers are nodes of the graph (an ``in flight`` edge to their host) but not
 of the plan: they never run; the runtime builds them and attaches them to their host.
@@ -25,6 +26,7 @@ from pydantic import BaseModel, ValidationError
 from gfcr.errors import GraphError, Problem, RegistryError, did_you_mean, known
 from gfcr.graph.engine_choice import with_engine_chosen
 from gfcr.graph.model import Binding, CompiledPipeline, DataBinding, LoopBlock, Node, PipelineView, PlanItem
+from gfcr.graph.placement import placement_problems
 from gfcr.records import StepOutputs
 from gfcr.registry import (DATA_SOURCES, STAGES, ChecksPipeline, FixesGroupSize, NeedsOfEngine, NeedsOfUpdate, Port,
                            Registry, StageInfo, UpdateNeed, has_role, stage_info)
@@ -400,6 +402,8 @@ class _Compiler:
         self.spec = with_engine_chosen(self.spec, {need for c in configs.values() if isinstance(c, NeedsOfEngine)
                                                    for need in c.engine_needs})  # `policy.engine: auto`
         self.check_engine(infos, configs)
+        for path, message, fix in placement_problems(self.spec):  # `executor: {kind: ray}`
+            self.problem(path, message, fix)
         bindings = {sid: self.bind(sid, all_stages[sid], info, infos) for sid, info in infos.items()}
         self.check_loops(infos)
         host_of = self.attach_in_flight(infos)

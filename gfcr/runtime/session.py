@@ -276,7 +276,8 @@ def step_record(report: StepReport, result: EvalResult | None, seconds: float) -
         "control": report.controller_state,
         "time": {"step_s": seconds, "stages_s": report.stage_seconds,
                  "rollouts_per_s": report.rollouts_generated / seconds if seconds > 0 else None,
-                 "sync_s": update.sync_s if update else 0.0},
+                 "sync_s": update.sync_s if update else 0.0,  # the sync's cost: seconds and bytes
+                 "sync_bytes": update.sync_bytes if update else 0},
     }
     if report.metrics:  # the ReportsMetrics stages' numbers, by stage id
         record["stages"] = {sid: dict(values) for sid, values in report.metrics.items()}

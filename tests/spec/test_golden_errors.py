@@ -67,6 +67,8 @@ DEEP_BLOCK = "".join("  " * i + f"k{i}:\n" for i in range(100)) + "  " * 100 + "
 
 QUICK = (REPO / "pipelines" / "quickstart.yaml").read_text()  # generate.sample and update.grpo, with a policy
 VLLM_QUICK = edit(QUICK, "engine: hf}", "engine: vllm}")
+VLLM_QUICK_CPU = edit(QUICK, "engine: hf}", "engine: vllm, device: cpu}")
+APRIL_VLLM = edit((REPO / "pipelines" / "april_arith.yaml").read_text(), "engine: hf}", "engine: vllm, device: cpu}")
 TREE_VLLM = edit((REPO / "pipelines" / "tree_arith.yaml").read_text(), "engine: hf}", "engine: vllm}")
 FINITE_FIX = "write a finite number here: `.inf`, `-.inf` and `.nan` cannot run"
 SEED_FIX = "write 0 or a positive integer"
@@ -367,6 +369,18 @@ CASES = [
          "--set stages.rollout.with.top_p=0.95", "stages.rollout.with.top_p",
          "`rollout` (generate.tree) needs nucleus sampling (`top_p` below 1)",
          "set `top_p: 1.0` on `rollout`, or use `policy.engine: hf`", ["stages.rollout.with.top_p=0.95"]),
+    Case("in-flight control across Ray engine replicas, vLLM's included", APRIL_VLLM, "in_flight: [stop]",
+         "stages.rollout.in_flight", "`rollout` hands in-flight controllers (stop) to the engine, but with "
+         "`executor: {kind: ray}` the engine is 2 replica actor(s)",
+         "run this pipeline with `executor: {kind: prefect}` (or `local`), or remove `in_flight`",
+         ["executor.kind=ray", "stages.rollout.resources.replicas=2"]),
+    Case("GPUs reserved for Ray replicas that would sample on the CPU", VLLM_QUICK_CPU,
+         "--set stages.rollout.resources.gpus=1", "stages.rollout.resources.gpus",
+         "`rollout` reserves 1 GPU(s) per engine replica, but the policy is on the CPU",
+         "set `policy.device: cuda`", ["executor.kind=ray", "stages.rollout.resources.gpus=1"]),
+    Case("Ray replicas on cuda without a GPU reserved", VLLM_QUICK, "rollout: {use: generate.sample",
+         "stages.rollout.resources.gpus", "the policy is on `cuda`, but `rollout` reserves no GPU",
+         "set `resources: {gpus: 1}` (or more) on `rollout`, or `policy.device: cpu`", ["executor.kind=ray"]),
     Case("infinite learning rate", edit(QUICK, "lr: 3.0e-4", "lr: .inf"),
          "lr: .inf", "update.with.lr", "`lr` must be a finite number, got `inf`", FINITE_FIX),
     Case("infinite sampling temperature", edit(QUICK, "temperature: 1.0", "temperature: .inf"),

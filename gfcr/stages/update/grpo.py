@@ -268,11 +268,11 @@ class GRPOUpdate:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         policy.version += 1
-        sync_start = time.perf_counter()
+        sync_start, synced = time.perf_counter(), 0
         if self.resources is not None and self.resources.engine is not None:
-            self.resources.engine.sync_weights(policy.version)
+            synced = self.resources.engine.sync_weights(policy.version)
         return UpdateReport(policy.version, len(forward), sum(len(i.rollout) for i in forward), loss=loss,
-                            metrics=metrics, sync_s=time.perf_counter() - sync_start)
+                            metrics=metrics, sync_s=time.perf_counter() - sync_start, sync_bytes=synced)
 
     def _policy(self) -> Policy:
         if self.policy is None:

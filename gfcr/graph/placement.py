@@ -1,0 +1,91 @@
+"""What ``gfcr validate`` refuses about placing a pipeline's engine on Ray (``executor: {kind:
+ray}``, docs/ray.md), so that a run never starts only to fail at its first generation, or
+samples on a device other than the one its spec asks for:
+
+- in-flight controllers (``in_flight: [...]`` on a generate stage): a controller steers the
+  rows of one engine in the driver's process, and on Ray the engine is a group of replica
+  actors, each sampling a part of the call (several replicas, or one in another process);
+- GPUs reserved for replicas that would not use them: ``resources.gpus`` on a generate stage
+  with the policy on the CPU (``policy.device`` unset or ``cpu`` with the transformers engine,
+  ``cpu`` with vLLM's CPU build) would hold the GPUs while the replicas sample on the CPU;
+- the policy on ``cuda`` with no GPU reserved: Ray gives the replica actors no GPU
+  (``CUDA_VISIBLE_DEVICES`` empty), so they could not load it;
+- vLLM's tensor parallelism wider than the GPUs a replica holds.
+
+A cluster without the GPUs reserved, or a driver without CUDA for a ``cuda`` policy, is found
+when the run starts (``gfcr.runtime.ray_executor.check_capacity``, ``load_policy``), before
+any step, each with its fix.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from gfcr.errors import GfcrError
+from gfcr.spec import PipelineSpec
+from gfcr.spec import Resources as Placement
+
+NOT_ON_RAY = ("run this pipeline with `executor: {kind: prefect}` (or `local`), or remove `in_flight`: "
+              "in-flight control across Ray engine replicas is not supported yet")
+
+
+def declared_placements(spec: PipelineSpec) -> dict[str, Placement]:
+    """The ``resources`` the generate stages (aliases ``generate.*``) declare, by stage id."""
+    return {sid: s.resources for sid, s in spec.all_stages().items()
+            if s.use.startswith("generate.") and s.resources != Placement()}
+
+
+def engine_placement(spec: PipelineSpec) -> Placement:
+    """The engine group's resources: those the generate stages declare (the default if none do)."""
+    declared = declared_placements(spec)
+    if len({r.model_dump_json() for r in declared.values()}) > 1:
+        listed = ", ".join(f"`{sid}`: {r.model_dump()}" for sid, r in declared.items())
+        raise GfcrError(f"the generate stages declare different resources ({listed}), but they share one engine "
+                        "group\n    fix: give every generate stage the same `resources`, or declare them on one")
+    return next(iter(declared.values()), Placement())
+
+
+def placement_problems(spec: PipelineSpec) -> Iterator[tuple[tuple, str, str]]:
+    """``(key path, message, fix)`` for each thing Ray placement cannot honour in ``spec``."""
+    if spec.executor.kind != "ray" or spec.policy is None:
+        return
+    generate = {sid: s for sid, s in spec.all_stages().items() if s.use.startswith("generate.")}
+    if not generate:
+        return
+    try:
+        placement = engine_placement(spec)
+    except GfcrError as exc:
+        message, _, fix = str(exc).partition("\n    fix: ")
+        yield ("stages", list(declared_placements(spec))[-1], "resources"), message, fix
+        return
+    for sid, stage in generate.items():
+        if stage.in_flight:
+            yield (("stages", sid, "in_flight"),
+                   f"`{sid}` hands in-flight controllers ({', '.join(stage.in_flight)}) to the engine, but with "
+                   f"`executor: {{kind: ray}}` the engine is {placement.replicas} replica actor(s), each sampling "
+                   "a part of the call in its own process, and a controller must see every row of the call as "
+                   "it is generated", NOT_ON_RAY)
+    owner = next(iter(declared_placements(spec)), next(iter(generate)))
+    yield from _device_problems(spec, placement, ("stages", owner, "resources", "gpus"))
+
+
+def _device_problems(spec: PipelineSpec, placement: Placement, path: tuple) -> Iterator[tuple[tuple, str, str]]:
+    """The replicas' GPUs against the device the policy asks for."""
+    assert spec.policy is not None
+    policy, gpus, sid = spec.policy, placement.gpus, path[1]
+    device = policy.where()
+    if gpus and device == "cpu":
+        yield (path, f"`{sid}` reserves {gpus} GPU(s) per engine replica, but the policy is on the CPU "
+                     f"(`policy.device` {policy.device or 'unset'}, engine `{policy.engine}`), so the replicas "
+                     "would hold the GPUs and sample on the CPU",
+               "set `policy.device: cuda` (with `engine: vllm`, vLLM's CUDA build) to sample on the GPUs, "
+               "or remove `gpus`")
+    if not gpus and device == "cuda":
+        yield (path, f"the policy is on `cuda`, but `{sid}` reserves no GPU for the engine replicas, and Ray "
+                     "gives an actor only the GPUs it reserves",
+               f"set `resources: {{gpus: 1}}` (or more) on `{sid}`, or `policy.device: cpu`")
+    tp = policy.vllm_settings().tensor_parallel_size if policy.engine == "vllm" else 1
+    if gpus and gpus < tp:
+        yield (path, f"`{sid}` reserves {gpus} GPU(s) per replica, and `policy.vllm.tensor_parallel_size: "
+                     f"{tp}` shards each vLLM engine over {tp}",
+               f"set `resources.gpus: {tp}` on `{sid}`, or lower `tensor_parallel_size`")
