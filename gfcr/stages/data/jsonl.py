@@ -176,6 +176,11 @@ class RowProblems:
         else:
             self.unlisted += 1
 
+    @property
+    def count(self) -> int:
+        """The problems found, listed or not."""
+        return len(self.problems) + self.unlisted
+
     def should_stop(self, line: int) -> bool:
         """With ``stop``, whether ``LISTED`` problems are found (then ``stopped_at`` is ``line``)."""
         if self.stop and len(self.problems) >= LISTED:
@@ -205,7 +210,7 @@ class RowProblems:
         skipped = [f"{p.where}: {p.message}" for p in problems]
         if skipped:
             log.warning("%s: skipped %d bad row(s) (on_error: skip); the first: %s", self.file,
-                        len(self.problems) + self.unlisted, skipped[0])
+                        self.count, skipped[0])
         return PromptPool(prompts, name=name, skipped=skipped)
 
 
@@ -358,7 +363,7 @@ class JsonlSource:
     def _prompt(self, row: dict[str, Any], line: int, index: int, problems: RowProblems,
                 seen: dict[str, int]) -> Prompt | None:
         cfg = self.config
-        before = len(problems.problems)
+        before = problems.count
         text = text_field(row, cfg.prompt_field, line, problems, _missing_fix(cfg.prompt_field, "prompt_field"))
         answer = text_field(row, cfg.answer_field, line, problems, _missing_fix(cfg.answer_field, "answer_field"),
                             numbers=True)
@@ -371,7 +376,7 @@ class JsonlSource:
         if text is not None:
             text = self._fill(row, text, line, problems)
         metadata = {"line": line, **self._metadata(row, line, problems)}
-        if len(problems.problems) > before or text is None or answer is None or row_id is None:
+        if problems.count > before or text is None or answer is None or row_id is None:
             return None
         return Prompt(prompt_id(self.source_name, cfg.split, row_id), text=text,
                       verifier=VerifierSpec(cfg.verifier, answer), metadata=metadata)
@@ -407,6 +412,8 @@ class JsonlSource:
         return row_id
 
     def _fill(self, row: dict[str, Any], text: str, line: int, problems: RowProblems) -> str | None:
+        if self.template_fields == ["prompt"] and self.config.template == "{prompt}":
+            return text  # the default: no copy of the row a prompt
         values = {**row, "prompt": text}
         missing = [name for name in self.template_fields if name not in values]
         if missing:

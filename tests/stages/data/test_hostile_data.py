@@ -61,10 +61,10 @@ CHILD = textwrap.dedent("""\
     for op in json.loads(Path(sys.argv[1]).read_text()):
         before = status_mb("VmRSS")
         reset_peak()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         out = run(op)
-        seconds, peak = time.perf_counter() - start, status_mb("VmHWM")
-        print(json.dumps({**out, "s": seconds, "rss_before_mb": before, "peak_mb": peak,
+        seconds, cpu, peak = time.perf_counter() - start, time.process_time() - cpu, status_mb("VmHWM")
+        print(json.dumps({**out, "s": seconds, "cpu_s": cpu, "rss_before_mb": before, "peak_mb": peak,
                           "process_peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}), flush=True)
     """)
 

@@ -192,3 +192,21 @@ def test_a_missing_metadata_field_is_a_row_error(tmp_path):
     with pytest.raises(DataError) as err:
         load(path, verifier="arithmetic", metadata_fields=["reference_reward"])
     assert "anchored.jsonl:2" in str(err.value) and "metadata field `reference_reward` is missing" in str(err.value)
+
+
+def test_past_the_listed_problems_bad_rows_are_counted_and_still_left_out(tmp_path):
+    """A file of many bad rows lists the first LISTED and counts the rest; with skip, a row found
+    bad after the list is full is still left out (an unusable answer: the row parses)."""
+    from gfcr.stages.data.jsonl import LISTED
+
+    rows = [{"prompt": "q", "answer": "abc"}] * (LISTED + 5) + [{"prompt": "ok", "answer": "3"}]
+    path = write(tmp_path / "many.jsonl", rows)
+    pool = load(path, "skip", verifier="arithmetic")
+    assert [p.prompt_id for p in pool] == [f"many:train:{LISTED + 5}"]
+    assert len(pool.skipped) == LISTED + 1
+    assert pool.skipped[-1] == f"{path}: and 5 more problem(s) not listed (the first {LISTED} are)"
+    with pytest.raises(DataError) as info:
+        load(path, verifier="arithmetic")
+    stopped = info.value.problems[LISTED]  # then "no usable rows": reading stopped before the good one
+    assert (str(stopped.where), stopped.message) == (f"{path}:{LISTED + 1}",
+                                                     f"reading stopped here after {LISTED} problems; there may be more")
