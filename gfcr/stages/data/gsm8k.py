@@ -16,7 +16,7 @@ SmolLM2-Instruct baseline prompts use; the verifier also reads ``#### N``,
 
 Bad rows (invalid JSON, a missing or empty ``question`` or ``answer``, an answer with no
 ``#### <number>``; invalid UTF-8, binary data, a row over ``max_row_mb``) are reported with
-``file:line``: all at once in a ``DataError`` with
+``file:line``: together (the first 20) in a ``DataError`` with
 ``on_error="fail"``, or left out and listed on ``PromptPool.skipped`` with ``"skip"``.
 
 Deviations: none from the dataset; the ``####`` number is the official answer, as in

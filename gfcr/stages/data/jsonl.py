@@ -50,7 +50,7 @@ import string
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Callable, Iterable, Iterator, Literal
+from typing import Annotated, Any, Callable, Iterator, Literal
 
 from pydantic import Field, field_validator
 
@@ -58,8 +58,8 @@ from gfcr.errors import DataError, Location, Problem
 from gfcr.records import Prompt, PromptPool, VerifierSpec, prompt_id
 from gfcr.registry import StageConfig
 from gfcr.stages.data.lines import (
-    BINARY_LINE_FIX, DEFAULT_MAX_ROW_MB, MaxRowMb, binary_problem, max_row_bytes, numbered_lines, open_data, read_error, read_errors,
-    too_long,
+    BINARY_LINE_FIX, DEFAULT_MAX_ROW_MB, MaxRowMb, binary_problem, max_row_bytes, numbered_lines, open_data,
+    read_error, read_errors, too_long,
 )
 from gfcr.stages.verifiers import arithmetic, check_verifier_name, gsm8k
 
@@ -209,7 +209,7 @@ class RowProblems:
             raise DataError(problems)
         skipped = [f"{p.where}: {p.message}" for p in problems]
         if skipped:
-            log.warning("%s: skipped %d bad row(s) (on_error: skip); the first: %s", self.file,
+            log.warning("%s: skipped the bad rows (on_error: skip), %d problem(s); the first: %s", self.file,
                         self.count, skipped[0])
         return PromptPool(prompts, name=name, skipped=skipped)
 
