@@ -297,3 +297,20 @@ def test_a_million_rows_load_whole_in_memory_proportional_to_the_rows(tmp_path):
     print("\n" + report(entries, results))
     [result] = held([(op, file, r) for (op, file), r in zip(entries, results)][2:], bound_mb=MILLION * 1200 / 1e6)
     assert result["last"] == f"rows:train:{MILLION - 2}"
+
+
+def test_gfcr_run_refuses_a_bad_row_past_those_validate_reads_and_writes_nothing(tmp_path):
+    """`gfcr validate` judges the first 20 rows; a Latin-1 row on line 30 is found by `gfcr run`
+    when it loads the data, before the run directory exists: exit 2 with file:line and the fix."""
+    from typer.testing import CliRunner
+
+    from gfcr.cli.main import app
+
+    data = tmp_path / "deep.jsonl"
+    data.write_bytes(GOOD * 29 + b'{"prompt": "caf\xe9", "answer": 2}\n')
+    spec = spec_for(tmp_path, data, "deep")
+    assert CliRunner().invoke(app, ["validate", spec]).exit_code == 0
+    result = CliRunner().invoke(app, ["run", spec, "--run-dir", str(tmp_path / "run"), "--executor", "local"])
+    assert result.exit_code == 2, result.output
+    assert f"{data}:30: not UTF-8 text" in result.output and "save the file as UTF-8" in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "run").exists()
