@@ -7,7 +7,8 @@ pasted in, a gzip file cut short and a million rows, next to the same on a good 
         [--out benchmarks/results/hostile_data.json]
 
 The files and the ops are the ones ``tests/stages/data/test_hostile_data.py`` checks (its
-makers and its child process are reused here), plus the whole load of a million rows. Each op
+makers and its child process are reused here; the long row 50 MB where the test writes 20), plus
+the whole load of a million rows. Each op
 runs alone in a fresh process, so the figures are its own: ``s`` is the op's wall time once gfcr
 is imported, ``CPU s`` its CPU time (what a loaded machine does not inflate); ``peak`` is the process's peak RSS during the op (VmHWM reset before it), ``grew``
 that peak over the RSS just before the op; ``process peak`` is getrusage's ``ru_maxrss`` of the
@@ -59,7 +60,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="gfcr-hostile-") as tmp:
         folder = Path(tmp)
-        ops = baseline(folder) + [entry for entries in hostile_ops(folder).values() for entry in entries]
+        ops = baseline(folder) + [entry for entries in hostile_ops(folder, big_mb=50).values() for entry in entries]
         rows = many_rows(folder, name="whole")
         ops.append((Op("load: a million rows, whole (no limit)", {"load": "jsonl", "config": jsonl(rows)},
                        prompts=MILLION), rows))
