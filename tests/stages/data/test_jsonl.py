@@ -210,3 +210,32 @@ def test_past_the_listed_problems_bad_rows_are_counted_and_still_left_out(tmp_pa
     stopped = info.value.problems[LISTED]  # then "no usable rows": reading stopped before the good one
     assert (str(stopped.where), stopped.message) == (f"{path}:{LISTED + 1}",
                                                      f"reading stopped here after {LISTED} problems; there may be more")
+
+
+@pytest.mark.parametrize("content, kind, fix", [
+    ("{\"prompt\": \"1 + 1?\", \"answer\": 2}\n".encode("utf-16"), "UTF-16 text", "iconv -f UTF-16 -t UTF-8"),
+    (b"PAR1\x15\x04\x15", "a Parquet file", "decompress or convert it to JSON lines"),
+    (b"\x28\xb5\x2f\xfd\x00\x58", "zstd-compressed", "decompress or convert it to JSON lines"),
+    (b"BZh91AY&SY", "bzip2-compressed", "decompress or convert it to JSON lines"),
+])
+def test_a_file_that_is_not_text_is_named_by_its_first_bytes(tmp_path, content, kind, fix):
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(content)
+    [problem] = JsonlSource(JsonlSource.Config(path=str(path))).check(on_error="skip")
+    assert (str(problem.where), problem.message) == (
+        f"{path}:1", f"the `jsonl` data file: {path} is a binary file, not JSON lines ({kind})")
+    assert fix in problem.fix
+
+
+def test_a_gzipped_file_is_read_through_gzip_when_its_name_ends_in_gz(tmp_path):
+    import gzip
+
+    path = tmp_path / "sums.jsonl.gz"
+    path.write_bytes(gzip.compress(b'{"prompt": "1 + 1?", "answer": 2}\n' * 3))
+    source = JsonlSource(JsonlSource.Config(path=str(path), verifier="arithmetic"))
+    assert source.check() == [] and source.count_prompts(10) == 3
+    assert [p.prompt_id for p in source.load()] == ["sums:train:0", "sums:train:1", "sums:train:2"]
+    named = tmp_path / "sums.jsonl"  # the same bytes under a plain name: refused, with how to read it
+    named.write_bytes(path.read_bytes())
+    [problem] = JsonlSource(JsonlSource.Config(path=str(named))).check()
+    assert "(gzip-compressed)" in problem.message and "give it a name ending in `.gz`" in problem.fix
