@@ -266,6 +266,13 @@ def _decode(raw: bytes, line: int, problems: RowProblems) -> dict[str, Any] | No
         problems.add(line, f"invalid JSON: {exc.msg} (column {exc.colno})",
                      "write one JSON object per line, e.g. {\"prompt\": \"...\", \"answer\": \"...\"}")
         return None
+    except RecursionError:  # Python's parser recurses once a nesting level: [[[[... a hundred thousand deep
+        problems.add(line, "JSON nested too deeply to read", "write rows of plain fields, nested a few levels at most")
+        return None
+    except ValueError as exc:  # an integer of more than 4300 digits (Python's limit on int parsing)
+        problems.add(line, f"a value JSON cannot be read into: {str(exc).split(';')[0]}",
+                     "write a number that long as a string (\"123...\")")
+        return None
     if not isinstance(row, dict):
         fix = "write one JSON object per line" + (f" (convert a JSON array with `jq -c '.[]' {problems.file} > "
                                                   "rows.jsonl`)" if isinstance(row, list) else "")

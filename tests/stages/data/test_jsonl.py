@@ -239,3 +239,15 @@ def test_a_gzipped_file_is_read_through_gzip_when_its_name_ends_in_gz(tmp_path):
     named.write_bytes(path.read_bytes())
     [problem] = JsonlSource(JsonlSource.Config(path=str(named))).check()
     assert "(gzip-compressed)" in problem.message and "give it a name ending in `.gz`" in problem.fix
+
+
+def test_rows_that_crash_python_s_json_parser_are_bad_rows_at_their_line(tmp_path):
+    path = tmp_path / "deep.jsonl"
+    path.write_text('{"prompt": "1 + 1?", "answer": 2}\n' + "[" * 100_000 + "\n"
+                    + '{"prompt": "q", "answer": ' + "1" * 5000 + "}\n")
+    pool = load(path, "skip", verifier="arithmetic")
+    assert len(pool) == 1 and [s.split(": ", 1)[1] for s in pool.skipped] == [
+        "JSON nested too deeply to read",
+        "a value JSON cannot be read into: Exceeds the limit (4300 digits) for integer string conversion: "
+        "value has 5000 digits"]
+    assert [s.split(": ", 1)[0] for s in pool.skipped] == [f"{path}:2", f"{path}:3"]
