@@ -1,5 +1,5 @@
 """Issue 16's golden cases met outside the spec's own text: a data file that is missing, empty,
-binary or has the wrong fields, a policy model that cannot be found, an MLflow store that
+binary or has the wrong fields (and issue 31's: a row over the size cap, invalid UTF-8, a binary line), a policy model that cannot be found, an MLflow store that
 cannot be reached, and damaged run directories (metrics cut mid-line, a corrupt lineage file,
 a corrupt newest checkpoint, a --run-dir that is a file). Each runs through the command a user
 would type, in one fresh process started in an empty folder, and must exit 2 with what, where
@@ -111,6 +111,16 @@ CASES = [
     Case("binary data file (gzip)", lambda d, r: _jsonl_spec(d, gzip.compress(b'{"prompt": "1 + 1?", "answer": 2}\n')),
          [f"{{dir}}/{ROWS}:1: the `jsonl` data file: {{dir}}/{ROWS} is a binary file, not JSON lines"],
          "decompress or convert it to JSON lines"),
+    Case("data file with a 9 MB row (issue 31)",
+         lambda d, r: _jsonl_spec(d, b'{"prompt": "1 + 1?", "answer": 2}\n{"prompt": "' + b"x" * (9 << 20) + b'"}\n'),
+         [f"{{dir}}/{ROWS}:2: the row is longer than 8 MiB, the most a row may have (`max_row_mb: 8`)"],
+         "raise `max_row_mb:`"),
+    Case("data file with invalid UTF-8 (issue 31)",
+         lambda d, r: _jsonl_spec(d, '{"prompt": "café?", "answer": 2}\n'.encode("latin-1")),
+         [f"{{dir}}/{ROWS}:1: not UTF-8 text (invalid continuation byte"], "save the file as UTF-8"),
+    Case("data file with a binary line (issue 31)",
+         lambda d, r: _jsonl_spec(d, b'{"prompt": "1 + 1?", "answer": 2}\n' + gzip.compress(b"{}", mtime=0)),
+         [f"{{dir}}/{ROWS}:2: the `jsonl` data file: {{dir}}/{ROWS} holds binary data on line 2"], "remove the line"),
     Case("data file with the wrong fields", lambda d, r: _jsonl_spec(d, b'{"question": "1 + 1?", "solution": 2}\n'),
          [f"{{dir}}/{ROWS}:1: missing field `prompt` (fields present: `question`, `solution`)",
           f"{{dir}}/{ROWS}:1: missing field `answer`"], "set `prompt_field:` to the field that holds it"),

@@ -34,13 +34,13 @@ def test_only_the_first_rows_are_checked_and_skip_checks_the_file_alone(tmp_path
     assert "does not exist" in _source(tmp_path / "none.jsonl").check(on_error="skip")[0].message
 
 
-def test_a_huge_single_line_is_read_only_up_to_the_head_limit(tmp_path, monkeypatch):
-    from gfcr.stages.data import jsonl
-
-    monkeypatch.setattr(jsonl, "HEAD_BYTES", 64)
+def test_a_row_over_the_cap_is_a_problem_at_its_line_and_is_not_held(tmp_path):
     path = tmp_path / "rows.jsonl"
-    path.write_text(json.dumps(GOOD) + "\n" + json.dumps({"prompt": "x" * 1000, "answer": 1}) + "\n")
-    assert _source(path).check() == []  # the second line is cut by the read: not judged
+    path.write_text(json.dumps(GOOD) + "\n" + json.dumps({"prompt": "x" * (3 << 19), "answer": 1}) + "\n")
+    [problem] = _source(path, max_row_mb=1).check()  # the 1.5 MB row: over a 1 MiB cap
+    assert str(problem.where) == f"{path}:2" and "longer than 1 MiB" in problem.message
+    assert "raise `max_row_mb:`" in problem.fix
+    assert _source(path, max_row_mb=2).check() == []  # under the default (8 MiB) or a raised cap: judged
 
 
 def test_the_model_is_found_without_being_loaded_or_converted(tmp_path, monkeypatch, write_spec):

@@ -15,7 +15,8 @@ SmolLM2-Instruct baseline prompts use; the verifier also reads ``#### N``,
 ``\\boxed{N}``, "the answer is N", and otherwise the last number.
 
 Bad rows (invalid JSON, a missing or empty ``question`` or ``answer``, an answer with no
-``#### <number>``) are reported with ``file:line``: all at once in a ``DataError`` with
+``#### <number>``; invalid UTF-8, binary data, a row over ``max_row_mb``) are reported with
+``file:line``: together (the first 20) in a ``DataError`` with
 ``on_error="fail"``, or left out and listed on ``PromptPool.skipped`` with ``"skip"``.
 
 Deviations: none from the dataset; the ``####`` number is the official answer, as in
@@ -47,12 +48,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
-from gfcr.errors import DataError, Problem
+from gfcr.errors import Problem
 from gfcr.records import Prompt, PromptPool, VerifierSpec, prompt_id
 from gfcr.registry import StageConfig
 from gfcr.stages.data.jsonl import (
-    RowProblems, existing_file, file_head, json_rows, line_rows, row_count, template_fields, text_field,
+    RowProblems, check_head, existing_file, read_prompts, row_count, template_fields, text_field,
 )
+from gfcr.stages.data.lines import DEFAULT_MAX_ROW_MB, MaxRowMb
 
 ROOT_ENV = "GFCR_GSM8K_DIR"
 DEFAULT_ROOT = Path("..") / "shared" / "data" / "gsm8k"
@@ -85,6 +87,7 @@ class Gsm8kSource:
         path: str | None = Field(None, description=f"the file; default: <${ROOT_ENV} or {DEFAULT_ROOT}>/<split>.jsonl")
         limit: Annotated[int, Field(ge=1, description="load at most this many prompts")] | None = None
         template: str = Field(DEFAULT_TEMPLATE, description="the user turn; `{question}` is filled in")
+        max_row_mb: MaxRowMb = DEFAULT_MAX_ROW_MB
 
         @field_validator("template")
         @classmethod
@@ -104,33 +107,22 @@ class Gsm8kSource:
                       f"`{cfg.split}.jsonl`")
 
     def check(self, on_error: Literal["fail", "skip"] = "fail") -> list[Problem]:
-        """The problems of the file and of its first rows, read cheaply (``jsonl.file_head``);
+        """The problems of the file and of its first rows, read cheaply (``jsonl.check_head``);
         with ``on_error: skip`` only the file itself."""
         path, fix = self._path_and_fix()
-        try:
-            lines = file_head(path, f"the GSM8K {self.config.split} file", fix)
-        except DataError as exc:
-            return exc.problems
-        problems = RowProblems(str(path))
-        for line, index, row in line_rows(lines, problems):
-            self._prompt(row, line, index, problems)
-        return problems.problems if on_error == "fail" else []
+        return check_head(path, f"the GSM8K {self.config.split} file", fix, self.config.max_row_mb, on_error,
+                          self._prompt)
 
     def count_prompts(self, up_to: int) -> int | None:
         """The most prompts ``load`` can give (bad rows may make it fewer), counted up to ``up_to``."""
-        return row_count(self._path_and_fix()[0], min(up_to, self.config.limit or up_to))
+        return row_count(self._path_and_fix()[0], min(up_to, self.config.limit or up_to), self.config.max_row_mb)
 
     def load(self, on_error: Literal["fail", "skip"] = "fail") -> PromptPool:
         cfg = self.config
         path, fix = self._path_and_fix()
         existing_file(path, f"the GSM8K {cfg.split} file", fix)
-        problems, prompts = RowProblems(str(path)), []
-        for line, index, row in json_rows(path, problems):
-            if cfg.limit is not None and len(prompts) >= cfg.limit:
-                break
-            prompt = self._prompt(row, line, index, problems)
-            if prompt is not None:
-                prompts.append(prompt)
+        problems = RowProblems(str(path), stop=on_error == "fail")
+        prompts = read_prompts(path, problems, cfg.max_row_mb, cfg.limit, self._prompt)
         return problems.pool(prompts, f"gsm8k/{cfg.split}", on_error)
 
     def _prompt(self, row: dict[str, Any], line: int, index: int, problems: RowProblems) -> Prompt | None:

@@ -13,7 +13,9 @@ sandbox's limits ``timeout_s``, ``memory_mb`` and ``file_size_kb`` and its level
 (``auto``: a bubblewrap namespace where it works on this machine, else the guard alone, which
 ``gfcr validate`` warns about; ``bwrap``; ``guard``; see ``gfcr.stages.verifiers.sandbox``). Prompt ids are
 ``humaneval:test:<row index>`` (the task id, ``HumanEval/17``, is in ``metadata``, with the
-canonical solution). Bad rows are reported with ``file:line``, as in the other sources.
+canonical solution). The file is read as the ``jsonl`` source reads its own (one line at a
+time, ``max_row_mb`` a row); bad rows are reported with ``file:line``, as in the other sources,
+and ``gfcr validate`` looks at the file and its first rows (``check``).
 
 Deviations: HumanEval is an evaluation set (it has no train split); training on it is for
 trying the ``code`` verifier, not for reporting pass@k. The default ``template`` asks an
@@ -33,8 +35,6 @@ YAML:
 
 from __future__ import annotations
 
-import gzip
-import json
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -43,11 +43,15 @@ from pydantic import Field, field_validator
 from gfcr.errors import DataError, Location, Problem
 from gfcr.records import Prompt, PromptPool, VerifierSpec, prompt_id
 from gfcr.registry import HostNote, StageConfig
-from gfcr.stages.data.jsonl import RowProblems, existing_file, template_fields, text_field
+from gfcr.stages.data.jsonl import (
+    RowProblems, check_head, existing_file, read_prompts, row_count, template_fields, text_field,
+)
+from gfcr.stages.data.lines import DEFAULT_MAX_ROW_MB, MaxRowMb
 from gfcr.stages.verifiers.sandbox import SandboxLevel, SandboxUnavailable, isolation_warning
 
 DEFAULT_TEMPLATE = ("Complete the following Python function. Reply with the whole function in one "
                     "```python code block.\n\n```python\n{prompt}```")
+PATH_FIX = "set `path:` to a HumanEval jsonl file, or leave it out"
 ROW_SHAPE = ("HumanEval rows are {\"task_id\", \"prompt\", \"canonical_solution\", \"test\", \"entry_point\"}; "
              "check that `path` is a HumanEval file")
 
@@ -78,6 +82,7 @@ class HumanEvalSource:
         sandbox: SandboxLevel = Field("auto", description=(
             "where programs run: bwrap (a namespace sandbox), guard (rlimits and an audit hook alone), "
             "or auto (bwrap where it works here, else guard, with a warning at validate)"))
+        max_row_mb: MaxRowMb = DEFAULT_MAX_ROW_MB
 
         @field_validator("template")
         @classmethod
@@ -98,31 +103,31 @@ class HumanEvalSource:
             return [HostNote("sandbox", exc.message, exc.fix, error=True)]
         return [] if warning is None else [HostNote("sandbox", *warning)]
 
+    def _path(self) -> Path:
+        return Path(self.config.path) if self.config.path is not None else packaged_file()
+
+    def check(self, on_error: Literal["fail", "skip"] = "fail") -> list[Problem]:
+        """The problems of the file and of its first rows, read cheaply (``jsonl.check_head``);
+        with ``on_error: skip`` only the file itself."""
+        try:
+            path = self._path()
+        except DataError as exc:
+            return exc.problems
+        return check_head(path, "the HumanEval file", PATH_FIX, self.config.max_row_mb, on_error, self._prompt)
+
+    def count_prompts(self, up_to: int) -> int | None:
+        """The most prompts ``load`` can give (bad rows may make it fewer), counted up to ``up_to``."""
+        try:
+            path = self._path()
+        except DataError:
+            return None
+        return row_count(path, min(up_to, self.config.limit or up_to), self.config.max_row_mb)
+
     def load(self, on_error: Literal["fail", "skip"] = "fail") -> PromptPool:
         cfg = self.config
-        path = Path(cfg.path) if cfg.path is not None else packaged_file()
-        existing_file(path, "the HumanEval file", "set `path:` to a HumanEval jsonl file, or leave it out")
-        problems, prompts = RowProblems(str(path)), []
-        opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rt", encoding="utf-8") as handle:
-            index = 0
-            for line, raw in enumerate(handle, start=1):
-                if not raw.strip():
-                    continue
-                if cfg.limit is not None and len(prompts) >= cfg.limit:
-                    break
-                try:
-                    row = json.loads(raw)
-                except ValueError as exc:
-                    problems.add(line, f"not a JSON object ({exc})")
-                    row = None
-                if isinstance(row, dict):
-                    prompt = self._prompt(row, line, index, problems)
-                    if prompt is not None:
-                        prompts.append(prompt)
-                elif row is not None:
-                    problems.add(line, "not a JSON object")
-                index += 1
+        path = existing_file(self._path(), "the HumanEval file", PATH_FIX)
+        problems = RowProblems(str(path), stop=on_error == "fail")
+        prompts = read_prompts(path, problems, cfg.max_row_mb, cfg.limit, self._prompt)
         return problems.pool(prompts, "humaneval/test", on_error)
 
     def _prompt(self, row: dict[str, Any], line: int, index: int, problems: RowProblems) -> Prompt | None:

@@ -192,3 +192,62 @@ def test_a_missing_metadata_field_is_a_row_error(tmp_path):
     with pytest.raises(DataError) as err:
         load(path, verifier="arithmetic", metadata_fields=["reference_reward"])
     assert "anchored.jsonl:2" in str(err.value) and "metadata field `reference_reward` is missing" in str(err.value)
+
+
+def test_past_the_listed_problems_bad_rows_are_counted_and_still_left_out(tmp_path):
+    """A file of many bad rows lists the first LISTED and counts the rest; with skip, a row found
+    bad after the list is full is still left out (an unusable answer: the row parses)."""
+    from gfcr.stages.data.jsonl import LISTED
+
+    rows = [{"prompt": "q", "answer": "abc"}] * (LISTED + 5) + [{"prompt": "ok", "answer": "3"}]
+    path = write(tmp_path / "many.jsonl", rows)
+    pool = load(path, "skip", verifier="arithmetic")
+    assert [p.prompt_id for p in pool] == [f"many:train:{LISTED + 5}"]
+    assert len(pool.skipped) == LISTED + 1
+    assert pool.skipped[-1] == f"{path}: and 5 more problem(s) not listed (the first {LISTED} are)"
+    with pytest.raises(DataError) as info:
+        load(path, verifier="arithmetic")
+    stopped = info.value.problems[LISTED]  # then "no usable rows": reading stopped before the good one
+    assert (str(stopped.where), stopped.message) == (f"{path}:{LISTED + 1}",
+                                                     f"reading stopped here after {LISTED} problems; there may be more")
+
+
+@pytest.mark.parametrize("content, kind, fix", [
+    ("{\"prompt\": \"1 + 1?\", \"answer\": 2}\n".encode("utf-16"), "UTF-16 text", "iconv -f UTF-16 -t UTF-8"),
+    (b"PAR1\x15\x04\x15", "a Parquet file", "decompress or convert it to JSON lines"),
+    (b"\x28\xb5\x2f\xfd\x00\x58", "zstd-compressed", "decompress or convert it to JSON lines"),
+    (b"BZh91AY&SY", "bzip2-compressed", "decompress or convert it to JSON lines"),
+])
+def test_a_file_that_is_not_text_is_named_by_its_first_bytes(tmp_path, content, kind, fix):
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(content)
+    [problem] = JsonlSource(JsonlSource.Config(path=str(path))).check(on_error="skip")
+    assert (str(problem.where), problem.message) == (
+        f"{path}:1", f"the `jsonl` data file: {path} is a binary file, not JSON lines ({kind})")
+    assert fix in problem.fix
+
+
+def test_a_gzipped_file_is_read_through_gzip_when_its_name_ends_in_gz(tmp_path):
+    import gzip
+
+    path = tmp_path / "sums.jsonl.gz"
+    path.write_bytes(gzip.compress(b'{"prompt": "1 + 1?", "answer": 2}\n' * 3))
+    source = JsonlSource(JsonlSource.Config(path=str(path), verifier="arithmetic"))
+    assert source.check() == [] and source.count_prompts(10) == 3
+    assert [p.prompt_id for p in source.load()] == ["sums:train:0", "sums:train:1", "sums:train:2"]
+    named = tmp_path / "sums.jsonl"  # the same bytes under a plain name: refused, with how to read it
+    named.write_bytes(path.read_bytes())
+    [problem] = JsonlSource(JsonlSource.Config(path=str(named))).check()
+    assert "(gzip-compressed)" in problem.message and "give it a name ending in `.gz`" in problem.fix
+
+
+def test_rows_that_crash_python_s_json_parser_are_bad_rows_at_their_line(tmp_path):
+    path = tmp_path / "deep.jsonl"
+    path.write_text('{"prompt": "1 + 1?", "answer": 2}\n' + "[" * 100_000 + "\n"
+                    + '{"prompt": "q", "answer": ' + "1" * 5000 + "}\n")
+    pool = load(path, "skip", verifier="arithmetic")
+    assert len(pool) == 1 and [s.split(": ", 1)[1] for s in pool.skipped] == [
+        "JSON nested too deeply to read",
+        "a value JSON cannot be read into: Exceeds the limit (4300 digits) for integer string conversion: "
+        "value has 5000 digits"]
+    assert [s.split(": ", 1)[0] for s in pool.skipped] == [f"{path}:2", f"{path}:3"]
