@@ -159,7 +159,6 @@ class MlflowTracker:
             self._create(run)
         else:
             self._reopen(run, saved)
-            self._retry(force=True)  # what an earlier session could not send goes first, in order
         self._log_definition(run)
         self._backfill(run)
         self._last_flush = time.monotonic()
@@ -237,6 +236,8 @@ class MlflowTracker:
                     f"read: {exc}\n    fix: make that store reachable again, or delete {TRACKING_FILE} to track "
                     "the rest of this run as a new MLflow run") from exc
             self.experiment_id = existing.info.experiment_id
+        self._retry(force=True)  # what an earlier session could not send goes first (its end status too)
+        with quiet():
             self.client.update_run(self.run_id, status="RUNNING")
             resumes = int(existing.data.tags.get("gfcr.resumes", "0")) + 1
             self.client.set_tag(self.run_id, "gfcr.resumes", str(resumes))

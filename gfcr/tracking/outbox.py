@@ -126,9 +126,9 @@ class Outbox:
         try:
             entry = json.loads(line)
             if not isinstance(entry, dict) or entry.get("op") not in OPS or not isinstance(entry.get("seq"), int):
-                raise ValueError("not an outbox entry")
+                raise ValueError(f"needs an integer `seq` and an `op` of {', '.join(OPS)}")
         except ValueError as exc:
-            raise GfcrError(f"{self.path}:{number}: {exc}",
+            raise GfcrError(f"{self.path}:{number}: not an outbox entry gfcr wrote ({exc})",
                             f"this file holds MLflow writes gfcr could not send; fix or delete line {number} "
                             "(its metrics are in metrics.jsonl, which `gfcr resume` logs again)") from None
         if entry["op"] == "artifact":
