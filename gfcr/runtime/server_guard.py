@@ -174,10 +174,11 @@ def _await_health(url: str, process: subprocess.Popen, timeout: float = 600.0) -
     """Return once the server at ``url`` answers (or has died, or ``timeout`` passed)."""
     import urllib.request
 
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # 127.0.0.1: never through a proxy
     deadline = time.monotonic() + timeout
     while process.poll() is None and time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(url, timeout=5) as answer:
+            with direct.open(url, timeout=5) as answer:
                 if answer.status == 200:
                     return
         except OSError:
