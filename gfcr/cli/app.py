@@ -30,6 +30,7 @@ COMMANDS = {
     "stages": "gfcr.cli.stages_cmd:stages",
     "run": "gfcr.cli.run_cmd:run",
     "resume": "gfcr.cli.run_cmd:resume",
+    "sync": "gfcr.cli.sync_cmd:sync",
     "report": "gfcr.cli.report_cmd:report",
     "lineage": "gfcr.cli.lineage_cmd:lineage",
     "deploy": "gfcr.cli.orchestrate:deploy",

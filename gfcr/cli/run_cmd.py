@@ -107,7 +107,9 @@ def _train(make_run) -> None:
     try:
         with out.status("loading the pipeline, data and policy..."):
             session = make_run(())
-            trackers = start_tracking(session)  # MLflow, unless the spec says `tracking: {mlflow: null}`
+            # MLflow, unless the spec says `tracking: {mlflow: null}`; a store that goes away mid-run is said here
+            trackers = start_tracking(session, notify=lambda m: err.print(f"[yellow]warning:[/] {escape(m)}",
+                                                                            markup=True))
         total = session.spec.run.steps
         hook = ProgressHook(out, total, session.runner.step, session.spec.name)
         session.hooks = (hook, *trackers)

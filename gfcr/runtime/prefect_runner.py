@@ -37,7 +37,7 @@ from gfcr.errors import StageError
 from gfcr.graph import CompiledPipeline
 from gfcr.records import PromptPool, StepContext
 from gfcr.runtime.local import LocalRunner
-from gfcr.runtime.server_guard import guard_embedded_server
+from gfcr.runtime.server_guard import guard_embedded_server, wait_for_restarts
 from gfcr.stages.resources import Resources
 
 T = TypeVar("T")
@@ -185,13 +185,17 @@ def run_in_flow(flow_name: str, run_name: str, body: Callable[[], T],
     configure_prefect()
     from prefect import flow
     from prefect.context import FlowRunContext
+    from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
 
     started: dict[str, Any] = {}
 
     def pipeline_run() -> T:
         _lower_server_priority()
         started["id"], started["before"] = FlowRunContext.get().flow_run.id, task_runs()
-        return body()
+        try:
+            return body()
+        finally:  # an embedded server that died and is starting again: let it answer the flow's last state
+            wait_for_restarts(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())
 
     try:
         return flow(pipeline_run, name=flow_name, flow_run_name=run_name, persist_result=False,

@@ -27,10 +27,21 @@ then stops it, instead of taking the server down under the run (uvicorn stops on
 the run's last API calls then fail with connection errors). The guard still ends it however
 the run ends.
 
-Deviations: this wraps ``SubprocessASGIServer._run_uvicorn_command``, a private method of
-Prefect 3 (checked on 3.9): it is called with the server object and returns the
-``subprocess.Popen`` of the server. Should a Prefect release rename it, ``guard_embedded_server``
-leaves Prefect as it is (returns ``False``) rather than fail a run.
+The other way round, a server that dies under a living run (killed by its pid, by the
+out-of-memory killer) is started again: a supervisor thread of the run waits on each server it
+started and, unless Prefect is stopping it (``SubprocessASGIServer.stop``, at exit), starts a new
+one on the same port and database, at most ``MAX_RESTARTS`` times in a process. The run's Prefect
+clients retry a refused connection for about a minute, so the flow run's final state reaches the
+new server and the run finishes; the task runs' state events sent while no server was there are
+lost to the UI (the run directory has everything). Without a restart, the run's last Prefect call
+would fail after its retries, and the process would then spend about 7 s per queued event trying
+to send it at exit.
+
+Deviations: this wraps ``SubprocessASGIServer._run_uvicorn_command`` and ``stop``, methods of
+Prefect 3 (checked on 3.7 and 3.9; the first is private): ``_run_uvicorn_command`` is called with
+the server object and returns the ``subprocess.Popen`` of the server, on ``server.port``. Should a
+Prefect release rename it, ``guard_embedded_server`` leaves Prefect as it is (returns ``False``)
+rather than fail a run.
 """
 
 from __future__ import annotations
@@ -39,11 +50,17 @@ import functools
 import os
 import subprocess
 import sys
+import threading
+import time
 import types
-from typing import Any
+from typing import Any, Callable
 
 GRACE_S = 5.0  # after SIGTERM, how long the server has to stop before SIGKILL
 POLL_MS = 250  # how often the guard looks at its parent
+MAX_RESTARTS = 3  # embedded servers started again after dying under a run, per process
+restarts: list[int] = []  # the pids of the servers started again, in order (what a test or a log reads)
+_starting = threading.Condition()  # notified when a restarted server answers (or gives up)
+_pending: set[int] = set()  # pids of restarted servers not yet answering
 
 _GUARD = """\
 import os, select, signal, sys
@@ -100,11 +117,80 @@ def guard_embedded_server() -> bool:
         pid = getattr(process, "pid", None)
         if isinstance(pid, int):
             start_guard(pid)
+            _supervise(self, process, lambda: guarded(self))
         return process
 
+    stop = SubprocessASGIServer.stop
+
+    @functools.wraps(stop)
+    def stopping(self: Any) -> None:
+        self._gfcr_stopping = True  # Prefect ends it (at exit): not a death to recover from
+        stop(self)
+
     SubprocessASGIServer._run_uvicorn_command = guarded
+    SubprocessASGIServer.stop = stopping
     _own_session(sys.modules[SubprocessASGIServer.__module__])
     return True
+
+
+def _supervise(server: Any, process: subprocess.Popen, relaunch: Callable[[], subprocess.Popen]) -> None:
+    """Start a daemon thread that starts ``server`` again (``relaunch``) if ``process`` dies while
+    Prefect still uses it; the new server gets the dead one's CPU priority."""
+
+    def watch() -> None:
+        priority = 0
+        while process.poll() is None:
+            try:
+                priority = os.getpriority(os.PRIO_PROCESS, process.pid)
+            except OSError:
+                pass
+            time.sleep(POLL_MS / 1000)
+        if process.returncode == 3:  # uvicorn found its port taken at start-up: Prefect picks another itself
+            return
+        if getattr(server, "_gfcr_stopping", False) or server.server_process is not process:
+            return
+        if len(restarts) >= MAX_RESTARTS or not server.running:
+            return
+        new = relaunch()
+        server.server_process = new
+        restarts.append(new.pid)
+        try:
+            os.setpriority(os.PRIO_PROCESS, new.pid, priority)
+        except OSError:
+            pass
+        with _starting:
+            _pending.add(new.pid)
+        try:
+            _await_health(f"{server.api_url}/health", new)
+        finally:
+            with _starting:
+                _pending.discard(new.pid)
+                _starting.notify_all()
+
+    threading.Thread(target=watch, name="gfcr-prefect-server-supervisor", daemon=True).start()
+
+
+def _await_health(url: str, process: subprocess.Popen, timeout: float = 600.0) -> None:
+    """Return once the server at ``url`` answers (or has died, or ``timeout`` passed)."""
+    import urllib.request
+
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # 127.0.0.1: never through a proxy
+    deadline = time.monotonic() + timeout
+    while process.poll() is None and time.monotonic() < deadline:
+        try:
+            with direct.open(url, timeout=5) as answer:
+                if answer.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+
+
+def wait_for_restarts(timeout: float) -> None:
+    """Wait (at most ``timeout`` s) until every embedded server started again answers, so that the
+    run's last Prefect calls (the flow run's final state) find one, however slowly it starts."""
+    with _starting:
+        _starting.wait_for(lambda: not _pending, timeout=timeout)
 
 
 def _own_session(module: Any) -> None:

@@ -16,8 +16,9 @@ Stores that are down, and stores used for the first time by several runs at once
   for plain http one request, each bounded by 5 s), so an unreachable server (refused, a
   blackholed address, a server that never answers) fails in seconds with the URI and the fix,
   instead of MLflow's 120 s timeout and retries with backoff (minutes of silence). MLflow's own
-  HTTP timeout and retry count default to ``HTTP_DEFAULTS`` (a value the user has set wins),
-  so a server that goes down during a run fails in about a minute, not ten.
+  HTTP timeout, retry count and backoff default to ``HTTP_DEFAULTS`` (a value the user has set
+  wins), so a server that goes down during a run costs one write a few seconds (refused) or about
+  30 s (no answer), after which the run keeps its writes in the outbox and only probes.
 - a new SQLite store is created (tables and migrations) by the first run to open it; runs that
   open it at the same moment take turns under an exclusive lock (``flock``) on the database's
   folder, which writes no file; an experiment two runs create at once is created once.
@@ -46,8 +47,12 @@ from gfcr.spec.models import MlflowSpec
 DEFAULT_URI = "sqlite:///mlflow.db"
 _NOISY_LOGGERS = ("mlflow", "alembic", "sqlalchemy", "urllib3")
 _SQLITE = "sqlite:///"
-# MLflow's defaults are a 120 s timeout and 7 retries with exponential backoff: minutes of silence
-HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "15", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3"}
+# MLflow's defaults are a 120 s timeout and 7 retries with exponential backoff (factor 2): minutes
+# of silence. A write that fails is kept in the run's outbox (gfcr.tracking.outbox) and sent
+# later, so one failed write may give up early: 2 retries, backoff factor 1 (waits of 0 s, then
+# 2 s, plus MLflow's jitter of up to 1 s each) cost a refused connection about 2-4 s, once per outage
+HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "10", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+                 "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
 STORE_FIX = ("set `tracking.mlflow.uri` (or MLFLOW_TRACKING_URI) to a reachable store, e.g. sqlite:///mlflow.db, "
              "or switch tracking off with `--set tracking.mlflow=null`")
 

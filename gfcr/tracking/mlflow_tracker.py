@@ -33,6 +33,15 @@ Cost per step: metrics and lineage files are buffered and written in one batch e
 between flushes loses nothing: a resumed run first logs the steps of ``metrics.jsonl`` that
 MLflow lacks.
 
+A store that goes away during a run (a tracking server stopped or killed) does not stop the run:
+the first write that fails says so once (``notify``), and from then on every write (metrics,
+lineage files, totals, the final status) is appended to the run directory's outbox
+(``gfcr.tracking.outbox``), in order. At most every ``retry_seconds`` the store is probed (a
+bounded connection, ``gfcr.runtime.endpoint.probe``) and, once it answers, the outbox is sent
+and the run goes on sending directly. What is still pending when the run ends is sent by
+``gfcr sync RUN_DIR`` or by the next ``gfcr resume``; nothing is lost. The store must be
+reachable when a run starts or resumes (a wrong address is a mistake to fix, not a fault).
+
     tracker = MlflowTracker(spec.tracking.mlflow, parent_run_id=parent, tags={"gfcr.variant": "median"})
     Run.start(pipeline, run_dir, hooks=(tracker,)).train()     # or: hooks = start_tracking(run)
 """
@@ -40,14 +49,17 @@ MLflow lacks.
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from gfcr.errors import GfcrError
+from gfcr.runtime.endpoint import probe
 from gfcr.runtime.rundir import write_text
 from gfcr.spec.models import MlflowSpec
 from gfcr.tracking.mlflow_inputs import dataset_input, run_tags
@@ -55,10 +67,12 @@ from gfcr.tracking.mlflow_store import connect, experiment_id, quiet, resolve_ur
 from gfcr.tracking.mlflow_values import (
     MAX_TAG_VALUE, METRICS_PER_BATCH, PARAMS_PER_BATCH, batches, fit_value, metric_values, spec_params,
 )
+from gfcr.tracking.outbox import Outbox, artifact_op, send_entry
 
 TRACKING_FILE = "tracking.json"
 SENTINEL = "rollouts_generated"  # a metric every step logs: its history says which steps MLflow has
 TOTALS = ("rollouts_generated", "tokens_generated", "rollouts_in_update", "tokens_in_update")
+RETRY_SECONDS = 15.0  # while the store is away, at most one probe this often
 
 _DATASETS = threading.Lock()
 
@@ -68,13 +82,19 @@ class MlflowTracker:
 
     ``settings`` is the spec's ``tracking.mlflow`` (default: the store of ``resolve_uri``).
     ``parent_run_id`` makes this run a child of that MLflow run (an ablation cell), in the
-    parent's experiment; ``tags`` are added to the run (``gfcr.variant``).
+    parent's experiment; ``tags`` are added to the run (``gfcr.variant``). ``notify`` hears, in a
+    sentence, when the store goes away and when it is back (default: printed to stderr).
     """
 
     def __init__(self, settings: MlflowSpec | None = None, *, parent_run_id: str | None = None,
-                 tags: dict[str, str] | None = None, flush_seconds: float = 5.0):
+                 tags: dict[str, str] | None = None, flush_seconds: float = 5.0,
+                 retry_seconds: float = RETRY_SECONDS, notify: Callable[[str], None] | None = None):
         self.settings = settings or MlflowSpec()
         self.parent_run_id, self.extra_tags, self.flush_seconds = parent_run_id, dict(tags or {}), flush_seconds
+        self.retry_seconds, self.notify = retry_seconds, notify or _to_stderr
+        self.outbox: Outbox | None = None
+        self.away: str | None = None  # why the store cannot be reached, while it cannot
+        self._retry_at = 0.0
         self.client: Any = None
         self.uri: str | None = None
         self.run_id: str | None = None
@@ -105,11 +125,10 @@ class MlflowTracker:
         if final is not None:
             metrics += [Metric("eval_accuracy", float(final), now, step),
                         Metric("eval_accuracy_after", float(final), now, step)]
-        with quiet():
-            self.client.log_batch(self.run_id, metrics=metrics)
-            for path in (self.run.dir.summary, self.run.dir.metrics, self.run.dir.spec):
-                self.client.log_artifact(self.run_id, str(path))
-            self.client.set_terminated(self.run_id, "FINISHED")
+        files = (self.run.dir.summary, self.run.dir.metrics, self.run.dir.spec)
+        self._send([_metrics_op(metrics)] * bool(metrics) + [artifact_op(self.run.dir.path, path) for path in files]
+                   + [{"op": "terminate", "status": "FINISHED"}])
+        self._retry(force=True)  # the last chance in this process: what still waits is for `gfcr sync`
         self._finished = True
 
     def close(self) -> None:
@@ -120,9 +139,8 @@ class MlflowTracker:
             return
         try:
             self.flush()
-            with quiet():
-                self.client.set_terminated(self.run_id, "FAILED")
-        except Exception:  # the store may be the thing that failed; the first error is the one to show
+            self._send([{"op": "terminate", "status": "FAILED"}])
+        except Exception:  # the disk may be the thing that failed; the first error is the one to show
             pass
         self._finished = True
 
@@ -135,6 +153,7 @@ class MlflowTracker:
         if self.run is run:
             return
         self.run = run
+        self.outbox = Outbox(run.dir.path)
         saved = _read_tracking_file(run.dir.path)
         if saved is None:
             self._create(run)
@@ -217,6 +236,8 @@ class MlflowTracker:
                     f"read: {exc}\n    fix: make that store reachable again, or delete {TRACKING_FILE} to track "
                     "the rest of this run as a new MLflow run") from exc
             self.experiment_id = existing.info.experiment_id
+        self._retry(force=True)  # what an earlier session could not send goes first (its end status too)
+        with quiet():
             self.client.update_run(self.run_id, status="RUNNING")
             resumes = int(existing.data.tags.get("gfcr.resumes", "0")) + 1
             self.client.set_tag(self.run_id, "gfcr.resumes", str(resumes))
@@ -251,6 +272,7 @@ class MlflowTracker:
         tracked for the first time on resume)."""
         with quiet():
             logged = {m.step for m in self.client.get_metric_history(self.run_id, SENTINEL)}
+        logged |= self.outbox.pending_steps(SENTINEL)  # on their way already, with their first timestamps
         for record in run.dir.read_metrics():
             if record["step"] not in logged:
                 self._buffer(record)
@@ -268,29 +290,84 @@ class MlflowTracker:
                 self._lineage.append(lineage)
 
     def flush(self) -> None:
-        """Write the buffered metrics and lineage files to MLflow."""
+        """Write the buffered metrics and lineage files to MLflow (to the outbox while it is away)."""
         metrics, lineage = self._metrics, self._lineage
         self._metrics, self._lineage = [], []
-        with quiet():
-            for batch in batches(metrics, METRICS_PER_BATCH):
-                self.client.log_batch(self.run_id, metrics=batch)
-            for path in lineage:
-                self.client.log_artifact(self.run_id, str(path), "lineage")
+        self._send([_metrics_op(batch) for batch in batches(metrics, METRICS_PER_BATCH)]
+                   + [artifact_op(self.run.dir.path, path, "lineage") for path in lineage])
         self._last_flush = time.monotonic()
+
+    # --- sending, or keeping in the outbox while the store is away --------------------------------
+
+    def _send(self, ops: list[dict[str, Any]]) -> None:
+        """Apply ``ops`` in order; from the first that fails (and while older ones wait), append
+        them to the outbox instead. Never raises for the store; a full disk raises."""
+        if not ops:
+            return
+        if self.away is not None or self.outbox.pending():  # keep the order: behind what waits
+            self.outbox.append(ops)
+            self._retry()
+            return
+        for i, op in enumerate(ops):
+            try:
+                self._apply(op)
+            except Exception as exc:  # any store error; what it was is kept for `gfcr sync` to say
+                self._went_away(exc)
+                self.outbox.append(ops[i:])
+                return
+
+    def _apply(self, op: dict[str, Any]) -> None:
+        send_entry(self.client, self.run_id, op)
+
+    def _retry(self, force: bool = False) -> None:
+        """Send the outbox if the store answers again (at most every ``retry_seconds``, unless forced)."""
+        if not self.outbox.pending():
+            self.away = None
+            return
+        if not force and time.monotonic() < self._retry_at:
+            return
+        self._retry_at = time.monotonic() + self.retry_seconds
+        try:
+            probe(self.uri or "", "/health", "MLflow server", "")
+            sent = self.outbox.drain(self._apply)
+        except Exception as exc:
+            self._went_away(exc)
+            return
+        if self.away is not None or sent:
+            self.notify(f"the MLflow store {self.uri} answers again: sent the {sent} write(s) kept in "
+                        f"{self.outbox.path.name}")
+        self.away = None
+
+    def _went_away(self, exc: Exception) -> None:
+        reason = _reason(exc)
+        if self.away is None:
+            self.notify(f"cannot write to the MLflow store {self.uri} ({reason}); training goes on, and its "
+                        f"MLflow writes are kept in {self.outbox.path} until the store answers again")
+        self.away, self._retry_at = reason, time.monotonic() + self.retry_seconds
+
+    def pending(self) -> str | None:
+        """What is still waiting in the outbox, and why, in a sentence; None when nothing is."""
+        if self.outbox is None or not self.outbox.pending():
+            return None
+        return (f"not yet in MLflow ({self.away or 'not sent yet'}): {self.outbox.describe()}, kept in "
+                f"{self.outbox.path}\n    send them with: gfcr sync {self.run.dir.path}  (a `gfcr resume` sends "
+                "them too)")
 
     def describe(self) -> str:
         """Where the run is tracked and how to look at it, for the closing summary."""
-        return (f"MLflow run {self.run_id} (experiment id {self.experiment_id}) in {self.uri}\n"
+        text = (f"MLflow run {self.run_id} (experiment id {self.experiment_id}) in {self.uri}\n"
                 f"    see it with: mlflow ui --backend-store-uri {self.uri}")
+        waiting = self.pending()
+        return text if waiting is None else f"{text}\n    {waiting}"
 
 
-def start_tracking(run: Any, *, parent_run_id: str | None = None,
-                   tags: dict[str, str] | None = None) -> tuple[MlflowTracker, ...]:
+def start_tracking(run: Any, *, parent_run_id: str | None = None, tags: dict[str, str] | None = None,
+                   notify: Callable[[str], None] | None = None) -> tuple[MlflowTracker, ...]:
     """The tracking hooks ``run``'s spec asks for, already started (none with ``tracking.mlflow: null``)."""
     settings = run.spec.tracking.mlflow
     if settings is None:
         return ()
-    tracker = MlflowTracker(settings, parent_run_id=parent_run_id, tags=tags)
+    tracker = MlflowTracker(settings, parent_run_id=parent_run_id, tags=tags, notify=notify)
     tracker.start(run)
     return (tracker,)
 
@@ -338,3 +415,49 @@ def _started_ms(info: Path) -> int | None:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _metrics_op(metrics: list[Any]) -> dict[str, Any]:
+    """An outbox entry of MLflow ``Metric``s, each kept with its timestamp (what makes a resend harmless)."""
+    return {"op": "metrics", "metrics": [[m.key, m.value, m.timestamp, m.step] for m in metrics]}
+
+
+def _reason(exc: Exception) -> str:
+    """What went wrong, in a few words: the system error under an MLflow client's connection
+    error (``[Errno 111] Connection refused``), else the error's first line."""
+    text = str(getattr(exc, "message", None) or exc).strip()
+    found = re.search(r"\[Errno -?\d+\] [^'\")]+", text) or re.search(r"Read timed out[^'\")]*", text)
+    if found:
+        return found.group(0).rstrip(". ")
+    return text.splitlines()[0][:300] if text else type(exc).__name__
+
+
+def sync_run(run_dir: Path) -> tuple[int, list[dict[str, Any]], str | None]:
+    """Send what ``run_dir``'s outbox holds to its MLflow run (``gfcr sync``): ``(sent, still
+    pending, why)``. A GfcrError when ``run_dir`` has no MLflow run to send to."""
+    outbox = Outbox(run_dir)
+    if not outbox.pending():
+        return 0, [], None
+    saved = _read_tracking_file(Path(run_dir))
+    if saved is None:
+        raise GfcrError(f"{outbox.path} holds MLflow writes, but {Path(run_dir) / TRACKING_FILE} (which MLflow run "
+                        "they belong to) is missing",
+                        f"restore {TRACKING_FILE} from a copy of the run directory, or delete {outbox.path.name} "
+                        "(its metrics are in metrics.jsonl)")
+    sent = 0
+
+    def send(entry: dict[str, Any]) -> None:
+        nonlocal sent
+        send_entry(client, saved["mlflow_run_id"], entry)
+        sent += 1
+
+    try:
+        client = connect(saved["tracking_uri"])
+        outbox.drain(send)
+    except Exception as exc:  # unreachable, or refused: what is pending says why
+        return sent, outbox.pending(), _reason(exc)
+    return sent, [], None
+
+
+def _to_stderr(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr, flush=True)

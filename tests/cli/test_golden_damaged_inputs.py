@@ -1,13 +1,14 @@
 """Issue 16's golden cases met outside the spec's own text: a data file that is missing, empty,
-binary or has the wrong fields (and issue 31's: a row over the size cap, invalid UTF-8, a binary line), a policy model that cannot be found, an MLflow store that
-cannot be reached, and damaged run directories (metrics cut mid-line, a corrupt lineage file,
-a corrupt newest checkpoint, a --run-dir that is a file). Each runs through the command a user
-would type, in one fresh process started in an empty folder, and must exit 2 with what, where
-(the file, with its line where there is one) and a fix, no traceback, within 5 s, and write
-nothing. The cases that `gfcr validate`, `run` (store), `report` and `lineage` catch stay
-under 200 MB peak RSS for the whole process, and so do `gfcr run` with a --run-dir in use and
-`gfcr resume` of a damaged checkpoint or lost metrics: both are checked before torch (about
-230 MB on import) loads (``check_new_run_dir``, ``check_resumable``)."""
+binary or has the wrong fields (and issue 31's: a row over the size cap, invalid UTF-8, a binary
+line), a policy model that cannot be found, an MLflow store that cannot be reached, and damaged
+run directories (metrics cut mid-line, a corrupt lineage file, a corrupt newest checkpoint, a
+--run-dir that is a file, a damaged MLflow outbox). Each runs through the command a user would
+type, in one fresh process started in an empty folder, and must exit 2 with what, where (the
+file, with its line where there is one) and a fix, no traceback, within 5 s, and write nothing.
+The cases that `gfcr validate`, `run` (store), `report` and `lineage` catch stay under 200 MB
+peak RSS for the whole process, and so do `gfcr run` with a --run-dir in use and `gfcr resume`
+of a damaged checkpoint or lost metrics: both are checked before torch (about 230 MB on import)
+loads (``check_new_run_dir``, ``check_resumable``)."""
 
 from __future__ import annotations
 
@@ -103,6 +104,12 @@ def _run_dir_is_a_file(folder: Path) -> list[str]:
             "--executor", "local"]
 
 
+def _damaged_outbox(run: Path) -> list[str]:
+    """An outbox (MLflow writes kept while the store was away) whose second line is not an entry."""
+    (run / "mlflow-outbox.jsonl").write_text('{"seq": 1, "op": "terminate", "status": "FINISHED"}\n{"seq": 2, "op"\n')
+    return ["sync", str(run)]
+
+
 CASES = [
     Case("missing data file", lambda d, r: _jsonl_spec(d, None),
          [f"{{dir}}/{ROWS}: the `jsonl` data file: {{dir}}/{ROWS} does not exist"], "fix `path:`"),
@@ -153,6 +160,8 @@ CASES = [
          [f"{{run}}/{CKPT}/stages/pick/state.json is corrupt: its sha256 differs"], f"delete {{run}}/{CKPT}"),
     Case("--run-dir that is a file", lambda d, r: _run_dir_is_a_file(d),
          ["run directory {dir}/taken is a file"], "pick another --run-dir"),
+    Case("damaged MLflow outbox", lambda d, r: _damaged_outbox(r),
+         ["{run}/mlflow-outbox.jsonl:2: not an outbox entry gfcr wrote"], "fix or delete line 2"),
 ]
 
 _CHILD = textwrap.dedent("""\
