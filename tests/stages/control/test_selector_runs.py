@@ -38,7 +38,7 @@ SELECTORS = {
              "unsolved_rate: 0.5, max_new_tokens: 8}}", False),
     "hive": ("{use: control.hive, with: {batch_size: 4, candidate_ratio: 2}}", True),
     "dots": ("{use: control.dots, with: {batch_size: 4, interval: 2, fresh_fraction: 0.5, reference_prompts: 8, "
-             "reference_samples: 4, max_new_tokens: 8}}", True),
+             "reference_samples: 4, train_prompts: 16, hidden_size: 32, max_new_tokens: 8}}", True),
 }
 NEEDS_ENTROPY = {"hive"}  # stage 1 ranks by the response entropy generate.sample records
 # what each selector decided on, reported every step under control.pick
