@@ -32,7 +32,7 @@ every ``mu`` calls: every ``mu`` steps without a loop block):
    under the initial policy, and the predictor is trained on them as the reference's
    ``train_full_epoch`` does (queries: these prompts and their rates; references: ``K`` of the
    reference set with its rates; binary cross-entropy, Adam, ``train_epochs`` epochs), then
-   frozen for the run (``files/predictor.pt``).
+   frozen for the run (``files/predictor.safetensors``).
 4. **Prediction.** ``p_raw`` for every pool prompt: the frozen predictor given the round's
    reference set and its ``acc`` (``dots_predictor``: projections, attention at temperature
    ``attention_temperature``, the calibration MLP). Then (``calibrate: true``, the reference's
@@ -139,6 +139,7 @@ from typing import Annotated, Any, Sequence
 import numpy as np
 import torch
 from pydantic import Field, model_validator
+from safetensors.torch import load_file, save_file
 
 from gfcr.records import Allocation, AllocationEntry, ControlReason, Prompt, PromptPool, StepContext
 from gfcr.registry import PipelineProblem, ReplaysFresh, StageConfig
@@ -151,7 +152,7 @@ from gfcr.stages.resources import GenerationRequest, Resources, SamplingParams, 
 from gfcr.stages.verifiers.scoring import score_text
 
 ALIAS = "control.dots"
-EMBEDDINGS, PREDICTOR = "embeddings.npy", "predictor.pt"
+EMBEDDINGS, PREDICTOR = "embeddings.npy", "predictor.safetensors"
 _REFERENCE = 0x52454653  # salt of the reference draw
 
 
@@ -442,7 +443,7 @@ class Dots:
         """Plain JSON-serializable data: the round counter, the current selection and how much of
         it was dispatched, the latest round's numbers, the ids of the cached embeddings (the
         vectors are in ``files/embeddings.npy``) and whether the predictor is trained (its
-        weights are in ``files/predictor.pt``)."""
+        weights are in ``files/predictor.safetensors``)."""
         return {"round": self.round, "cursor": self.cursor, "selection": [list(s) for s in self.selection],
                 "last_round": dict(self.last_round), "embedded": list(self.embedded),
                 "trained": self.predictor is not None}
@@ -459,7 +460,7 @@ class Dots:
         directory.mkdir(parents=True, exist_ok=True)
         np.save(directory / EMBEDDINGS, self.embeddings, allow_pickle=False)
         if self.predictor is not None:
-            torch.save(self.predictor.state_dict(), directory / PREDICTOR)
+            save_file(self.predictor.state_dict(), str(directory / PREDICTOR))
 
     def load_files(self, directory: Path) -> None:
         self.embeddings = np.load(directory / EMBEDDINGS, allow_pickle=False)
@@ -473,5 +474,5 @@ class Dots:
                                  "is missing; the checkpoint is incomplete")
             cfg = self.config
             self.predictor = DifficultyPredictor(self.embeddings.shape[1], cfg.hidden_size, cfg.num_layers)
-            self.predictor.load_state_dict(torch.load(directory / PREDICTOR, weights_only=True))
+            self.predictor.load_state_dict(load_file(str(directory / PREDICTOR)))
             self.predictor.eval()

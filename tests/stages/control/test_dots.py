@@ -251,8 +251,8 @@ def test_state_is_plain_json_and_a_restored_stage_continues_the_same_way(resourc
     broken.load_state_dict({**state, "embedded": state["embedded"][:3]})
     with pytest.raises(ValueError, match="holds 24 embeddings and the stage state names 3 prompts"):
         broken.load_files(tmp_path)
-    (tmp_path / "predictor.pt").unlink()
+    (tmp_path / "predictor.safetensors").unlink()
     missing = make(resources)
     missing.load_state_dict(state)
-    with pytest.raises(ValueError, match="the predictor was trained and .*predictor.pt is missing"):
+    with pytest.raises(ValueError, match="the predictor was trained and .*predictor.safetensors is missing"):
         missing.load_files(tmp_path)
