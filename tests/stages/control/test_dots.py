@@ -9,53 +9,54 @@ import math
 
 import numpy as np
 import pytest
+import torch
 from pydantic import ValidationError
 
 from gfcr.graph import load_pipeline
 from gfcr.records import Prompt, PromptPool, StepContext, VerifierSpec
-from gfcr.stages.control.dots import (Dots, attention_predict, layer_norm, linear_calibration,
-                                      sample_without_replacement, sampling_weights)
+from gfcr.stages.control.dots import Dots, draw_selection, linear_calibration, selection_probabilities
+from gfcr.stages.control.dots_predictor import DifficultyPredictor, predict, train_predictor
 from tests.conftest import REPO
 
-E3 = np.eye(3)
+# --- the predictor ---------------------------------------------------------------------------------
+
+def _toy(n: int, d: int = 8, seed: int = 0):
+    """Embeddings whose first coordinate decides the success rate (a learnable difficulty)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g)
+    return x, torch.sigmoid(3 * x[:, 0])
 
 
-# --- the attention prediction ---------------------------------------------------------------------
-
-def test_attention_over_two_orthogonal_references():
-    # LN([1, 0]) = [1, -1] and LN([0, 1]) = [-1, 1] (mean 0.5, std 0.5); d = 2:
-    # s = [2, -2] / sqrt 2 = [sqrt 2, -sqrt 2]; softmax = [1, e^(-2 sqrt 2)] / (1 + e^(-2 sqrt 2)) = [0.9442, 0.0558]
-    p = attention_predict(np.array([[1.0, 0.0]]), np.array([[1.0, 0.0], [0.0, 1.0]]), np.array([1.0, 0.0]), 1.0)
-    assert p[0] == pytest.approx(1 / (1 + math.exp(-2 * math.sqrt(2))), abs=1e-4)
-    assert p[0] == pytest.approx(0.9442, abs=1e-4)
-
-
-@pytest.mark.parametrize("tau, expected", [
-    # LN(e1) = [sqrt 2, -1/sqrt 2, -1/sqrt 2] (mean 1/3, std sqrt(2)/3); <LN e1, LN e1> = 3, <LN e1, LN e2> = -1.5;
-    # d = 3: s = [sqrt 3, -sqrt(3)/2, -sqrt(3)/2]
-    # tau 1: softmax = [e^1.7321, e^-0.8660, e^-0.8660] / 6.4935 = [0.87045, 0.06478, 0.06478];
-    #        p = 0.87045 * 1 + 0.06478 * 0.5 + 0.06478 * 0 = 0.90284
-    (1.0, 0.90284),
-    # tau 2: s / 2 = [0.8660, -0.4330, -0.4330]: softmax = [2.3774, 0.6486, 0.6486] / 3.6746 = [0.64700, 0.17650, 0.17650];
-    #        p = 0.64700 + 0.08825 = 0.73525
-    (2.0, 0.73525),
-])
-def test_attention_over_three_one_hot_references(tau, expected):
-    p = attention_predict(E3[:1], E3, np.array([1.0, 0.5, 0.0]), tau)
-    assert p[0] == pytest.approx(expected, abs=1e-4)
+def test_training_lowers_the_loss_and_the_trained_predictor_ranks_unseen_prompts():
+    queries, rates = _toy(256)
+    refs, ref_rates = _toy(32, seed=1)
+    held, held_rates = _toy(64, seed=2)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = DifficultyPredictor(8, hidden_size=32, num_layers=3)
+        before = predict(model, held, refs, ref_rates)
+        losses = train_predictor(model, queries, rates, [0] * 256, refs, ref_rates[None], epochs=30,
+                                 batch_size=64, ref_size=32, warmup_steps=10)
+    after = predict(model, held, refs, ref_rates)
+    assert losses[-1] < losses[0]
+    corr = lambda p: float(np.corrcoef(p.numpy(), held_rates.numpy())[0, 1])  # noqa: E731
+    assert corr(after) > 0.8 and corr(after) > corr(before)  # measured: 0.1 untrained, above 0.9 trained
+    assert bool(((after > 0) & (after < 1)).all()) and not model.training
 
 
-def test_the_prediction_ignores_the_scale_and_offset_of_an_embedding():
-    acc = np.array([1.0, 0.5, 0.0])
-    base = attention_predict(E3[:1], E3, acc, 1.0)
-    assert attention_predict(10 * E3[:1] + 3, E3, acc, 1.0) == pytest.approx(base, abs=1e-4)  # up to LN eps
-    np.testing.assert_allclose(layer_norm(np.array([[2.0, 4.0]])), [[-1.0, 1.0]], atol=1e-4)
+def test_the_projections_and_calibration_have_the_reference_layout():
+    model = DifficultyPredictor(6, hidden_size=5, num_layers=3)
+    # LayerNorm(d), Linear, GELU, Dropout, Linear, GELU, Dropout, Linear, LayerNorm(h)
+    assert [type(m).__name__ for m in model.query_proj] == ["LayerNorm", "Linear", "GELU", "Dropout", "Linear",
+                                                            "GELU", "Dropout", "Linear", "LayerNorm"]
+    assert [type(m).__name__ for m in DifficultyPredictor(6, 5, 1).ref_proj] == ["LayerNorm", "Linear", "LayerNorm"]
+    assert [m.out_features for m in model.calibration if hasattr(m, "out_features")] == [10, 2]
 
 
-def test_a_query_alike_to_every_reference_gets_their_mean_accuracy():
-    refs = np.array([[1.0, 2.0, 3.0]] * 4)
-    p = attention_predict(np.array([[1.0, 2.0, 3.0], [3.0, 2.0, 1.0]]), refs, np.array([1.0, 0.0, 0.25, 0.75]), 1.0)
-    np.testing.assert_allclose(p, [0.5, 0.5])  # equal scores: uniform weights, (1 + 0 + 0.25 + 0.75) / 4
+def test_too_many_references_for_a_batch_is_an_error():
+    x, r = _toy(4)
+    with pytest.raises(ValueError, match="ref_size 8 exceeds the 4 reference embeddings"):
+        train_predictor(DifficultyPredictor(8, 4, 1), x, r, [0] * 4, x, r[None], ref_size=8)
 
 
 # --- calibration -------------------------------------------------------------------------------
@@ -70,30 +71,32 @@ def test_the_calibration_is_the_least_squares_line_of_acc_on_the_prediction():
 
 # --- the sampling law ----------------------------------------------------------------------------
 
-def test_sampling_weights_on_hand_values():
+def test_selection_probabilities_on_hand_values():
     # tau_s = 0.1: |p - 0.5| = [0, 0.1, 0.2]: exp(-[0, 1, 2]) = [1, 0.36788, 0.13534] / 1.50321
-    np.testing.assert_allclose(sampling_weights(np.array([0.5, 0.6, 0.3]), 0.5, 0.1), [0.66524, 0.24473, 0.09003],
-                               atol=1e-5)
-    # the default tau_s = 1e-3 does not underflow: exp(-[0, 1, 200]) normalised
-    w = sampling_weights(np.array([0.5, 0.501, 0.7]), 0.5, 1e-3)
-    np.testing.assert_allclose(w[:2], [1 / (1 + math.exp(-1)), math.exp(-1) / (1 + math.exp(-1))], rtol=1e-9)
-    assert 0.0 <= w[2] < 1e-80 and w.sum() == pytest.approx(1.0)
+    np.testing.assert_allclose(selection_probabilities(np.array([0.5, 0.6, 0.3]), 0.5, 0.1),
+                               [0.66524, 0.24473, 0.09003], atol=1e-5)
+    # the default tau_s = 1e-3 does not overflow: exp(-[0, 1, 200]) normalised; the last underflows in float32
+    w = selection_probabilities(np.array([0.5, 0.501, 0.7]), 0.5, 1e-3)
+    np.testing.assert_allclose(w[:2], [1 / (1 + math.exp(-1)), math.exp(-1) / (1 + math.exp(-1))], rtol=1e-3)
+    assert w[2] == 0.0 and w.sum() == pytest.approx(1.0)
     # another target: alpha = 0.25, tau_s = 0.05: |p - 0.25| = [0.25, 0.05]: exp(-[5, 1]) -> [0.01799, 0.98201]
-    np.testing.assert_allclose(sampling_weights(np.array([0.5, 0.3]), 0.25, 0.05), [0.01799, 0.98201], atol=1e-5)
+    np.testing.assert_allclose(selection_probabilities(np.array([0.5, 0.3]), 0.25, 0.05), [0.01799, 0.98201],
+                               atol=1e-5)
 
 
-def test_the_first_draw_follows_the_weights_and_draws_are_without_replacement():
+def test_the_first_draw_follows_the_probabilities_and_draws_are_without_replacement():
     p_hat = np.array([0.5, 0.6, 0.3])
-    firsts = [sample_without_replacement(p_hat, 0.5, 0.1, 1, np.random.default_rng(i))[0] for i in range(6000)]
+    firsts = [draw_selection(p_hat, 0.5, 0.1, 1, seed=i)[0] for i in range(6000)]
     freq = np.bincount(firsts, minlength=3) / len(firsts)
     np.testing.assert_allclose(freq, [0.66524, 0.24473, 0.09003], atol=0.02)  # 3 sigma of 6000 draws is ~0.018
-    full = sample_without_replacement(p_hat, 0.5, 0.1, 3, np.random.default_rng(0))
-    assert sorted(full) == [0, 1, 2]
+    assert sorted(draw_selection(p_hat, 0.5, 0.1, 3, seed=0)) == [0, 1, 2]
 
 
-def test_a_small_tau_s_is_near_greedy_on_the_distance_to_alpha():
+def test_a_small_tau_s_selects_the_nearest_to_alpha_then_shuffles_them():
     p_hat = np.array([0.9, 0.52, 0.1, 0.49, 0.3, 0.55])  # distances 0.4, 0.02, 0.4, 0.01, 0.2, 0.05
-    assert sample_without_replacement(p_hat, 0.5, 1e-3, 4, np.random.default_rng(3)) == [3, 1, 5, 4]
+    picks = [draw_selection(p_hat, 0.5, 1e-3, 3, seed=s) for s in range(20)]
+    assert all(sorted(p) == [1, 3, 5] for p in picks)
+    assert len({tuple(p) for p in picks}) > 1  # the order is shuffled, as the reference's dataloader serves it
 
 
 # --- configuration -------------------------------------------------------------------------------
@@ -114,12 +117,14 @@ def test_out_of_range_and_unknown_keys_are_refused(bad):
 
 
 def test_a_pool_too_small_for_a_round_is_an_error_that_says_what_to_change():
-    s = Dots(Dots.Config(batch_size=8, reference_prompts=4))
+    s = Dots(Dots.Config(batch_size=8, reference_prompts=4, train_prompts=4))
     small = PromptPool([Prompt(f"p:{i}", text=str(i)) for i in range(12)])
     with pytest.raises(ValueError, match=r"pool holds 12 prompts; a round needs 16 to select .* lower batch_size"):
         s.run_round(small)  # the first round selects mu * B = 16
-    with pytest.raises(ValueError, match=r"pool holds 12 prompts; .* and 20 reference prompts"):
-        Dots(Dots.Config(batch_size=2, reference_prompts=20)).run_round(small)
+    with pytest.raises(ValueError, match=r"pool holds 12 prompts; .* and 20 reference prompts \(\+ 4 train_prompts"):
+        Dots(Dots.Config(batch_size=2, reference_prompts=20, train_prompts=4)).run_round(small)
+    with pytest.raises(ValueError, match=r"and 8 reference prompts \(\+ 8 train_prompts in the first round\)"):
+        Dots(Dots.Config(batch_size=2, reference_prompts=8, train_prompts=8)).run_round(small)
 
 
 def _pipeline(tmp_path, old: str, new: str):
@@ -166,7 +171,7 @@ def arithmetic_pool(n: int) -> PromptPool:
 
 def make(resources) -> Dots:
     s = Dots(Dots.Config(batch_size=4, interval=2, fresh_fraction=0.5, reference_prompts=6, reference_samples=4,
-                         max_new_tokens=8, seed=0))
+                         train_prompts=12, hidden_size=16, max_new_tokens=8, seed=0))
     s.setup(resources)
     return s
 
@@ -183,7 +188,10 @@ def test_rounds_charge_the_reference_rollouts_and_the_embedding_pass_to_their_st
     first = call(s, 0, data)
     rollouts, tokens = resources.take_generation_charge()
     m = s.step_metrics()
-    assert rollouts == 6 * 4 == m["reference_rollouts"] and tokens == m["reference_tokens"] and 24 <= tokens <= 24 * 8
+    # round 0: K = 6 reference prompts and 12 training prompts, 4 samples each
+    assert rollouts == (6 + 12) * 4 == m["reference_rollouts"] and tokens == m["reference_tokens"]
+    assert 72 <= tokens <= 72 * 8
+    assert m["train_prompts"] == 12 and 0.0 < m["train_loss"] < 5.0 and 0.0 <= m["train_accuracy_mean"] <= 1.0
     prompt_tokens = sum(len(p.prompt_token_ids) for p in data)
     assert resources.take_tokens_scored() == prompt_tokens == m["embedding_tokens"] and m["embedded_prompts"] == 24
     assert (m["round"], m["rounds_run"], m["dispatched"], m["selection_left"]) == (1, 1, 4, 4)  # round 0: mu * B = 8
@@ -196,16 +204,19 @@ def test_rounds_charge_the_reference_rollouts_and_the_embedding_pass_to_their_st
     ids = [e.prompt_id for e in [*first, *second]]
     assert len(set(ids)) == 8  # without replacement
 
-    third = call(s, 2, data)  # round 1: mu * sigma * B = 4, 2 a call; embeddings cached, not recomputed
-    assert resources.take_generation_charge()[0] == 24 and resources.take_tokens_scored() == 0
+    trained = {k: v.clone() for k, v in s.predictor.state_dict().items()}
+    third = call(s, 2, data)  # round 1: mu * sigma * B = 4, 2 a call; embeddings cached, the predictor frozen
+    assert resources.take_generation_charge()[0] == 6 * 4 and resources.take_tokens_scored() == 0
     m = s.step_metrics()
+    assert "train_loss" not in m
+    assert all(torch.equal(v, s.predictor.state_dict()[k]) for k, v in trained.items())
     assert (m["round"], m["rounds_run"], m["dispatched"], m["selection_left"], m["embedded_prompts"]) == (2, 1, 2, 2, 0)
     for rank, e in enumerate(third.entries):
         assert e.n_rollouts == 1 and e.why.code == "difficulty_targeted" and e.why.name == "predicted_success"
         q = e.why.quantities
-        assert q["distance"] == pytest.approx(abs(e.why.value - 0.5)) and q["round"] == 1 and q["draw_rank"] == rank + 1
+        assert q["distance"] == pytest.approx(abs(e.why.value - 0.5)) and q["round"] == 1 and q["position"] == rank + 1
         assert q["reference_accuracy_mean"] == m["reference_accuracy_mean"]
-        assert e.reason.startswith(f"dots: round 1, draw {rank + 1}, predicted success")
+        assert e.reason.startswith(f"dots: round 1, selection {rank + 1}, predicted success")
 
 
 def test_the_calibrated_prediction_is_the_line_fitted_on_the_reference_set(resources):
@@ -215,9 +226,7 @@ def test_the_calibrated_prediction_is_the_line_fitted_on_the_reference_set(resou
     a, b = s.last_round["calibration_slope"], s.last_round["calibration_intercept"]
     for pid, p_hat, p_raw in s.selection:
         assert p_hat == pytest.approx(a * p_raw + b)
-    # the drawn prompts are the nearest to 0.5 among those predicted (tau_s = 1e-3: near greedy)
-    distances = [abs(p - 0.5) for _, p, _ in s.selection]
-    assert distances[0] == min(distances)
+        assert 0.0 < p_raw < 1.0  # the predictor's output, a rate, before the line
 
 
 def test_state_is_plain_json_and_a_restored_stage_continues_the_same_way(resources, tmp_path):
@@ -232,6 +241,7 @@ def test_state_is_plain_json_and_a_restored_stage_continues_the_same_way(resourc
     b.load_state_dict(state)
     b.load_files(tmp_path)
     np.testing.assert_array_equal(b.embeddings, a.embeddings)
+    assert all(torch.equal(v, b.predictor.state_dict()[k]) for k, v in a.predictor.state_dict().items())
     for step in range(3, 6):
         first, second = call(a, step, data), call(b, step, data)
         assert [(e.prompt_id, e.reason, e.why) for e in first] == [(e.prompt_id, e.reason, e.why) for e in second]
@@ -241,3 +251,8 @@ def test_state_is_plain_json_and_a_restored_stage_continues_the_same_way(resourc
     broken.load_state_dict({**state, "embedded": state["embedded"][:3]})
     with pytest.raises(ValueError, match="holds 24 embeddings and the stage state names 3 prompts"):
         broken.load_files(tmp_path)
+    (tmp_path / "predictor.safetensors").unlink()
+    missing = make(resources)
+    missing.load_state_dict(state)
+    with pytest.raises(ValueError, match="the predictor was trained and .*predictor.safetensors is missing"):
+        missing.load_files(tmp_path)

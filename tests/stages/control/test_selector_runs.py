@@ -38,7 +38,7 @@ SELECTORS = {
              "unsolved_rate: 0.5, max_new_tokens: 8}}", False),
     "hive": ("{use: control.hive, with: {batch_size: 4, candidate_ratio: 2}}", True),
     "dots": ("{use: control.dots, with: {batch_size: 4, interval: 2, fresh_fraction: 0.5, reference_prompts: 8, "
-             "reference_samples: 4, max_new_tokens: 8}}", True),
+             "reference_samples: 4, train_prompts: 16, hidden_size: 32, max_new_tokens: 8}}", True),
 }
 NEEDS_ENTROPY = {"hive"}  # stage 1 ranks by the response entropy generate.sample records
 # what each selector decided on, reported every step under control.pick
@@ -137,8 +137,11 @@ def test_dots_reference_rollouts_are_counted_in_the_step_s_budget(full_runs):
     records = _metrics(full_runs["dots"])
     for r in records:
         pick = r["stages"]["pick"]
-        # the reference set (8 prompts, 4 samples) in the rounds' steps (0, 2, 4), nothing in the others
-        assert pick["reference_rollouts"] == (32 if r["step"] % 2 == 0 else 0) and pick["rounds_run"] == 1 - r["step"] % 2
+        # the reference set (8 prompts, 4 samples) in the rounds' steps (0, 2, 4), nothing in the others;
+        # step 0 also samples the predictor's 16 training prompts, 4 times each
+        reference = (32 if r["step"] % 2 == 0 else 0) + (64 if r["step"] == 0 else 0)
+        assert pick["reference_rollouts"] == reference and pick["rounds_run"] == 1 - r["step"] % 2
+        assert ("train_loss" in pick) == (r["step"] == 0)
         # round 0 selects mu * B = 8 (4 a step), later rounds mu * sigma * B = 4 (2 a step); 4 rollouts each
         assert pick["dispatched"] == (4 if r["step"] < 2 else 2)
         assert r["rollouts_generated"] == pick["dispatched"] * 4 + pick["reference_rollouts"]
