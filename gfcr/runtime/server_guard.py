@@ -53,6 +53,7 @@ import sys
 import threading
 import time
 import types
+import weakref
 from typing import Any, Callable
 
 GRACE_S = 5.0  # after SIGTERM, how long the server has to stop before SIGKILL
@@ -61,6 +62,7 @@ MAX_RESTARTS = 3  # embedded servers started again after dying under a run, per 
 restarts: list[int] = []  # the pids of the servers started again, in order (what a test or a log reads)
 _starting = threading.Condition()  # notified when a restarted server answers (or gives up)
 _pending: set[int] = set()  # pids of restarted servers not yet answering
+_stopping: weakref.WeakSet[Any] = weakref.WeakSet()  # the Prefect servers Prefect itself is stopping (not a death to recover from)
 
 _GUARD = """\
 import os, select, signal, sys
@@ -124,7 +126,7 @@ def guard_embedded_server() -> bool:
 
     @functools.wraps(stop)
     def stopping(self: Any) -> None:
-        self._gfcr_stopping = True  # Prefect ends it (at exit): not a death to recover from
+        _stopping.add(self)  # Prefect ends it (at exit): not a death to recover from
         stop(self)
 
     SubprocessASGIServer._run_uvicorn_command = guarded
@@ -147,7 +149,7 @@ def _supervise(server: Any, process: subprocess.Popen, relaunch: Callable[[], su
             time.sleep(POLL_MS / 1000)
         if process.returncode == 3:  # uvicorn found its port taken at start-up: Prefect picks another itself
             return
-        if getattr(server, "_gfcr_stopping", False) or server.server_process is not process:
+        if server in _stopping or server.server_process is not process:
             return
         if len(restarts) >= MAX_RESTARTS or not server.running:
             return
