@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from gfcr.cli.main import app
 from gfcr.errors import GfcrError, SpecError
 from gfcr.spec.task import load_task
-from gfcr.tracking.compare import Budget, parse_budget, plan_comparison
+from gfcr.tracking.compare import Budget, in_report_order, parse_budget, plan_comparison
 from gfcr.tracking.compare_figures import PairedTest, compare, estimate, paired_t, ratio_of_means, sign_test
 from gfcr.tracking.compare_report import markdown_table, notes, paired_statements, paired_table
 from gfcr.tracking.report_series import RunSeries, StepCounts
@@ -381,3 +381,12 @@ def test_sign_test_counts_a_seed_that_never_reached_as_slower_and_leaves_ties_ou
     assert sign_test([None, 5], [None, 5]) is None and paired_t([1.0], [2.0]) is None
     with pytest.raises(ValueError, match="2 baseline values against 1"):
         paired_t([1.0, 2.0], [1.0])
+
+
+def test_the_report_lists_pipelines_in_command_line_order_and_their_seeds_in_order():
+    """Cells run in parallel (or by several commands on one folder) finish, and come back from
+    MLflow, in any order; the table's seeds column reads them sorted."""
+    finished = [_evals(v, s, (0.3, 0.4, 0.5)) for v, s in (("b", 3), ("a", 2), ("b", 0), ("a", 0), ("a", 1))]
+    ordered = in_report_order(finished, ["a", "b"])
+    assert [(r.variant, r.seed) for r in ordered] == [("a", 0), ("a", 1), ("a", 2), ("b", 0), ("b", 3)]
+    assert "| a | seeds 0, 1, 2 |" in markdown_table(compare(ordered))
