@@ -32,7 +32,7 @@ def compare(files: Annotated[list[Path], typer.Argument(help="pipeline YAML file
     Run the same command again to continue a comparison that was stopped."""
     from gfcr.tracking.ablation import parse_seeds
     from gfcr.tracking.compare import parse_budget, plan_comparison, run_comparison
-    from gfcr.tracking.compare_report import markdown_table, notes
+    from gfcr.tracking.compare_report import markdown_table, notes, paired_statements, paired_table
 
     overrides = list(set_ or []) + ([f"executor.kind={executor}"] if executor is not None else [])
     try:
@@ -56,6 +56,13 @@ def compare(files: Annotated[list[Path], typer.Argument(help="pipeline YAML file
     out.print(markdown_table(done.comparison), markup=False)
     for note in notes(done.comparison):
         out.print(f"note: {note}", markup=False)
+    if len(done.comparison.rows) > 1:
+        out.print(paired_table(done.comparison), markup=False)
+        differ = paired_statements(done.comparison)
+        for line in differ:
+            out.print(f"p < 0.05: {line}", markup=False)
+        if not differ:
+            out.print("no pipeline differs from the baseline with p < 0.05", markup=False)
     out.print(f"report: {done.report.html}\n        {done.report.markdown}\n        {done.report.json}", markup=False)
 
 

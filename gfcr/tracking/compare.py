@@ -59,7 +59,7 @@ from gfcr.tracking.compare_figures import Comparison, compare
 from gfcr.tracking.compare_report import ComparisonPaths, write_comparison
 from gfcr.tracking.mlflow_store import connect, create_parent_run, finish_run, quiet
 from gfcr.tracking.mlflow_tracker import TRACKING_FILE
-from gfcr.tracking.report_series import series_from_mlflow
+from gfcr.tracking.report_series import RunSeries, series_from_mlflow
 
 STEP_CAP = 1_000_000  # run.steps under a rollouts or tokens budget: only the budget stops a run
 MANIFEST, DONE, COMPARE_TAG = "comparison.json", "DONE", "gfcr.compare"
@@ -235,8 +235,7 @@ def run_comparison(plan: Plan, *, parallel: int = 1, baseline: str | None = None
             runs = [r for r in series_from_mlflow(plan.experiment, parent_run_id=parent, tracking_uri=uri)
                     if r.source in mine]
             order = list(plan.specs)  # the command line's order: the first pipeline is the default baseline
-            runs.sort(key=lambda r: order.index(r.variant) if r.variant in order else len(order))
-            done.comparison = compare(runs, baseline or order[0], target)
+            done.comparison = compare(in_report_order(runs, order), baseline or order[0], target)
             what = f"on task {plan.task.spec.name}" if plan.task else "on their own tasks"
             done.report = write_comparison(done.comparison, plan.root / "report",
                                            f"gfcr compare: {len(plan.specs)} pipelines {what}")
@@ -244,6 +243,16 @@ def run_comparison(plan: Plan, *, parallel: int = 1, baseline: str | None = None
     finally:
         finish_run(uri, parent, status)
     return done
+
+
+def in_report_order(runs: Sequence[RunSeries], pipelines: Sequence[str]) -> list[RunSeries]:
+    """``runs`` by pipeline in ``pipelines``' order (the command line's), then by seed: MLflow
+    returns them in the order they finished, which cells run in parallel, or by several
+    commands on one folder, leave mixed."""
+    def key(run: RunSeries) -> tuple:
+        where = pipelines.index(run.variant) if run.variant in pipelines else len(pipelines)
+        return where, run.seed is None, run.seed or 0
+    return sorted(runs, key=key)
 
 
 def _check_same_comparison(plan: Plan) -> None:

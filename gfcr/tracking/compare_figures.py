@@ -27,6 +27,20 @@ labelled with its pipeline (the ``gfcr.variant`` tag). Per pipeline, over its se
   evaluations (``identical``), which the report says, since a difference of zero is more often
   a stage that had no effect in the steps run than a tie.
 
+Against the baseline, seed by seed (``PairedTest``: a pipeline's seed ``k`` is paired with the
+baseline's seed ``k``, the same ``run.seed``):
+
+- final eval accuracy: a paired t test on the differences (pipeline - baseline) over the seeds
+  both ran: their mean with its 95% t interval, and the two-sided p value;
+- tokens to target: the same paired t test when every paired seed of both reached the target;
+  when one did not (its tokens to target are unknown, only more than it generated), an exact
+  two-sided sign test on which of the pair reached the target with fewer tokens (a seed that
+  reached it beats one that did not; equal counts, and pairs where neither reached it, are
+  ties and left out), and no interval.
+
+Each test is one of several made on the same comparison (two per pipeline): with many
+pipelines, some p < 0.05 are expected by chance, which the report leaves to its reader.
+
 Every interval is ``mean +- t(0.975, n-1) * sd / sqrt(n)`` over seeds (none with one seed),
 cut to the values the figure can take (accuracies and fractions in [0, 1], counts and seconds
 >= 0): with 3 seeds, t = 4.30, so intervals are wide and honest about it.
@@ -92,6 +106,79 @@ def ratio_of_means(baseline: Sequence[float], other: Sequence[float]) -> Estimat
 
 
 @dataclass(frozen=True)
+class PairedTest:
+    """One figure of a pipeline against the baseline's, seed by seed (see above)."""
+
+    test: str  # "paired t" or "sign"
+    pairs: int  # seeds both ran (for the sign test: with a figure for at least one of the two)
+    better: int  # pairs in which the pipeline did better (higher accuracy, fewer tokens)
+    worse: int
+    difference: Estimate | None  # mean of pipeline - baseline over the pairs; None for the sign test
+    p: float  # two-sided
+
+
+def paired_t(baseline: Sequence[float], other: Sequence[float], higher_is_better: bool = True) -> PairedTest | None:
+    """The paired t test of ``other - baseline`` (same order: one pair per seed); None with
+    fewer than two pairs. Equal pairs throughout give p = 1, one nonzero difference throughout p = 0."""
+    if len(baseline) != len(other):
+        raise ValueError(f"paired_t: {len(baseline)} baseline values against {len(other)}")
+    if len(other) < 2:
+        return None
+    diffs = [o - b for b, o in zip(baseline, other)]
+    if len(set(diffs)) == 1:  # no spread: t is 0 (equal pairs) or infinite (the same nonzero difference)
+        p = 1.0 if diffs[0] == 0 else 0.0
+    else:
+        p = float(stats.ttest_rel(other, baseline).pvalue)
+    up, down = sum(d > 0 for d in diffs), sum(d < 0 for d in diffs)
+    return PairedTest("paired t", len(diffs), up if higher_is_better else down, down if higher_is_better else up,
+                      estimate(diffs, -math.inf), p)
+
+
+def sign_test(baseline: Sequence[float | None], other: Sequence[float | None]) -> PairedTest | None:
+    """The exact two-sided sign test of ``other`` against ``baseline`` for costs (lower is
+    better), where None is a cost larger than every number (a seed that never reached the
+    target); ties and pairs of two None are left out. None without any pair that differs."""
+    better = sum(o is not None and (b is None or o < b) for b, o in zip(baseline, other))
+    worse = sum(b is not None and (o is None or b < o) for b, o in zip(baseline, other))
+    if better + worse == 0:
+        return None
+    pairs = sum(b is not None or o is not None for b, o in zip(baseline, other))
+    return PairedTest("sign", pairs, better, worse, None, float(stats.binomtest(better, better + worse).pvalue))
+
+
+def _pairs(variant: Variant, baseline: Variant, value: Callable[[RunSeries], float | None]
+           ) -> tuple[list[float | None], list[float | None]]:
+    """``value`` of the seeds the two variants both ran, baseline first, in seed order."""
+    mine = {r.seed: r for r in variant.runs if r.seed is not None}
+    base = {r.seed: r for r in baseline.runs if r.seed is not None}
+    seeds = sorted(set(mine) & set(base))
+    return [value(base[s]) for s in seeds], [value(mine[s]) for s in seeds]
+
+
+def accuracy_test(variant: Variant, baseline: Variant) -> PairedTest | None:
+    """Final eval accuracy against the baseline's: a paired t test over the seeds both ran."""
+    base, mine = _pairs(variant, baseline, lambda r: r.final_accuracy)
+    kept = [(b, m) for b, m in zip(base, mine) if b is not None and m is not None]
+    return paired_t([b for b, _ in kept], [m for _, m in kept]) if kept else None
+
+
+def tokens_test(variant: Variant, baseline: Variant, target: float | None) -> PairedTest | None:
+    """Tokens to ``target`` against the baseline's: a paired t test when every pair reached it,
+    else the sign test (see above)."""
+    if target is None:
+        return None
+
+    def tokens(run: RunSeries) -> float | None:
+        hit = first_reach(run, target)
+        return None if hit is None else float(hit[1])
+
+    base, mine = _pairs(variant, baseline, tokens)
+    if None not in base and None not in mine:
+        return paired_t(base, mine, higher_is_better=False)  # type: ignore[arg-type]
+    return sign_test(base, mine)
+
+
+@dataclass(frozen=True)
 class PipelineFigures:
     """One pipeline's row of the comparison."""
 
@@ -109,6 +196,8 @@ class PipelineFigures:
     tokens_scored: Estimate | None
     wall_per_step: Estimate  # the warm-up step left out
     wall_per_step_vs_baseline: Estimate | None  # this pipeline's wall per step / the baseline's (None: the baseline)
+    accuracy_vs_baseline: PairedTest | None = None  # final accuracy, seed by seed (None: the baseline)
+    tokens_vs_baseline: PairedTest | None = None  # tokens to target, seed by seed (None: the baseline)
 
 
 @dataclass(frozen=True)
@@ -198,6 +287,8 @@ def _row(variant: Variant, target: float | None, base: list[tuple[int, int]] | N
         tokens_scored=_per_seed(variant, lambda r: _total(r, "tokens_scored")),
         wall_per_step=estimate(_wall_per_step(variant)),
         wall_per_step_vs_baseline=_wall_ratio(variant, baseline),
+        accuracy_vs_baseline=accuracy_test(variant, baseline) if baseline is not None else None,
+        tokens_vs_baseline=tokens_test(variant, baseline, target) if baseline is not None else None,
     )
 
 

@@ -15,8 +15,8 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from gfcr.tracking.compare_figures import (WARMUP_STEPS, Comparison, Estimate, PipelineFigures, accuracy_curve,
-                                           seconds_before, tokens_before)
+from gfcr.tracking.compare_figures import (WARMUP_STEPS, Comparison, Estimate, PairedTest, PipelineFigures,
+                                           accuracy_curve, seconds_before, tokens_before)
 from gfcr.tracking.plots import PlotSpec, colour, draw, hex_colour
 from gfcr.tracking.report_variants import step_curve, zero_variance_fraction
 
@@ -44,6 +44,11 @@ DEFINITIONS = (
     "Zero-variance groups: groups whose rollouts all got the same reward ÷ groups generated.",
     "Tokens scored, not generated: response tokens stages scored through the engine (pilots, draft "
     "checks); not counted in the token columns.",
+    "Against the baseline, seed by seed (a pipeline's seed k with the baseline's seed k): final accuracy by a "
+    "paired t test on the differences (mean difference, its 95% t interval, two-sided p); tokens to target by the "
+    "same test when every pair reached the target, else by an exact two-sided sign test on which of the pair "
+    "reached it with fewer tokens (not reaching it is slower than reaching it; ties left out). Two tests per "
+    "pipeline: with many pipelines, some p < 0.05 are expected by chance.",
     "Wall per step: seconds of a step (evaluations excluded), mean over the steps after step 0: step 0 is the "
     "warm-up (the process's first imports, allocations and kernels, which only the first cell pays) and is left "
     "out of every wall-clock figure and curve; in brackets, the ratio to the baseline's (< 1: faster per step). "
@@ -59,6 +64,28 @@ def notes(comparison: Comparison) -> list[str]:
             "be met at this size), or the two pipelines are equivalent. Run more steps, or check the stage's "
             "metrics and lineage (`gfcr lineage RUN_DIR`), before reading this as a tie."
             for a, b in comparison.identical]
+
+
+SIGNIFICANT = 0.05
+
+
+def paired_statements(comparison: Comparison) -> list[str]:
+    """One sentence per pipeline and figure that differs from the baseline with p < 0.05."""
+    said = []
+    for row in comparison.rows:
+        for figure, test, digits, up in (("final eval accuracy", row.accuracy_vs_baseline, 3, "higher"),
+                                         ("tokens to target", row.tokens_vs_baseline, 0, "more")):
+            if test is None or test.p >= SIGNIFICANT:
+                continue
+            if test.difference is not None:
+                down = "lower" if up == "higher" else "fewer"
+                how = f"{up if test.difference.mean > 0 else down} (difference {fmt(test.difference, digits)})"
+            else:
+                how = (f"{'fewer' if test.better > test.worse else 'more'} on "
+                       f"{max(test.better, test.worse)} of the {test.better + test.worse} seeds that differ")
+            said.append(f"`{row.pipeline}` differs from `{comparison.baseline}` in {figure}: {how}; "
+                        f"{test.test} test over {test.pairs} seeds, p {_p(test.p, said=True)}")
+    return said
 
 
 @dataclass(frozen=True)
@@ -98,6 +125,7 @@ def figures_json(comparison: Comparison, curves: dict[str, list] | None = None) 
     return {
         "baseline": comparison.baseline, "target": comparison.target, "warmup_steps": WARMUP_STEPS,
         "identical": [list(pair) for pair in comparison.identical], "notes": notes(comparison),
+        "differs_from_baseline": paired_statements(comparison),
         "rows": [asdict(r) for r in comparison.rows],
         "curves": {name: [asdict(c) for c in cs] for name, cs in curves.items()},
         "runs": [{"pipeline": v.label, "seed": r.seed, "source": r.source} for v in comparison.variants
@@ -160,15 +188,52 @@ def _wall(row: PipelineFigures) -> str:
     return fmt(row.wall_per_step, 2) + ("" if ratio is None else f" ({ratio.mean:.2f}x baseline)")
 
 
+def _rows_text(lines: list[list[str]]) -> str:
+    return "\n".join("| " + " | ".join(c.replace("|", "\\|") for c in line) + " |" for line in lines) + "\n"
+
+
 def markdown_table(comparison: Comparison) -> str:
     lines = [header(comparison), ["---"] * len(header(comparison))]
     lines += [cells(r, comparison) for r in comparison.rows]
-    return "\n".join("| " + " | ".join(c.replace("|", "\\|") for c in line) + " |" for line in lines) + "\n"
+    return _rows_text(lines)
+
+
+def _p(p: float, said: bool = False) -> str:
+    """``< 0.001`` or ``0.012`` (``= 0.012`` in a sentence)."""
+    return "< 0.001" if p < 0.001 else f"{'= ' if said else ''}{p:.3f}"
+
+
+def _test_cells(test: PairedTest | None, digits: int) -> list[str]:
+    """The difference with its interval (or who did better, for the sign test), and the test's p."""
+    if test is None:
+        return ["n/a", "n/a"]
+    said = fmt(test.difference, digits) if test.difference is not None else "(sign test)"
+    return [f"{said}; better on {test.better}, worse on {test.worse} of {test.pairs}",
+            f"{_p(test.p)} ({test.test})"]
+
+
+def paired_header(comparison: Comparison) -> list[str]:
+    return ["pipeline", f"final accuracy − {comparison.baseline}", "p", f"tokens to target − {comparison.baseline}",
+            "p"]
+
+
+def _paired_lines(comparison: Comparison) -> list[list[str]]:
+    return [[r.pipeline, *_test_cells(r.accuracy_vs_baseline, 3), *_test_cells(r.tokens_vs_baseline, 0)]
+            for r in comparison.rows if r.pipeline != comparison.baseline]
+
+
+def paired_table(comparison: Comparison) -> str:
+    """Every pipeline against the baseline, seed by seed: differences, intervals and p values."""
+    return _rows_text([paired_header(comparison), ["---"] * 5, *_paired_lines(comparison)])
 
 
 def _markdown(title: str, comparison: Comparison, plots: dict[str, Path]) -> str:
     parts = [f"# {title}\n", markdown_table(comparison)]
     parts += ["\n".join(f"**Note:** {n}" for n in notes(comparison)) + "\n"] if comparison.identical else []
+    if len(comparison.rows) > 1:
+        said = paired_statements(comparison) or [f"no pipeline differs from `{comparison.baseline}` with p < 0.05"]
+        parts += [f"## Against `{comparison.baseline}`, seed by seed\n", paired_table(comparison),
+                  "\n".join(f"- {line}" for line in said) + "\n"]
     parts += ["\n".join(f"- {d}" for d in DEFINITIONS) + "\n"]
     parts += [f"![{PLOTS[name].title}]({path.name})\n" for name, path in plots.items()]
     return "\n".join(parts)
@@ -184,6 +249,13 @@ def _html(title: str, comparison: Comparison, plots: dict[str, Path]) -> str:
     figures = "".join(f'<figure><img src="{e(p.name)}" alt="{e(PLOTS[n].title)}">'
                       f"<figcaption>{e(PLOTS[n].caption)}</figcaption></figure>" for n, p in plots.items())
     said = "".join(f'<p class="note"><b>Note:</b> {e(n)}</p>' for n in notes(comparison))
+    if len(comparison.rows) > 1:
+        pairs = "".join("<tr><td>" + "</td><td>".join(e(c) for c in line) + "</td></tr>"
+                        for line in _paired_lines(comparison))
+        differ = paired_statements(comparison) or [f"no pipeline differs from {comparison.baseline} with p < 0.05"]
+        said += (f"<h2>Against {e(comparison.baseline)}, seed by seed</h2><table><thead><tr>"
+                 + "".join(f"<th>{e(h)}</th>" for h in paired_header(comparison)) + f"</tr></thead><tbody>{pairs}"
+                 "</tbody></table><ul>" + "".join(f"<li>{e(line)}</li>" for line in differ) + "</ul>")
     definitions = "".join(f"<li>{e(d)}</li>" for d in DEFINITIONS)
     return _PAGE.format(title=e(title), head=head, body=body, figures=figures, notes=definitions, said=said)
 

@@ -22,9 +22,9 @@ from typer.testing import CliRunner
 from gfcr.cli.main import app
 from gfcr.errors import GfcrError, SpecError
 from gfcr.spec.task import load_task
-from gfcr.tracking.compare import Budget, parse_budget, plan_comparison
-from gfcr.tracking.compare_figures import compare, estimate, ratio_of_means
-from gfcr.tracking.compare_report import markdown_table, notes
+from gfcr.tracking.compare import Budget, in_report_order, parse_budget, plan_comparison
+from gfcr.tracking.compare_figures import PairedTest, compare, estimate, paired_t, ratio_of_means, sign_test
+from gfcr.tracking.compare_report import markdown_table, notes, paired_statements, paired_table
 from gfcr.tracking.report_series import RunSeries, StepCounts
 from tests.conftest import REPO
 
@@ -122,13 +122,15 @@ def test_compare_runs_child_runs_whose_histories_give_the_table(tmp_path, monkey
     assert {c.data.params["policy.model"] for c in children} == {"tiny-arith"}
     assert {c.data.params["data.with.n"] for c in children} == {"64"}  # the task's data, not the pipelines'
 
-    per = {}
+    per, final_by_seed = {}, {}
     for c in children:
         h = {k: _history(client, c.info.run_id, k) for k in
              ("eval_accuracy", "tokens_generated", "rollouts_generated", "tokens_with_signal", "groups",
               "zero_variance_groups")}
         assert sum(h["tokens_generated"].values()) >= 700 > sum(list(h["tokens_generated"].values())[:-1])
         per.setdefault(c.data.tags["gfcr.variant"], []).append(h)
+        cell = c.data.tags["gfcr.variant"], int(c.data.tags["gfcr.seed"])
+        final_by_seed[cell] = h["eval_accuracy"][max(h["eval_accuracy"])]
     baseline_finals = [h["eval_accuracy"][max(h["eval_accuracy"])] for h in per["quickstart"]]
     assert figures["baseline"] == "quickstart" and figures["target"] == pytest.approx(min(baseline_finals))
     target = figures["target"]
@@ -150,6 +152,11 @@ def test_compare_runs_child_runs_whose_histories_give_the_table(tmp_path, monkey
         if len(hits) == len(histories):
             assert row["tokens_to_target"]["mean"] == pytest.approx(mean(hits))
     assert rows["quickstart"]["seeds_reaching"] == 2  # the default target: every baseline seed reaches it
+    paired = rows["greso-arith"]["accuracy_vs_baseline"]  # seed k against the baseline's seed k
+    differences = [final_by_seed["greso-arith", s] - final_by_seed["quickstart", s] for s in (0, 1)]
+    assert paired["pairs"] == 2 and paired["difference"]["values"] == pytest.approx(differences)
+    assert rows["quickstart"]["accuracy_vs_baseline"] is None and isinstance(figures["differs_from_baseline"], list)
+    assert "| greso-arith | " in result.output.split("final accuracy − quickstart")[1]  # the paired table is printed
 
 
 _COMMAND = ["compare", str(QUICKSTART), str(GRESO), "--task", "task.yaml", "--seeds", "0", "--budget", "steps=6",
@@ -311,3 +318,75 @@ def test_a_pipeline_compared_with_itself_runs_at_the_same_speed_and_is_said_iden
     assert figures["identical"] == [["fake-sleepy", "fake-sleepy-copy"]] and figures["warmup_steps"] == 1
     assert "note: `fake-sleepy` and `fake-sleepy-copy` gave identical results for every seed" in result.output
     assert f"({ratio:.2f}x baseline)" in result.output and "| fake-sleepy | seed 0 | 8 |" in result.output
+
+
+def _evals(variant: str, seed: int, accuracies: tuple[float, float, float]) -> RunSeries:
+    """Four steps of 40 tokens, evaluations before steps 0 and 2 and after step 3."""
+    steps = tuple(StepCounts(i, 16, 40, 12, 32, 4, 1, 1.0, 1.0, 32, 0) for i in range(4))
+    return RunSeries(name=f"{variant}-{seed}", params={"name": variant}, steps=steps,
+                     evals=tuple(zip((0, 2, 4), accuracies)), seed=seed, variant=variant, source=f"{variant}{seed}")
+
+
+def test_paired_tests_pair_seeds_and_use_the_sign_test_where_a_seed_never_reached_the_target():
+    """Issue 29, Must show 3: each pipeline against the baseline seed by seed. `b` is 0.05-0.07
+    above `a` on every seed while the seeds spread over 0.50-0.60: the paired t test sees it
+    (p = 0.0012), where the seeds' unpaired intervals overlap. `c` never reaches the target on
+    two seeds, so its tokens to target go to the sign test."""
+    from scipy import stats
+
+    base = [0.50, 0.55, 0.60, 0.52]
+    runs = [_evals("a", s, (0.3, 0.45, f)) for s, f in enumerate(base)]
+    above = (0.06, 0.05, 0.07, 0.05)
+    runs += [_evals("b", s, (0.3, 0.52 + 0.01 * s, f + d)) for s, (f, d) in enumerate(zip(base, above))]
+    runs += [_evals("c", s, (0.3, 0.45, f)) for s, f in enumerate((0.55, 0.56, 0.45, 0.40))]
+    comparison = compare(runs)
+    a, b, c = comparison.rows
+    assert comparison.target == 0.50 and a.accuracy_vs_baseline is None and a.tokens_vs_baseline is None
+
+    diffs = list(above)
+    t = mean(diffs) / (stdev(diffs) / math.sqrt(4))
+    accuracy = b.accuracy_vs_baseline
+    assert accuracy.test == "paired t" and (accuracy.pairs, accuracy.better, accuracy.worse) == (4, 4, 0)
+    assert accuracy.p == pytest.approx(2 * stats.t.sf(t, 3)) and 0.001 < accuracy.p < 0.002
+    half = stats.t.ppf(0.975, 3) * stdev(diffs) / 2
+    assert (accuracy.difference.mean, accuracy.difference.lo, accuracy.difference.hi) == pytest.approx(
+        (0.0575, 0.0575 - half, 0.0575 + half))
+    assert b.final_accuracy.lo < a.final_accuracy.hi  # unpaired, the two rows' intervals overlap
+
+    tokens = b.tokens_vs_baseline  # b reaches 0.50 at step 2 (80 tokens) on every seed, a only after step 3 (160)
+    assert tokens.test == "paired t" and tokens.difference.mean == -80.0 and tokens.better == 4 and tokens.p == 0.0
+
+    signs = c.tokens_vs_baseline  # c: 160 tokens on seeds 0 and 1 (ties with a), never on seeds 2 and 3
+    assert signs.test == "sign" and signs.difference is None and (signs.pairs, signs.better, signs.worse) == (4, 0, 2)
+    assert signs.p == pytest.approx(stats.binomtest(0, 2).pvalue) == 0.5
+
+    said = paired_statements(comparison)
+    assert said[0] == ("`b` differs from `a` in final eval accuracy: higher (difference 0.058 [0.042, 0.073]); "
+                       "paired t test over 4 seeds, p = 0.001")
+    assert said[1] == ("`b` differs from `a` in tokens to target: fewer (difference -80); "
+                       "paired t test over 4 seeds, p < 0.001")
+    assert len(said) == 2  # c's accuracy (p = 0.47) and its tokens (p = 0.5) are not said
+    table = paired_table(comparison)
+    assert "| b | 0.058 [0.042, 0.073]; better on 4, worse on 0 of 4 | 0.001 (paired t) |" in table
+    assert "| -80; better on 4, worse on 0 of 4 | < 0.001 (paired t) |" in table  # the same -80 on every seed
+    assert "| c | " in table and "(sign test); better on 0, worse on 2 of 4 | 0.500 (sign) |" in table
+    same = compare([_evals(v, s, (0.3, 0.45, f)) for v in ("a", "b") for s, f in enumerate(base)])
+    assert same.rows[1].accuracy_vs_baseline.p == 1.0 and paired_statements(same) == []
+
+
+def test_sign_test_counts_a_seed_that_never_reached_as_slower_and_leaves_ties_out():
+    assert sign_test([100, 200, None, 50], [80, None, None, 50]) == PairedTest("sign", 3, 1, 1, None, 1.0)
+    win = sign_test([100.0] * 9 + [None], [90.0] * 9 + [300.0])
+    assert (win.better, win.worse, win.p) == (10, 0, pytest.approx(2 / 1024))
+    assert sign_test([None, 5], [None, 5]) is None and paired_t([1.0], [2.0]) is None
+    with pytest.raises(ValueError, match="2 baseline values against 1"):
+        paired_t([1.0, 2.0], [1.0])
+
+
+def test_the_report_lists_pipelines_in_command_line_order_and_their_seeds_in_order():
+    """Cells run in parallel (or by several commands on one folder) finish, and come back from
+    MLflow, in any order; the table's seeds column reads them sorted."""
+    finished = [_evals(v, s, (0.3, 0.4, 0.5)) for v, s in (("b", 3), ("a", 2), ("b", 0), ("a", 0), ("a", 1))]
+    ordered = in_report_order(finished, ["a", "b"])
+    assert [(r.variant, r.seed) for r in ordered] == [("a", 0), ("a", 1), ("a", 2), ("b", 0), ("b", 3)]
+    assert "| a | seeds 0, 1, 2 |" in markdown_table(compare(ordered))
