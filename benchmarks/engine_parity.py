@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-ENGINES = {"hf": [], "vllm": ["policy.engine=vllm", "policy.device=cpu"]}
+ENGINES = {"hf": ["policy.engine=hf"], "vllm": ["policy.engine=vllm", "policy.device=cpu"]}  # explicit: a pipeline may say auto
 FINAL = 10  # steps averaged into the final reward
 
 
@@ -78,6 +78,8 @@ def main() -> None:
                     help="KEY=VALUE for every run (eval is off unless set back)")
     ap.add_argument("--vllm-set", dest="vllm_overrides", action="append", default=[],
                     help="KEY=VALUE for the vllm runs only (e.g. policy.vllm.enforce_eager=true)")
+    ap.add_argument("--engines", nargs="+", choices=sorted(ENGINES), default=sorted(ENGINES),
+                    help="the engines to run (default both)")
     ap.add_argument("--work", type=Path, default=REPO / ".bench" / "engine_parity")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "engine_parity.json")
     args = ap.parse_args()
@@ -87,7 +89,7 @@ def main() -> None:
                               "vllm_overrides": args.vllm_overrides, "threads": os.environ.get("OMP_NUM_THREADS"),
                               "load_start": uptime(), "runs": []}
     for i, seed in enumerate(args.seeds):
-        for engine in (("vllm", "hf") if i % 2 == 0 else ("hf", "vllm")):
+        for engine in [e for e in (("vllm", "hf") if i % 2 == 0 else ("hf", "vllm")) if e in args.engines]:
             run_dir = args.work / f"{engine}-seed{seed}"
             subprocess.run(["rm", "-rf", str(run_dir)], check=True)
             print(f"{engine} seed {seed} ...", file=sys.stderr, flush=True)
