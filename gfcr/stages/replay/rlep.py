@@ -42,6 +42,10 @@ first), as the reference takes its candidate list whole; with more, ``M`` are dr
 without replacement (the reference's ``random.sample``; gfcr's draw is seeded per run, step and
 group, so it is not the reference's).
 
+Defaults: ``replayed_per_group`` 2, the main script's (``recipe/rlep/rlep_training.sh``,
+``experience_replay_num=2``); ``online``, ``max_per_prompt`` 16 and ``correction: none`` are gfcr's
+(the reference's pool is built offline, static and uncapped, and its old log-probs are recomputed).
+
 Deviations:
 - the reference code pads a prompt with fewer than ``M`` candidates with empty responses; this
   appends the candidates there are (none for a prompt never solved) and counts the group in

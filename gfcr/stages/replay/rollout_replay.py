@@ -37,6 +37,10 @@ Replayed rollouts are new rollouts (``origin: replayed``, ``replayed_from`` the 
 ``buffer_prompts``. The buffer is saved with each checkpoint (``files/entries.parquet``, its
 order in the stage state).
 
+Defaults: ``fresh_fraction`` 0.5 and ``buffer_size`` 512, the main script's
+(``run_bash/final_ds_teacher_replay.sh``: ``SIGMA=0.5``, ``BUFFER_SIZE=512``); ``zero_variance:
+true`` as its trainer (``ray_trainer_teacher_replay.py``, whose 0/1 filter is commented out).
+
 Deviations:
 - sigma is the fresh share of the groups that reach the update, not of the prompts selected:
   the stage cannot make the Control stage select fewer prompts, so the pipeline sets that batch
