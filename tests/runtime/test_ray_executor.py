@@ -30,7 +30,7 @@ from gfcr.records import Prompt, PromptPool, RolloutGroups, VerifierSpec
 from gfcr.spec import PolicySpec, load_spec_text
 from gfcr.spec import Resources as Placement
 from gfcr.stages.filter.verify import Verify
-from gfcr.stages.resources import GenerationRequest, Resources, SamplingParams
+from gfcr.stages.resources import GenerationRequest, Resources, SamplingParams, ScoreRequest
 from gfcr.stages.testing import scored_group
 from tests.runtime.test_metric_fixtures import assert_same_run
 
@@ -180,6 +180,73 @@ def _with(requests, params) -> list[GenerationRequest]:
 
 def _tokens(answers) -> list[list[tuple[int, ...]]]:
     return [[c.token_ids for c in completions] for completions in answers]
+
+
+def _score_requests(policy) -> list[ScoreRequest]:
+    """A fixed batch: 4 prompts, each with a fixed 6-token response (its own first tokens)."""
+    return [ScoreRequest(r.prompt_token_ids, r.prompt_token_ids[:6]) for r in _requests(policy, 4, 1)]
+
+
+def _weight_gaps(group, policy) -> list[float]:
+    """Per replica, the largest difference between its weights and the driver's."""
+    import ray
+
+    driver = policy.model.state_dict()
+    return [max((v - driver[k]).abs().max().item() for k, v in weights.items())
+            for weights in ray.get([r.weights.remote() for r in group.replicas])]
+
+
+def _logprob_gaps(group, policy) -> list[float]:
+    """Per replica, the largest difference between its log-probs of a fixed batch and the driver's."""
+    import ray
+
+    from gfcr.engines import TransformersEngine
+
+    requests = _score_requests(policy)
+    driver = TransformersEngine(policy).score(requests)
+    return [max(float(abs(mine.logprobs - theirs.logprobs).max()) for mine, theirs in zip(scored, driver))
+            for scored in ray.get([r.score.remote(requests) for r in group.replicas])]
+
+
+def _update(policy, seed: int) -> None:
+    """An update of the driver's policy: every weight moves, and the version steps."""
+    import torch
+
+    with torch.no_grad():
+        for p in policy.model.parameters():
+            p.add_(0.01 * torch.randn_like(p, generator=torch.Generator().manual_seed(seed)))
+    policy.version += 1
+
+
+def test_collective_sync_makes_every_replica_equal_the_driver_and_a_skipped_one_shows(group, policy, caplog):
+    """Issue 32 item 2: after K updates through the weight group, each transformers replica holds
+    the driver's weights exactly and scores a fixed batch as the driver does; an update whose
+    broadcast is skipped shows in both checks. A replica that left the group (as a restarted
+    one is not in it) makes that sync fall back to the object store, with a warning, and the
+    next one forms a new group."""
+    assert group.weight_sync == "collective"
+    for k in range(3):
+        _update(policy, seed=100 + k)
+        group.sync_weights(policy.version)
+        assert group.syncs[-1].path == "collective", group.syncs
+        assert _weight_gaps(group, policy) == [0.0, 0.0], f"after update {k + 1}"
+        assert max(_logprob_gaps(group, policy)) < 1e-6
+    weights = sum(v.numel() * v.element_size() for v in policy.model.state_dict().values())
+    assert group.syncs[-1].bytes == 2 * weights  # `time.sync_bytes`: the weights' bytes times the replicas
+
+    _update(policy, seed=200)  # the mutation: an update whose broadcast is skipped
+    assert min(_weight_gaps(group, policy)) > 1e-3 and min(_logprob_gaps(group, policy)) > 1e-4
+
+    import ray
+
+    ray.get(group.replicas[1].leave_weight_group.remote())  # replica 1 is out of the group
+    with caplog.at_level("WARNING", logger="gfcr.runtime.ray_executor"):
+        group.sync_weights(policy.version)
+    assert group.syncs[-1].path == "object_store" and "a new group forms at the next sync" in caplog.text
+    assert _weight_gaps(group, policy) == [0.0, 0.0]
+    _update(policy, seed=201)
+    group.sync_weights(policy.version)  # the group forms again, replica 1 in it
+    assert group.syncs[-1].path == "collective" and _weight_gaps(group, policy) == [0.0, 0.0]
 
 
 @pytest.mark.slow
