@@ -10,7 +10,10 @@ checkpoints) in the driver process; Ray provides *placement*, behind the interfa
   actor's GPUs). ``generate`` splits one call's requests across the replicas and gathers the
   completions in request order; each completion names its replica (``ray-0``, ``ray-1``),
   which the lineage records. ``sync_weights`` pushes the trained weights to every replica
-  after each update (into its policy copy, then into its engine).
+  after each update (into its policy copy, then into its engine), by ``executor.weight_sync``:
+  a broadcast in a torch.distributed weight group whose rank 0 is the driver
+  (``CollectiveSync`` over ``gfcr.runtime.weight_sync``), or Ray's object store, which is also
+  the fallback when the group fails.
 - ``Resources.map`` is a ``RayMap``: ``filter.verify`` scores its rollouts in batches of
   Ray tasks.
 - The policy being trained (and its optimizer) stays in the driver process, on ``policy.device``.
