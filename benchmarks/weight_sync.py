@@ -38,6 +38,7 @@ from gfcr.spec import PolicySpec  # noqa: E402
 from gfcr.spec import Resources as Placement  # noqa: E402
 
 PATHS = ("collective", "object_store")
+TWO = Placement(replicas=2)
 
 
 def load_average() -> str:
@@ -45,17 +46,13 @@ def load_average() -> str:
 
 
 def bench_model(model: str, syncs: int) -> dict[str, Any]:
-    spec, placement = PolicySpec(model=model, engine="hf"), Placement(replicas=2)
-    release = ray_executor.connect(None, placement)
+    spec = PolicySpec(model=model, engine="hf")
+    policy = load_policy(spec)
+    group = ray_executor.RayEngineGroup.start(policy, spec, TWO)
     try:
-        policy = load_policy(spec)
-        group = ray_executor.RayEngineGroup.start(policy, spec, placement)
-        try:
-            return _rounds(group, policy, syncs)
-        finally:
-            group.close()
+        return _rounds(group, policy, syncs)
     finally:
-        release()
+        group.close()
 
 
 def _rounds(group: Any, policy: Any, syncs: int) -> dict[str, Any]:
@@ -103,10 +100,14 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     results: dict[str, Any] = {"command": " ".join(sys.argv), "cpus": os.cpu_count(), "torch": torch.__version__,
                                "load_before": load_average(), "models": {}}
-    for model in args.models:
-        print(f"{model}:", file=sys.stderr, flush=True)
-        results["models"][model] = bench_model(model, args.syncs)
-        args.out.write_text(json.dumps(results, indent=2) + "\n")
+    release = ray_executor.connect(None, TWO)  # one local cluster for every model
+    try:
+        for model in args.models:
+            print(f"{model}:", file=sys.stderr, flush=True)
+            results["models"][model] = bench_model(model, args.syncs)
+            args.out.write_text(json.dumps(results, indent=2) + "\n")
+    finally:
+        release()
     results["load_after"] = load_average()
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print("| model | MiB per sync (2 replicas) | object store s (median) | collective s (median) | "
