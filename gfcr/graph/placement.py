@@ -10,7 +10,8 @@ samples on a device other than the one its spec asks for:
   ``cpu`` with vLLM's CPU build) would hold the GPUs while the replicas sample on the CPU;
 - the policy on ``cuda`` with no GPU reserved: Ray gives the replica actors no GPU
   (``CUDA_VISIBLE_DEVICES`` empty), so they could not load it;
-- vLLM's tensor parallelism wider than the GPUs a replica holds.
+- vLLM's tensor parallelism wider than the GPUs a replica holds;
+- ``executor.weight_sync`` with another executor than Ray (it has no replicas to sync).
 
 A cluster without the GPUs reserved, or a driver without CUDA for a ``cuda`` policy, is found
 when the run starts (``gfcr.runtime.ray_executor.check_capacity``, ``load_policy``), before
@@ -47,6 +48,11 @@ def engine_placement(spec: PipelineSpec) -> Placement:
 
 def placement_problems(spec: PipelineSpec) -> Iterator[tuple[tuple, str, str]]:
     """``(key path, message, fix)`` for each thing Ray placement cannot honour in ``spec``."""
+    if spec.executor.weight_sync is not None and spec.executor.kind != "ray":
+        yield (("executor", "weight_sync"),
+               f"`executor.weight_sync` chooses how weights reach Ray engine replicas, but the executor is "
+               f"`{spec.executor.kind}`, whose engine shares the trained policy's process",
+               "set `executor.kind: ray`, or remove `weight_sync`")
     if spec.executor.kind != "ray" or spec.policy is None:
         return
     generate = {sid: s for sid, s in spec.all_stages().items() if s.use.startswith("generate.")}
