@@ -15,10 +15,12 @@ checkpoints) in the driver process; Ray provides *placement*, behind the interfa
   Ray tasks.
 - The policy being trained (and its optimizer) stays in the driver process, on ``policy.device``.
 
-Placement: the engine group takes its ``resources`` (``cpus``, ``gpus`` per replica and
-``replicas``) from the pipeline's generate stages (``gfcr.graph.placement.engine_placement``);
-they share one engine, so the generate stages that declare resources must declare the same
-ones. ``gfcr validate`` refuses GPUs that disagree with ``policy.device`` and in-flight
+Placement: the engine group takes its ``resources`` (``cpus``, ``gpus`` per replica,
+``replicas``, and where: ``strategy``, ``node_resource``) from the pipeline's generate stages
+(``gfcr.graph.placement.engine_placement``); they share one engine, so the generate stages that
+declare resources must declare the same ones. The replicas start in a placement group that
+``gfcr.runtime.ray_placement.reserve`` holds for them (one bundle each, on the nodes asked
+for), and each records its Ray node id on what it generates (the lineage's ``ray_node``). ``gfcr validate`` refuses GPUs that disagree with ``policy.device`` and in-flight
 controllers (``gfcr.graph.placement``). The replicas plus one verification task must fit in
 the CPUs and GPUs the cluster has free when the run starts; otherwise the run fails at once,
 saying so, rather than waiting on Ray.
@@ -41,6 +43,7 @@ over replicas (not supported yet).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -56,6 +59,7 @@ except ImportError as exc:  # the optional extra is missing
                     "    fix: `pip install 'gfcr[ray]'`, or use `executor: {kind: prefect}`") from exc
 
 from gfcr.graph.placement import engine_placement
+from gfcr.runtime.ray_placement import Reservation, bundles, reserve
 from gfcr.spec import PipelineSpec, PolicySpec
 from gfcr.spec import Resources as Placement
 from gfcr.stages.resources import (
@@ -65,7 +69,7 @@ from gfcr.stages.resources import (
 # Set before a local cluster starts, so its processes inherit them: no usage-stats notice, and
 # no FutureWarning about accelerator variables from each worker.
 QUIET_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"}
-READY_TIMEOUT_S = 600.0  # loading a model in a replica; a pending actor means the cluster is too small
+READY_TIMEOUT_S = 600.0  # loading a model in a replica (its resources are reserved by then)
 
 
 # --- placement -----------------------------------------------------------------------------
@@ -175,13 +179,17 @@ class EngineReplica:
         torch.set_num_threads(threads)
         self.policy = load_policy(policy)
         self.engine = replica_engine(self.policy, policy, replica_name(index), seed)
+        self.node = ray.get_runtime_context().get_node_id()  # the Ray node this actor runs on
 
     def ready(self) -> str:
-        return self.engine.replica
+        """The id of the Ray node the replica runs on, once its engine is loaded."""
+        return self.node
 
     def generate(self, requests: Sequence[GenerationRequest],
                  max_in_flight: int | None = None) -> list[list[Completion]]:
-        return self.engine.generate(requests, max_in_flight=max_in_flight)
+        """The engine's completions, each naming this replica's node (the lineage's ``ray_node``)."""
+        answers = self.engine.generate(requests, max_in_flight=max_in_flight)
+        return [[dataclasses.replace(c, ray_node=self.node) for c in completions] for completions in answers]
 
     def score(self, requests: Sequence[ScoreRequest]) -> list[Scored]:
         return self.engine.score(requests)
@@ -211,29 +219,37 @@ class RayEngineGroup:
 
     ``policy`` is the driver's policy being trained; the replicas start from the same source
     weights (version 0). Before generating, a group whose replicas lag the policy's version
-    (a resumed run loads a checkpoint into the driver only) syncs them first.
+    (a resumed run loads a checkpoint into the driver only) syncs them first. ``nodes`` holds
+    the Ray node id of each replica, as the replica reports it.
     """
 
-    def __init__(self, policy: Policy, replicas: list[Any], score_path: Literal["forward", "decode"] = "forward"):
+    def __init__(self, policy: Policy, replicas: list[Any], score_path: Literal["forward", "decode"] = "forward",
+                 reservation: Reservation | None = None):
         self.policy, self.replicas, self.score_path = policy, replicas, score_path
+        self.reservation = reservation  # the placement group the replicas run in, released at close
+        self.nodes: list[str] = []
         self._version = 0
 
     @classmethod
     def start(cls, policy: Policy, spec: PolicySpec, placement: Placement, seed: int = 0) -> "RayEngineGroup":
-        actor = ray.remote(EngineReplica).options(num_cpus=placement.cpus, num_gpus=placement.gpus)
-        threads = max(1, int(placement.cpus))
-        replicas = [actor.remote(spec, i, threads, seed) for i in range(placement.replicas)]
-        group = cls(policy, replicas, spec.score_path)
+        """K replicas, each in its bundle of a placement group reserved first (fails at once, with
+        the fix, when the cluster cannot hold them where ``placement`` asks)."""
+        reservation = reserve(bundles(placement), placement.strategy, what="the engine replicas",
+                              lower="`resources.replicas`, `resources.cpus` or `resources.gpus` on the generate stage")
+        actor, threads = ray.remote(EngineReplica), max(1, int(placement.cpus))
+        group = cls(policy, [], spec.score_path, reservation)
         try:
-            ray.get([r.ready.remote() for r in replicas], timeout=READY_TIMEOUT_S)
+            group.replicas = [actor.options(num_cpus=placement.cpus, num_gpus=placement.gpus, scheduling_strategy=where)
+                              .remote(spec, i, threads, seed) for i, where in enumerate(reservation.strategies)]
+            group.nodes = ray.get([r.ready.remote() for r in group.replicas], timeout=READY_TIMEOUT_S)
         except BaseException as exc:  # a replica failed to load, or never started: stop them all
             group.close()
             if not isinstance(exc, ray.exceptions.GetTimeoutError):
                 raise
-            raise GfcrError(f"the {placement.replicas} engine replicas did not start within {READY_TIMEOUT_S:g}s "
-                            f"(each needs {placement.cpus:g} CPUs, {placement.gpus} GPUs)\n    fix: check that the "
-                            "cluster has free resources (`ray status`), or lower `resources` on the generate "
-                            "stage") from None
+            raise GfcrError(f"the {placement.replicas} engine replicas did not load the policy within "
+                            f"{READY_TIMEOUT_S:g}s, in their reserved {placement.cpus:g} CPUs and {placement.gpus} GPUs "
+                            "each\n    fix: read the replicas' logs (`/tmp/ray/session_latest/logs` on their nodes), "
+                            "or give them more with `resources` on the generate stage") from None
         return group
 
     @property
@@ -277,6 +293,9 @@ class RayEngineGroup:
         for replica in self.replicas:
             ray.kill(replica)
         self.replicas = []
+        if self.reservation is not None:
+            self.reservation.release()
+            self.reservation = None
 
     def _require_open(self) -> None:
         if not self.replicas:
