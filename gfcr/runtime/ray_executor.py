@@ -20,7 +20,8 @@ Placement: the engine group takes its ``resources`` (``cpus``, ``gpus`` per repl
 (``gfcr.graph.placement.engine_placement``); they share one engine, so the generate stages that
 declare resources must declare the same ones. The replicas start in a placement group that
 ``gfcr.runtime.ray_placement.reserve`` holds for them (one bundle each, on the nodes asked
-for), and each records its Ray node id on what it generates (the lineage's ``ray_node``). ``gfcr validate`` refuses GPUs that disagree with ``policy.device`` and in-flight
+for), and each records its Ray node id on what it generates (the lineage's ``ray_node``).
+``gfcr validate`` refuses GPUs that disagree with ``policy.device`` and in-flight
 controllers (``gfcr.graph.placement``). The replicas plus one verification task must fit in
 the CPUs and GPUs the cluster has free when the run starts; otherwise the run fails at once,
 saying so, rather than waiting on Ray.
@@ -247,8 +248,8 @@ class RayEngineGroup:
             if not isinstance(exc, ray.exceptions.GetTimeoutError):
                 raise
             raise GfcrError(f"the {placement.replicas} engine replicas did not load the policy within "
-                            f"{READY_TIMEOUT_S:g}s, in their reserved {placement.cpus:g} CPUs and {placement.gpus} GPUs "
-                            "each\n    fix: read the replicas' logs (`/tmp/ray/session_latest/logs` on their nodes), "
+                            f"{READY_TIMEOUT_S:g}s, in their reserved {placement.cpus:g} CPUs and {placement.gpus} "
+                            "GPUs each\n    fix: read the replicas' logs (`/tmp/ray/session_latest/logs` on their nodes), "
                             "or give them more with `resources` on the generate stage") from None
         return group
 
