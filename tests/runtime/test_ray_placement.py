@@ -4,12 +4,13 @@ and each rollout's Ray node in the lineage.
 
 The rules of ``cannot_hold`` are tested without Ray. The rest runs on a real local multi-node
 cluster (``ray.cluster_utils.Cluster``: a head and two worker nodes, each with its own custom
-resource), marked ``slow`` (about 60-90 s on a loaded 2-core machine, cluster start included):
+resource), marked ``slow`` (3 min 7 s on the shared, loaded 2-core machine, 33 s of it starting the cluster):
 ``pytest -m slow tests/runtime/test_ray_placement.py``.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -104,6 +105,9 @@ def _pending_groups() -> list[dict]:
 def test_quickstart_places_both_replicas_on_the_named_node(cluster, tmp_path):
     """Must-show 1, the engine half: 2 replicas on the `engines` node, read back from Ray (the
     placement group's bundles, each actor's own node) and from every rollout's lineage row."""
+    from typer.testing import CliRunner
+
+    from gfcr.cli.main import app
     from gfcr.graph import load_pipeline
     from gfcr.runtime.lineage import read_lineage
     from gfcr.runtime.session import Run
@@ -121,6 +125,9 @@ def test_quickstart_places_both_replicas_on_the_named_node(cluster, tmp_path):
     assert lineage.num_rows == 2 * 16 * 8
     assert set(lineage.column("ray_node").to_pylist()) == {cluster["engines"]}
     assert set(lineage.column("replica").to_pylist()) == {"ray-0", "ray-1"}
+    last = lineage.column("rollout_id")[-1].as_py()  # `gfcr lineage RUN ROLLOUT` reads it too
+    chain = CliRunner().invoke(app, ["lineage", str(tmp_path / "run"), last, "--json"])
+    assert chain.exit_code == 0 and json.loads(chain.output)["row"]["ray_node"] == cluster["engines"], chain.output
     assert group.replicas == [] and group.reservation is None, "the run released its replicas and placement group"
     assert _pending_groups() == []
 
@@ -143,6 +150,27 @@ def test_a_spec_asking_more_than_the_nodes_have_fails_at_once_with_the_fix(clust
     assert message in str(error.value) and "fix: lower `resources.replicas`" in str(error.value)
     assert time.monotonic() - started < ray_placement.READY_TIMEOUT_S  # refused before any wait
     assert _pending_groups() == []
+
+
+@pytest.mark.slow
+def test_reserve_places_actors_of_any_kind_on_the_node_asked_for(cluster):
+    """The function the trainer ranks use: a reservation on the `trainers` node and an actor
+    started with its bundle's scheduling strategy run there."""
+    import ray
+
+    @ray.remote(num_cpus=1)
+    class Where:
+        def node(self) -> str:
+            return ray.get_runtime_context().get_node_id()
+
+    reservation = ray_placement.reserve([{"CPU": 1.0, "trainers": ray_placement.NODE_SHARE}], "pack",
+                                        what="the trainer ranks", lower="`workers`")
+    try:
+        actor = Where.options(scheduling_strategy=reservation.strategies[0]).remote()
+        assert ray.get(actor.node.remote()) == reservation.nodes()[0] == cluster["trainers"]
+        ray.kill(actor)
+    finally:
+        reservation.release()
 
 
 @pytest.mark.slow
