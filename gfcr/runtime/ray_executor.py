@@ -60,7 +60,7 @@ except ImportError as exc:  # the optional extra is missing
                     "    fix: `pip install 'gfcr[ray]'`, or use `executor: {kind: prefect}`") from exc
 
 from gfcr.graph.placement import engine_placement
-from gfcr.runtime.ray_placement import Reservation, bundles, reserve
+from gfcr.runtime.ray_placement import Reservation, placement_bundles, reserve
 from gfcr.spec import PipelineSpec, PolicySpec
 from gfcr.spec import Resources as Placement
 from gfcr.stages.resources import (
@@ -235,7 +235,7 @@ class RayEngineGroup:
     def start(cls, policy: Policy, spec: PolicySpec, placement: Placement, seed: int = 0) -> "RayEngineGroup":
         """K replicas, each in its bundle of a placement group reserved first (fails at once, with
         the fix, when the cluster cannot hold them where ``placement`` asks)."""
-        reservation = reserve(bundles(placement), placement.strategy, what="the engine replicas",
+        reservation = reserve(placement_bundles(placement), placement.strategy, what="the engine replicas",
                               lower="`resources.replicas`, `resources.cpus` or `resources.gpus` on the generate stage")
         actor, threads = ray.remote(EngineReplica), max(1, int(placement.cpus))
         group = cls(policy, [], spec.score_path, reservation)

@@ -23,6 +23,14 @@ lower. Ray would otherwise leave the group, and every actor in it, pending forev
 Each actor of the group is then started with its bundle's ``scheduling_strategy``; the
 bundles' nodes are read back from Ray (``Reservation.nodes``), and each engine replica
 records its own node on the completions it generates (the lineage's ``ray_node`` column).
+Any group of actors is placed the same way, e.g. two trainer ranks on the ``trainers`` nodes::
+
+    reservation = reserve(bundles(2, cpus=1, node_resource="trainers"), "spread",
+                          what="the trainer ranks", lower="`workers` or `cpus` on the update")
+    ranks = [TrainerRank.options(num_cpus=1, scheduling_strategy=where).remote(rank)
+             for rank, where in enumerate(reservation.strategies)]
+    ...
+    reservation.release()  # when the ranks have ended: frees the bundles
 """
 
 from __future__ import annotations
@@ -45,15 +53,20 @@ READY_TIMEOUT_S = 60.0  # a group the cluster can hold is reserved in millisecon
 EPS = 1e-9
 
 
-def bundles(placement: Placement, count: int | None = None) -> list[Bundle]:
-    """``count`` (default: ``placement.replicas``) equal bundles of ``placement``'s CPUs, GPUs
-    and node resource; resources of 0 are left out (Ray refuses them in a bundle)."""
-    bundle: Bundle = {"CPU": float(placement.cpus)}
-    if placement.gpus:
-        bundle["GPU"] = float(placement.gpus)
-    if placement.node_resource is not None:
-        bundle[placement.node_resource] = NODE_SHARE
-    return [dict(bundle) for _ in range(placement.replicas if count is None else count)]
+def bundles(count: int, cpus: float, gpus: int = 0, node_resource: str | None = None) -> list[Bundle]:
+    """``count`` equal bundles of ``cpus`` CPUs and ``gpus`` GPUs, on nodes that declare
+    ``node_resource`` (if given); GPUs of 0 are left out (Ray refuses a 0 in a bundle)."""
+    bundle: Bundle = {"CPU": float(cpus)}
+    if gpus:
+        bundle["GPU"] = float(gpus)
+    if node_resource is not None:
+        bundle[node_resource] = NODE_SHARE
+    return [dict(bundle) for _ in range(count)]
+
+
+def placement_bundles(placement: Placement) -> list[Bundle]:
+    """A bundle per replica of a stage's ``resources``."""
+    return bundles(placement.replicas, placement.cpus, placement.gpus, placement.node_resource)
 
 
 # --- can the cluster hold it at all? (no Ray needed: the nodes' totals are passed in) -------

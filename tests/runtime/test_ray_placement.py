@@ -54,7 +54,7 @@ CLUSTER = [HEAD, ENGINES, TRAINERS]
     (Placement(replicas=1000, cpus=0.001, node_resource="engines"), CLUSTER, None),  # NODE_SHARE: 1,000 a node
 ])
 def test_cannot_hold_says_why_a_cluster_can_never_hold_the_group(placement, nodes, reason):
-    found = ray_placement.cannot_hold(ray_placement.bundles(placement), placement.strategy, nodes)
+    found = ray_placement.cannot_hold(ray_placement.placement_bundles(placement), placement.strategy, nodes)
     assert found == reason if reason is None else reason in found
 
 
@@ -69,9 +69,10 @@ def test_unequal_bundles_are_checked_by_their_sums():
 
 
 def test_bundles_hold_the_cpus_gpus_and_a_share_of_the_node_resource():
-    assert ray_placement.bundles(Placement(cpus=0.5, replicas=2)) == [{"CPU": 0.5}, {"CPU": 0.5}]
-    assert ray_placement.bundles(Placement(gpus=2, node_resource="engines"), count=1) == [
+    assert ray_placement.placement_bundles(Placement(cpus=0.5, replicas=2)) == [{"CPU": 0.5}, {"CPU": 0.5}]
+    assert ray_placement.placement_bundles(Placement(gpus=2, node_resource="engines")) == [
         {"CPU": 1.0, "GPU": 2.0, "engines": ray_placement.NODE_SHARE}]
+    assert ray_placement.bundles(2, cpus=1, node_resource="trainers") == [{"CPU": 1.0, "trainers": 0.001}] * 2
 
 
 # --- on a local cluster of three nodes -----------------------------------------------------
@@ -163,7 +164,7 @@ def test_reserve_places_actors_of_any_kind_on_the_node_asked_for(cluster):
         def node(self) -> str:
             return ray.get_runtime_context().get_node_id()
 
-    reservation = ray_placement.reserve([{"CPU": 1.0, "trainers": ray_placement.NODE_SHARE}], "pack",
+    reservation = ray_placement.reserve(ray_placement.bundles(1, cpus=1, node_resource="trainers"), "pack",
                                         what="the trainer ranks", lower="`workers`")
     try:
         actor = Where.options(scheduling_strategy=reservation.strategies[0]).remote()
@@ -177,12 +178,12 @@ def test_reserve_places_actors_of_any_kind_on_the_node_asked_for(cluster):
 def test_a_group_the_nodes_could_hold_but_others_occupy_times_out_with_the_fix(cluster):
     """The `engines` node's 2 CPUs held by another group: a second one waits `timeout_s`, no
     longer, and is removed (nothing stays pending)."""
-    holder = ray_placement.reserve(ray_placement.bundles(Placement(replicas=2, node_resource="engines")), "pack",
+    holder = ray_placement.reserve(ray_placement.bundles(2, cpus=1, node_resource="engines"), "pack",
                                    what="the first group", lower="it")
     try:
         with pytest.raises(GfcrError, match=r"(?s)the trainer ranks \(1 x 1 CPU, 0 GPU on a node with `engines`, "
                                             r"strategy `pack`\) could not be reserved within 1s.*fix: stop what"):
-            ray_placement.reserve(ray_placement.bundles(Placement(node_resource="engines")), "pack",
+            ray_placement.reserve(ray_placement.bundles(1, cpus=1, node_resource="engines"), "pack",
                                   what="the trainer ranks", lower="`workers`", timeout_s=1)
         assert _pending_groups() == []
     finally:
