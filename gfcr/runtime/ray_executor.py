@@ -180,10 +180,13 @@ class EngineReplica:
         torch.set_num_threads(threads)
         self.policy = load_policy(policy)
         self.engine = replica_engine(self.policy, policy, replica_name(index), seed)
-        self.node = ray.get_runtime_context().get_node_id()  # the Ray node this actor runs on
+        # the Ray node this actor runs on (None for the body of a replica run in-process, without Ray)
+        self.node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
 
     def ready(self) -> str:
-        """The id of the Ray node the replica runs on, once its engine is loaded."""
+        return self.engine.replica
+
+    def node_id(self) -> str | None:
         return self.node
 
     def generate(self, requests: Sequence[GenerationRequest],
@@ -242,7 +245,8 @@ class RayEngineGroup:
         try:
             group.replicas = [actor.options(num_cpus=placement.cpus, num_gpus=placement.gpus, scheduling_strategy=where)
                               .remote(spec, i, threads, seed) for i, where in enumerate(reservation.strategies)]
-            group.nodes = ray.get([r.ready.remote() for r in group.replicas], timeout=READY_TIMEOUT_S)
+            ray.get([r.ready.remote() for r in group.replicas], timeout=READY_TIMEOUT_S)
+            group.nodes = ray.get([r.node_id.remote() for r in group.replicas])
         except BaseException as exc:  # a replica failed to load, or never started: stop them all
             group.close()
             if not isinstance(exc, ray.exceptions.GetTimeoutError):
