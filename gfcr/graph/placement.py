@@ -12,7 +12,8 @@ samples on a device other than the one its spec asks for:
   (``CUDA_VISIBLE_DEVICES`` empty), so they could not load it;
 - vLLM's tensor parallelism wider than the GPUs a replica holds;
 - a ``node_resource`` that names one of Ray's built-in quantities (``CPU``, ``GPU``,
-  ``memory``, ...) rather than a custom resource that marks nodes.
+  ``memory``, ...) rather than a custom resource that marks nodes;
+- ``executor.weight_sync`` with another executor than Ray (it has no replicas to sync).
 
 A cluster without the GPUs reserved, without nodes that declare the ``node_resource``, or too
 small for the ``strategy``, and a driver without CUDA for a ``cuda`` policy, are found when the
@@ -51,6 +52,11 @@ def engine_placement(spec: PipelineSpec) -> Placement:
 
 def placement_problems(spec: PipelineSpec) -> Iterator[tuple[tuple, str, str]]:
     """``(key path, message, fix)`` for each thing Ray placement cannot honour in ``spec``."""
+    if spec.executor.weight_sync is not None and spec.executor.kind != "ray":
+        yield (("executor", "weight_sync"),
+               f"`executor.weight_sync` chooses how weights reach Ray engine replicas, but the executor is "
+               f"`{spec.executor.kind}`, whose engine shares the trained policy's process",
+               "set `executor.kind: ray`, or remove `weight_sync`")
     if spec.executor.kind != "ray" or spec.policy is None:
         return
     generate = {sid: s for sid, s in spec.all_stages().items() if s.use.startswith("generate.")}

@@ -10,7 +10,10 @@ checkpoints) in the driver process; Ray provides *placement*, behind the interfa
   actor's GPUs). ``generate`` splits one call's requests across the replicas and gathers the
   completions in request order; each completion names its replica (``ray-0``, ``ray-1``),
   which the lineage records. ``sync_weights`` pushes the trained weights to every replica
-  after each update (into its policy copy, then into its engine).
+  after each update (into its policy copy, then into its engine), by ``executor.weight_sync``:
+  a broadcast in a torch.distributed weight group whose rank 0 is the driver
+  (``CollectiveSync`` over ``gfcr.runtime.weight_sync``), or Ray's object store, which is also
+  the fallback when the group fails.
 - ``Resources.map`` is a ``RayMap``: ``filter.verify`` scores its rollouts in batches of
   Ray tasks.
 - The policy being trained (and its optimizer) stays in the driver process, on ``policy.device``.
@@ -44,11 +47,12 @@ over replicas (not supported yet).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import os
 import threading
+import time
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Literal, Sequence
 
 from gfcr.errors import GfcrError
@@ -61,6 +65,7 @@ except ImportError as exc:  # the optional extra is missing
 
 from gfcr.graph.placement import engine_placement
 from gfcr.runtime.ray_placement import Reservation, placement_bundles, reserve
+from gfcr.runtime.weight_sync import WeightReceiver, WeightSender, WeightSyncError, check_layout, layout_of
 from gfcr.spec import PipelineSpec, PolicySpec
 from gfcr.spec import Resources as Placement
 from gfcr.stages.resources import (
@@ -71,6 +76,10 @@ from gfcr.stages.resources import (
 # no FutureWarning about accelerator variables from each worker.
 QUIET_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"}
 READY_TIMEOUT_S = 600.0  # loading a model in a replica (its resources are reserved by then)
+SYNC_TIMEOUT_S = 120.0  # a weight group's rendezvous, or one broadcast of a bucket (64 MiB)
+MAX_GROUP_FAILURES = 2  # collective syncs failed in a row before the run keeps to the object store
+WeightSync = Literal["collective", "object_store"]
+log = logging.getLogger(__name__)
 
 
 # --- placement -----------------------------------------------------------------------------
@@ -179,6 +188,7 @@ class EngineReplica:
 
         torch.set_num_threads(threads)
         self.policy = load_policy(policy)
+        self.receiver: Any = None  # a WeightReceiver, once the engine group has formed a weight group
         self.engine = replica_engine(self.policy, policy, replica_name(index), seed)
         # the Ray node this actor runs on (None for the body of a replica run in-process, without Ray)
         self.node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
@@ -193,15 +203,47 @@ class EngineReplica:
                  max_in_flight: int | None = None) -> list[list[Completion]]:
         """The engine's completions, each naming this replica's node (the lineage's ``ray_node``)."""
         answers = self.engine.generate(requests, max_in_flight=max_in_flight)
-        return [[dataclasses.replace(c, ray_node=self.node) for c in completions] for completions in answers]
+        return [[replace(c, ray_node=self.node) for c in completions] for completions in answers]
 
     def score(self, requests: Sequence[ScoreRequest]) -> list[Scored]:
         return self.engine.score(requests)
 
     def load_weights(self, weights: dict[str, Any], version: int) -> int:
-        """Load the driver's weights into this replica's policy, then into its engine (vLLM copies
-        them in; the transformers engine samples from the policy itself)."""
+        """Load the driver's weights (from the object store) into this replica's policy, then into
+        its engine (vLLM copies them in; the transformers engine samples from the policy itself)."""
         self.policy.model.load_state_dict(weights)
+        return self._loaded(version)
+
+    def join_weight_group(self, host: str, port: int, world_size: int, rank: int, layout: Any,
+                          backend: str, timeout_s: float) -> int:
+        """Join the weight group whose source listens on ``host:port`` as ``rank`` (blocks until
+        the group has formed); a group this replica was in before is left."""
+        self.receiver = None
+        check_layout(layout, layout_of(self.policy.model.state_dict()))
+        self.receiver = WeightReceiver(host, port, world_size, rank, layout, backend, timeout_s)  # type: ignore[arg-type]
+        return rank
+
+    def receive_weights(self, version: int) -> int:
+        """Take one broadcast of the weight group into this replica's policy, then its engine; a
+        failed broadcast leaves the group (the engine group forms a new one)."""
+        if self.receiver is None:
+            raise WeightSyncError(f"{self.engine.replica} is in no weight group\n    fix: the engine group forms "
+                                  "one at its next sync")
+        try:
+            self.receiver.receive_into(self.policy.model.state_dict())
+        except BaseException:
+            self.receiver = None
+            raise
+        return self._loaded(version)
+
+    def leave_weight_group(self) -> None:
+        self.receiver = None  # the group's sockets close with it: the source's next broadcast fails at once
+
+    def weights(self) -> dict[str, Any]:
+        """This replica's policy weights, on the CPU (for checks)."""
+        return {k: v.detach().cpu() for k, v in self.policy.model.state_dict().items()}
+
+    def _loaded(self, version: int) -> int:
         self.policy.version = version
         self.engine.sync_weights(version)
         return version
@@ -218,6 +260,58 @@ def replica_engine(policy: Any, spec: PolicySpec, name: str, seed: int) -> Any:
     return TransformersEngine(policy, replica=name, score_path=spec.score_path)
 
 
+@dataclass(frozen=True, slots=True)
+class SyncRecord:
+    """One weight sync of the engine group: the version sent, by which path, its wall seconds and
+    bytes (the weights' bytes times the replicas, on either path)."""
+
+    version: int
+    path: WeightSync
+    seconds: float
+    bytes: int
+
+
+class CollectiveSync:
+    """The driver's side of a weight group with the replicas: the driver is rank 0 (the source),
+    replica ``i`` is rank ``i + 1``. The group forms at the first sync and again whenever the
+    replicas changed (a restarted actor is a new member) or the last broadcast failed."""
+
+    def __init__(self, timeout_s: float = SYNC_TIMEOUT_S):
+        self.timeout_s = timeout_s
+        self.sender: WeightSender | None = None
+        self.members: list[Any] = []  # the replica handles the group was formed with
+
+    def send(self, replicas: list[Any], state: dict[str, Any], version: int) -> None:
+        """Broadcast ``state`` to every replica, which loads it into its policy and engine."""
+        if self.sender is None or len(replicas) != len(self.members) or any(
+                a is not b for a, b in zip(replicas, self.members)):
+            self._form(replicas, state)
+        assert self.sender is not None
+        received = [r.receive_weights.remote(version) for r in replicas]
+        try:
+            self.sender.send(state)
+            ray.get(received, timeout=self.timeout_s)
+        except BaseException:
+            self.close()
+            raise
+
+    def _form(self, replicas: list[Any], state: dict[str, Any]) -> None:
+        self.close()
+        layout = layout_of(state)
+        backend = "nccl" if next(iter(state.values())).is_cuda else "gloo"
+        sender = WeightSender(ray.util.get_node_ip_address(), len(replicas) + 1, layout, backend, self.timeout_s)
+        joined = [r.join_weight_group.remote(sender.host, sender.port, sender.world_size, rank, layout, backend,
+                                             self.timeout_s) for rank, r in enumerate(replicas, start=1)]
+        sender.join()
+        ray.get(joined, timeout=self.timeout_s)
+        self.sender, self.members = sender, list(replicas)
+
+    def close(self) -> None:
+        if self.sender is not None:
+            self.sender.close()
+        self.sender, self.members = None, []
+
+
 class RayEngineGroup:
     """The Engine protocol over K ``EngineReplica`` actors, driven from the driver process.
 
@@ -225,23 +319,34 @@ class RayEngineGroup:
     weights (version 0). Before generating, a group whose replicas lag the policy's version
     (a resumed run loads a checkpoint into the driver only) syncs them first. ``nodes`` holds
     the Ray node id of each replica, as the replica reports it.
+
+    ``weight_sync`` is how the weights travel: ``collective`` (a weight group, ``CollectiveSync``)
+    or ``object_store``. A collective sync that fails (a replica left or died, a broadcast timed
+    out) is done again through the object store, with a warning, and the next sync forms a new
+    group; after ``MAX_GROUP_FAILURES`` failures in a row the rest of the run uses the object store.
     """
 
     def __init__(self, policy: Policy, replicas: list[Any], score_path: Literal["forward", "decode"] = "forward",
+                 weight_sync: WeightSync = "collective", sync_timeout_s: float = SYNC_TIMEOUT_S,
                  reservation: Reservation | None = None):
         self.policy, self.replicas, self.score_path = policy, replicas, score_path
+        self.weight_sync: WeightSync = weight_sync
+        self.collective = CollectiveSync(sync_timeout_s)
+        self.syncs: list[SyncRecord] = []
         self.reservation = reservation  # the placement group the replicas run in, released at close
         self.nodes: list[str] = []
+        self._failures = 0  # collective syncs failed in a row
         self._version = 0
 
     @classmethod
-    def start(cls, policy: Policy, spec: PolicySpec, placement: Placement, seed: int = 0) -> "RayEngineGroup":
+    def start(cls, policy: Policy, spec: PolicySpec, placement: Placement, seed: int = 0,
+              weight_sync: WeightSync = "collective") -> "RayEngineGroup":
         """K replicas, each in its bundle of a placement group reserved first (fails at once, with
         the fix, when the cluster cannot hold them where ``placement`` asks)."""
         reservation = reserve(placement_bundles(placement), placement.strategy, what="the engine replicas",
                               lower="`resources.replicas`, `resources.cpus` or `resources.gpus` on the generate stage")
         actor, threads = ray.remote(EngineReplica), max(1, int(placement.cpus))
-        group = cls(policy, [], spec.score_path, reservation)
+        group = cls(policy, [], spec.score_path, weight_sync, reservation=reservation)
         try:
             group.replicas = [actor.options(num_cpus=placement.cpus, num_gpus=placement.gpus, scheduling_strategy=where)
                               .remote(spec, i, threads, seed) for i, where in enumerate(reservation.strategies)]
@@ -285,16 +390,40 @@ class RayEngineGroup:
         return TransformersEngine(self.policy, score_path=self.score_path).score(requests)  # type: ignore[arg-type]
 
     def sync_weights(self, policy_version: int) -> int:
-        """Push the driver's weights to every replica: one ``ray.put``, one load per replica (into
-        its policy, then its engine); returns the bytes sent, the weights' times the replicas."""
+        """Push the driver's weights to every replica (into its policy, then its engine), by the
+        group's ``weight_sync`` path; returns the bytes sent, the weights' times the replicas."""
         self._require_open()
-        state = {k: v.detach().cpu() for k, v in self.policy.model.state_dict().items()}
-        weights = ray.put(state)
-        ray.get([r.load_weights.remote(weights, policy_version) for r in self.replicas])
+        start = time.perf_counter()
+        state = {k: v.detach() for k, v in self.policy.model.state_dict().items()}
+        path: WeightSync = "object_store"
+        if self.weight_sync == "collective" and self._collective(state, policy_version):
+            path = "collective"
+        else:
+            weights = ray.put({k: v.cpu() for k, v in state.items()})
+            ray.get([r.load_weights.remote(weights, policy_version) for r in self.replicas])
         self._version = policy_version
-        return len(self.replicas) * sum(v.numel() * v.element_size() for v in state.values())
+        sent = len(self.replicas) * sum(v.numel() * v.element_size() for v in state.values())
+        self.syncs.append(SyncRecord(policy_version, path, time.perf_counter() - start, sent))
+        return sent
+
+    def _collective(self, state: dict[str, Any], version: int) -> bool:
+        """Sync through the weight group; False (with a warning) when it failed."""
+        try:
+            self.collective.send(self.replicas, state, version)
+        except (WeightSyncError, ray.exceptions.RayError) as exc:
+            self._failures += 1
+            gave_up = self._failures >= MAX_GROUP_FAILURES
+            if gave_up:
+                self.weight_sync = "object_store"
+            log.warning("the weight sync to version %d through the collective group failed (%s); sent through "
+                        "Ray's object store instead, %s", version, str(exc).splitlines()[0],
+                        "and for the rest of the run" if gave_up else "and a new group forms at the next sync")
+            return False
+        self._failures = 0
+        return True
 
     def close(self) -> None:
+        self.collective.close()
         for replica in self.replicas:
             ray.kill(replica)
         self.replicas = []
@@ -347,7 +476,8 @@ def ray_resources(spec: PipelineSpec) -> Resources:
         check_capacity(placement, engine=policy is not None)
         resources.map = RayMap(task_slots(placement, engine=policy is not None))
         if policy is not None and spec.policy is not None:
-            group = RayEngineGroup.start(policy, spec.policy, placement, spec.run.seed)
+            group = RayEngineGroup.start(policy, spec.policy, placement, spec.run.seed,
+                                         spec.executor.weight_sync or "collective")
             resources.engine = group
             resources.closers.append(group.close)
     except BaseException:

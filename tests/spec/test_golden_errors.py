@@ -388,6 +388,11 @@ CASES = [
     Case("a Ray placement strategy misspelt", QUICK, "--set stages.rollout.resources.strategy=packed",
          "stages.rollout.resources.strategy", "`packed` is not one of `pack`, `spread`, `strict_pack`, `strict_spread`",
          "did you mean `pack`?", ["executor.kind=ray", "stages.rollout.resources.strategy=packed"]),
+    Case("a weight-sync path without Ray replicas", QUICK + "executor: {kind: prefect, weight_sync: collective}\n",
+         "weight_sync: collective", "executor.weight_sync", "`executor.weight_sync` chooses how weights reach Ray "
+         "engine replicas, but the executor is `prefect`", "set `executor.kind: ray`, or remove `weight_sync`"),
+    Case("a weight-sync path misspelt", QUICK + "executor: {kind: ray, weight_sync: object-store}\n",
+         "object-store", "executor.weight_sync", "`object-store` is not one of", "did you mean `object_store`?"),
     Case("infinite learning rate", edit(QUICK, "lr: 3.0e-4", "lr: .inf"),
          "lr: .inf", "update.with.lr", "`lr` must be a finite number, got `inf`", FINITE_FIX),
     Case("infinite sampling temperature", edit(QUICK, "temperature: 1.0", "temperature: .inf"),

@@ -22,14 +22,16 @@ with ``generate.sample``), ``pivot_rollouts`` (``prompts``: the rollouts spent o
 out of the loss) and ``trained_rollouts`` (``g * prompts``). Each entry's ``why`` is
 ``ControlReason("g_plus_pivot", "g", g, {"pivot": 1})``. No state.
 
-Reference defaults: ``g = 8`` (GRPO's usual group; the reference sweeps G = 2..8).
+Reference defaults: ``g = 8``, as the reference's main script (``scripts/MCGRPO_gsm.sh``,
+``--num_generations=8``, which overrides its recipes' 16).
 
 Deviations: none in the allocation (``G + 1`` per prompt, as the reference's ``num_generations
 + 1`` with ``--mc``); which rollout is the pivot is decided after scoring, by the estimator.
 
-Fidelity: public code at lotusroot-kim/MC-GRPO@da07745; reference cases pending for the G + 1
-allocation (the ``mc_grpo`` advantage estimator it pairs with is checked,
-``tests/fidelity/mc_grpo.json``).
+Fidelity: checked against lotusroot-kim/MC-GRPO@da07745: 10/10 cases
+(``tests/fidelity/mc_grpo_allocation.json``: the trainer's ``use_extra_rollout`` block on
+``RepeatSampler``'s prompts, G from 1 to 16, with and without ``--allocation``). The ``mc_grpo``
+advantage estimator it pairs with is checked in ``tests/fidelity/mc_grpo.json``.
 
 Example:
 

@@ -24,9 +24,15 @@ Deviations:
   up to ``every - 1`` extra tokens per row may be decoded after the target is reached.
 - Resuming partials next step (APRIL's buffer) is a Replay stage's job; this stage only
   aborts. Without one, the partials are dropped with their groups.
+- When more groups end at the stopping step than the target needs, every one of them is kept;
+  slime keeps exactly ``rollout_batch_size`` (which of the tied groups follows asyncio's done
+  set) and leaves the others out of both the batch and its partial buffer (3 reference cases).
 
-Fidelity: public code at THUDM/slime; reference cases pending (APRIL's abort,
-``slime/rollout/sglang_rollout.py``, issue 29).
+Fidelity: checked against THUDM/slime@624b824: 8/11 cases, 3 documented deviations
+(``tests/fidelity/stop_at_target.json``: ``generate_rollout_async`` and ``abort`` of
+``slime/rollout/sglang_rollout.py`` with partial rollout on, every row decoding one token a step:
+the step of the abort, the groups ended by then and those aborted with a partial, against this
+stage's ``steer`` every step).
 
 Example:
 

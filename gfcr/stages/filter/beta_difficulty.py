@@ -46,9 +46,12 @@ Deviations:
   (replayed) are judged but do not update the posterior again. A rollout with no reward is an
   error: put ``filter.verify`` first.
 
-Fidelity: public code at thu-rllab/MoPPS@a883f51; reference cases pending (the posterior update is
-``control.beta_thompson``'s, checked in ``tests/fidelity/mopps.json``; the post-rollout band is
-gfcr's own, see Deviations).
+Fidelity: checked against thu-rllab/MoPPS@a883f51: 15/15 cases (``tests/fidelity/beta_difficulty.json``:
+``PosteriorSampler.train``'s decayed update and ``sample_batch``'s threshold band test,
+``in_range_mask``, run on the posterior mean after each step's update: ties at the bounds,
+all-correct, all-wrong, first steps, decays 0 to 1, other priors). Applying the band to the mean
+after rollout rather than to a Thompson draw before it is gfcr's own (Deviations); no case
+compares that choice.
 
 Example:
 

@@ -29,8 +29,11 @@ Deviations:
 - joined pilots keep the rewards verified on their own step and are not verified again.
 - a commit group a filter already dropped gets no pilots and stays dropped.
 
-Fidelity: public code at databricks/pilot-commit@6def20e; reference cases pending for the join
-(``control.pilot_commit``'s verdicts are checked, ``tests/fidelity/pilot_commit.json``).
+Fidelity: checked against databricks/pilot-commit@6def20e: 12/12 cases (``tests/fidelity/pilot_join.json``:
+each committed prompt's update group, its size and the GRPO advantages of its pilot and commit
+rows as the trainer's concat, ``extract_original_prompts`` and verl's
+``compute_grpo_outcome_advantage`` give them; the step's own pilot groups are not trained on).
+``control.pilot_commit``'s verdicts are checked in ``tests/fidelity/pilot_commit.json``.
 
 Example:
 

@@ -37,10 +37,21 @@ Metrics per step (``stages.<id>`` in ``metrics.jsonl`` and MLflow): ``rollouts_r
 candidates), ``pool_entries`` and ``pool_prompts`` (what the pool holds: the own pool plus,
 with ``store``, the store's correct entries).
 
+Which candidates: a prompt with at most ``M`` candidates gets all of them, in pool order (oldest
+first), as the reference takes its candidate list whole; with more, ``M`` are drawn at random
+without replacement (the reference's ``random.sample``; gfcr's draw is seeded per run, step and
+group, so it is not the reference's).
+
+Defaults: ``replayed_per_group`` 2, the main script's (``recipe/rlep/rlep_training.sh``,
+``experience_replay_num=2``); ``online``, ``max_per_prompt`` 16 and ``correction: none`` are gfcr's
+(the reference's pool is built offline, static and uncapped, and its old log-probs are recomputed).
+
 Deviations:
 - the reference code pads a prompt with fewer than ``M`` candidates with empty responses; this
   appends the candidates there are (none for a prompt never solved) and counts the group in
-  ``groups_short``;
+  ``groups_short`` (5 reference cases);
+- the pool keeps one entry per distinct response of a prompt; the reference's candidate list
+  may repeat one, and replays both copies (1 reference case);
 - the reference code stores text and re-tokenizes it; this replays the stored token ids
   (``seed_from.jsonl`` is text, and is tokenized once, when the pool is seeded);
 - the paper's pool is built offline by a seed policy and is static; ``online`` (the default)
@@ -48,7 +59,12 @@ Deviations:
 - ``correction: tis`` is not in the paper (an option the seed-method notes ask for);
 - replayed rollouts keep the reward and correctness they were verified with.
 
-Fidelity: public code at Kwai-Klear/RLEP@c15e5b4; reference cases pending.
+Fidelity: checked against Kwai-Klear/RLEP@c15e5b4: 10/16 cases, 6 documented deviations
+(``tests/fidelity/rlep.json``: the dataset's candidates block and the rollout's replay block, run on
+one prompt's candidates: how many responses are appended, how many are empty, that they are
+distinct candidates, and their order where no draw is made; ``random.sample``'s draw itself is not
+compared). The order when every candidate is taken was corrected against these cases (it was a
+random permutation).
 
 Example (a group whose two fresh rollouts failed gets the two stored successes of its prompt):
 
@@ -230,12 +246,13 @@ class RLEP:
         return groups
 
     def _choose(self, group: RolloutGroup, ctx: StepContext) -> list[StoredRollout]:
-        """Up to M of the prompt's candidates from earlier steps, drawn from a generator seeded by
-        the run's seed, the step, the loop round and the group (the same draw on resume)."""
+        """The prompt's candidates from earlier steps, all of them in pool order when there are at most
+        M (as the reference), else M drawn from a generator seeded by the run's seed, the step, the
+        loop round and the group (the same draw on resume)."""
         candidates = [e for e in self._candidates(group.prompt_id) if e.step < ctx.step]
-        m = min(self.config.replayed_per_group, len(candidates))
-        if m == 0:
-            return []
+        m = self.config.replayed_per_group
+        if len(candidates) <= m:
+            return candidates
         rng = np.random.default_rng([ctx.seed, ctx.step, ctx.round or 0, zlib.crc32(group.group_id.encode())])
         return [candidates[i] for i in rng.choice(len(candidates), size=m, replace=False)]
 

@@ -6,8 +6,10 @@ Difficulty-targeted Online Data Selection and Rollout Replay", arXiv 2506.05316;
 trains on a batch of ``B`` groups of which ``sigma * B`` are fresh (rolled out this step) and
 ``(1 - sigma) * B`` are *replayed*: sampled uniformly, without replacement, from a FIFO buffer of
 recent groups that keeps the latest group per prompt and holds at most ``buffer_size`` prompts.
-The step's fresh groups are appended to the buffer after the draw (a prompt already there moves
-to the back with its new group; the oldest prompts leave beyond ``buffer_size``).
+The step's fresh groups join the buffer after the draw, as the reference's ``select_buffer``
+orders it: the buffer first keeps its newest ``buffer_size - n`` groups (``n`` fresh groups), then
+each fresh group joins at the back (a prompt already there moves to the back with its new group,
+so the buffer may hold fewer than ``buffer_size`` until the next step).
 
 Placement and sigma: the stage reads the fresh groups (after the verifier, or after a filter)
 and returns them followed by the replayed ones: ``k = round(n * (1 - sigma) / sigma)`` replayed
@@ -35,13 +37,20 @@ Replayed rollouts are new rollouts (``origin: replayed``, ``replayed_from`` the 
 ``buffer_prompts``. The buffer is saved with each checkpoint (``files/entries.parquet``, its
 order in the stage state).
 
+Defaults: ``fresh_fraction`` 0.5 and ``buffer_size`` 512, the main script's
+(``run_bash/final_ds_teacher_replay.sh``: ``SIGMA=0.5``, ``BUFFER_SIZE=512``); ``zero_variance:
+true`` as its trainer (``ray_trainer_teacher_replay.py``, whose 0/1 filter is commented out).
+
 Deviations:
 - sigma is the fresh share of the groups that reach the update, not of the prompts selected:
   the stage cannot make the Control stage select fewer prompts, so the pipeline sets that batch
   size (above); the reference fixes both, ``sigma * B`` fresh prompts and ``(1 - sigma) * B``
   replayed groups, which is the same without a dropping filter.
-- a prompt rolled out fresh this step is not replayed in the same step (the reference does not
-  say; a prompt twice in one batch would give its group double weight).
+- a prompt rolled out fresh this step is not replayed in the same step (the reference's draw
+  can pick it and logs the overlap; a prompt twice in one batch would give its group double
+  weight): 2 reference cases replay fewer groups.
+- the reference replays nothing in DOTS' first round (``mu`` steps); this replays from the
+  second step on: 1 reference case.
 - groups are buffered as the stage receives them: after a filter (DAPO) only the kept ones,
   with the rollouts still in them; a filter's loss mask is not kept (a replayed rollout counts
   every token).
@@ -49,8 +58,12 @@ Deviations:
 - ``zero_variance: false`` leaves out groups whose rewards are all equal: the reference's
   filter for them exists but is commented out, so the default (true) replays them, as it does.
 
-Fidelity: public code at ASTRAL-Group/data-efficient-llm-rl@59df918; reference cases pending
-(``select_buffer``; ``control.dots``'s selection is checked, ``tests/fidelity/dots.json``).
+Fidelity: checked against ASTRAL-Group/data-efficient-llm-rl@59df918: 15/18 cases, 3 documented
+deviations (``select_buffer`` with ``replay_strategy: random``, ``tests/fidelity/rollout_replay.json``:
+the replayed count, the buffer drawn from and after each step, the buffer order of the draw;
+torch.randperm's draw itself is not compared). The buffer's trimming before the fresh groups join
+was corrected against these cases (1 case differed). ``control.dots``'s selection is checked in
+``tests/fidelity/dots.json``.
 
 Example:
 
@@ -143,6 +156,7 @@ class RolloutReplay:
         want = round(len(fresh) * (1.0 - self.config.fresh_fraction) / self.config.fresh_fraction)
         chosen = self._draw(want, {g.prompt_id for g in groups}, ctx)
         replayed = [self._replayed(b, ctx.step) for b in chosen]
+        self._make_room(len(fresh))
         for g in fresh:
             self._append(g, ctx.step)
         self._last = _metrics(replayed, ctx.policy_version, len(self.buffer))
@@ -163,6 +177,13 @@ class RolloutReplay:
         rollouts = [reuse(e, rollout_id(gid, i), gid, Origin.REPLAYED) for i, e in enumerate(buffered.rollouts)]
         return RolloutGroup(gid, buffered.prompt_id, step, buffered.target_size, rollouts,
                             sample_weight=buffered.sample_weight)
+
+    def _make_room(self, fresh: int) -> None:
+        """Keep the newest ``buffer_size - fresh`` groups before the fresh ones join, as the reference's
+        ``select_buffer`` does: a fresh prompt already kept there then replaces its old group, and the
+        buffer holds one group fewer than ``buffer_size`` until the next step."""
+        while self.buffer and len(self.buffer) > self.config.buffer_size - fresh:
+            self.buffer.pop(next(iter(self.buffer)))
 
     def _append(self, group: RolloutGroup, step: int) -> None:
         self.buffer.pop(group.prompt_id, None)  # the latest group per prompt, at the back
