@@ -4,8 +4,8 @@ and each rollout's Ray node in the lineage.
 
 The rules of ``cannot_hold`` are tested without Ray. The rest runs on a real local multi-node
 cluster (``ray.cluster_utils.Cluster``: a head and two worker nodes, each with its own custom
-resource), marked ``slow`` (3 min 7 s on the shared, loaded 2-core machine, 33 s of it starting the cluster):
-``pytest -m slow tests/runtime/test_ray_placement.py``.
+resource), marked ``slow``: 89 s on the shared 2-core machine, 19 s of it starting the cluster
+(3 min 10 s under load); ``pytest -m slow tests/runtime/test_ray_placement.py``.
 """
 
 from __future__ import annotations
