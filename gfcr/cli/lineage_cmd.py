@@ -279,7 +279,8 @@ def _generated(chain: Any) -> str:
     lo, hi = row["policy_version_min"], row["policy_version_max"]
     version = f"policy version {lo}" if lo == hi else f"policy versions {lo}-{hi}"
     parts = [f"by {chain.created_by or '(unknown stage)'}", f"origin {row['origin']}", version,
-             f"replica {row['replica'] or '-'}", f"{row['n_tokens']} tokens",
+             f"replica {row['replica'] or '-'}" + (f" on Ray node {row['ray_node']}" if row.get("ray_node") else ""),
+             f"{row['n_tokens']} tokens",
              f"{row['status']} (finish reason: {row['finish_reason'] or '-'})"]
     if row["replayed_from"]:
         parts.append(f"replayed from {row['replayed_from']}" + _made(row))

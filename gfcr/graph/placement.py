@@ -11,11 +11,14 @@ samples on a device other than the one its spec asks for:
 - the policy on ``cuda`` with no GPU reserved: Ray gives the replica actors no GPU
   (``CUDA_VISIBLE_DEVICES`` empty), so they could not load it;
 - vLLM's tensor parallelism wider than the GPUs a replica holds;
+- a ``node_resource`` that names one of Ray's built-in quantities (``CPU``, ``GPU``,
+  ``memory``, ...) rather than a custom resource that marks nodes;
 - ``executor.weight_sync`` with another executor than Ray (it has no replicas to sync).
 
-A cluster without the GPUs reserved, or a driver without CUDA for a ``cuda`` policy, is found
-when the run starts (``gfcr.runtime.ray_executor.check_capacity``, ``load_policy``), before
-any step, each with its fix.
+A cluster without the GPUs reserved, without nodes that declare the ``node_resource``, or too
+small for the ``strategy``, and a driver without CUDA for a ``cuda`` policy, are found when the
+run starts (``gfcr.runtime.ray_placement.reserve``, ``load_policy``), before any step, each
+with its fix.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from gfcr.errors import GfcrError
 from gfcr.spec import PipelineSpec
 from gfcr.spec import Resources as Placement
 
+RAY_QUANTITIES = ("CPU", "GPU", "memory", "object_store_memory")  # every node has them: they mark none
 NOT_ON_RAY = ("run this pipeline with `executor: {kind: prefect}` (or `local`), or remove `in_flight`: "
               "in-flight control across Ray engine replicas is not supported yet")
 
@@ -73,6 +77,12 @@ def placement_problems(spec: PipelineSpec) -> Iterator[tuple[tuple, str, str]]:
                    "it is generated", NOT_ON_RAY)
     owner = next(iter(declared_placements(spec)), next(iter(generate)))
     yield from _device_problems(spec, placement, ("stages", owner, "resources", "gpus"))
+    if placement.node_resource in RAY_QUANTITIES:
+        yield (("stages", owner, "resources", "node_resource"),
+               f"`node_resource: {placement.node_resource}` names a quantity every Ray node has, so it selects no "
+               f"nodes; `node_resource` is a custom resource that the chosen nodes declare",
+               f"start those nodes with `ray start --resources '{{\"engines\": 1}}'` and set `node_resource: "
+               f"engines`, or remove `node_resource` (`cpus` and `gpus` reserve CPUs and GPUs)")
 
 
 def _device_problems(spec: PipelineSpec, placement: Placement, path: tuple) -> Iterator[tuple[tuple, str, str]]:

@@ -94,6 +94,7 @@ class Rollout:
     text: str | None = None  # decoded response, for verifiers and reading; never re-tokenized
     context_token_ids: list[int] | None = None  # set only when the context differs from the prompt's
     replica: str | None = None  # which engine replica produced it
+    ray_node: str | None = None  # the Ray node id that replica ran on (None for an in-process engine)
     replayed_from: str | None = None  # the rollout id a reused rollout copies (``reused``), for lineage
     # a reused rollout's original's oldest policy version: its own segments say the same unless the
     # replay rescored them at the current version (``replay.rlep``, ``correction: none``)

@@ -18,7 +18,8 @@ A row follows a rollout from its prompt to the update:
   (a reused rollout's original's oldest policy version, null for others), ``policy_version_min`` /
   ``_max`` over its tokens (they differ only for rollouts continued across updates; a reused
   rollout keeps its original versions unless its replay rescored it at the current policy,
-  ``replay.rlep`` with ``correction: none``), the engine ``replica``, ``status``,
+  ``replay.rlep`` with ``correction: none``), the engine ``replica`` and the ``ray_node`` id
+  it ran on (null for an in-process engine), ``status``,
   ``finish_reason``, ``stop_reason`` (why an in-flight controller ended it, when one said),
   ``n_tokens`` and ``created_by`` (the id of the first stage that output it, or
   of the stage that appended it to a group another stage created: ``replay.rlep``);
@@ -70,7 +71,8 @@ SCHEMA = pa.schema([
     ("draft_tokens", pa.int64()), ("forced_tokens", pa.int64()), ("branch_token_idx", pa.int64()),
     ("created_step", pa.int64()), ("replayed_policy_version", pa.int64()),
     ("policy_version_min", pa.int64()), ("policy_version_max", pa.int64()), ("replica", pa.string()),
-    ("status", pa.string()), ("finish_reason", pa.string()), ("stop_reason", pa.string()), ("n_tokens", pa.int64()),
+    ("ray_node", pa.string()), ("status", pa.string()), ("finish_reason", pa.string()), ("stop_reason", pa.string()),
+    ("n_tokens", pa.int64()),
     ("reward", pa.float64()), ("correct", pa.bool_()), ("reward_reason", pa.string()),
     ("advantage", pa.float64()), ("created_by", pa.string()), ("dropped_by", pa.string()),
     ("drop_reason", pa.string()), ("in_update", pa.bool_()), ("changed_by", pa.list_(pa.string())),
@@ -103,7 +105,7 @@ def _row(report: StepReport, group: RolloutGroup, r: Rollout) -> dict[str, Any]:
         "replayed_policy_version": r.replayed_policy_version,
         "policy_version_min": int(versions.min()) if len(versions) else None,
         "policy_version_max": int(versions.max()) if len(versions) else None,
-        "replica": r.replica, "status": str(r.status), "finish_reason": r.finish_reason,
+        "replica": r.replica, "ray_node": r.ray_node, "status": str(r.status), "finish_reason": r.finish_reason,
         "stop_reason": r.stop_reason or None, "n_tokens": len(r),
         "reward": r.reward, "correct": r.correct, "reward_reason": r.reward_reason,
         "advantage": _scalar_advantage(r.advantage), "created_by": report.created_by_rollout(group.group_id, r.rollout_id),

@@ -18,10 +18,13 @@ checkpoints) in the driver process; Ray provides *placement*, behind the interfa
   Ray tasks.
 - The policy being trained (and its optimizer) stays in the driver process, on ``policy.device``.
 
-Placement: the engine group takes its ``resources`` (``cpus``, ``gpus`` per replica and
-``replicas``) from the pipeline's generate stages (``gfcr.graph.placement.engine_placement``);
-they share one engine, so the generate stages that declare resources must declare the same
-ones. ``gfcr validate`` refuses GPUs that disagree with ``policy.device`` and in-flight
+Placement: the engine group takes its ``resources`` (``cpus``, ``gpus`` per replica,
+``replicas``, and where: ``strategy``, ``node_resource``) from the pipeline's generate stages
+(``gfcr.graph.placement.engine_placement``); they share one engine, so the generate stages that
+declare resources must declare the same ones. The replicas start in a placement group that
+``gfcr.runtime.ray_placement.reserve`` holds for them (one bundle each, on the nodes asked
+for), and each records its Ray node id on what it generates (the lineage's ``ray_node``).
+``gfcr validate`` refuses GPUs that disagree with ``policy.device`` and in-flight
 controllers (``gfcr.graph.placement``). The replicas plus one verification task must fit in
 the CPUs and GPUs the cluster has free when the run starts; otherwise the run fails at once,
 saying so, rather than waiting on Ray.
@@ -49,7 +52,7 @@ import math
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Literal, Sequence
 
 from gfcr.errors import GfcrError
@@ -61,6 +64,7 @@ except ImportError as exc:  # the optional extra is missing
                     "    fix: `pip install 'gfcr[ray]'`, or use `executor: {kind: prefect}`") from exc
 
 from gfcr.graph.placement import engine_placement
+from gfcr.runtime.ray_placement import Reservation, placement_bundles, reserve
 from gfcr.runtime.weight_sync import WeightReceiver, WeightSender, WeightSyncError, check_layout, layout_of
 from gfcr.spec import PipelineSpec, PolicySpec
 from gfcr.spec import Resources as Placement
@@ -71,7 +75,7 @@ from gfcr.stages.resources import (
 # Set before a local cluster starts, so its processes inherit them: no usage-stats notice, and
 # no FutureWarning about accelerator variables from each worker.
 QUIET_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"}
-READY_TIMEOUT_S = 600.0  # loading a model in a replica; a pending actor means the cluster is too small
+READY_TIMEOUT_S = 600.0  # loading a model in a replica (its resources are reserved by then)
 SYNC_TIMEOUT_S = 120.0  # a weight group's rendezvous, or one broadcast of a bucket (64 MiB)
 MAX_GROUP_FAILURES = 2  # collective syncs failed in a row before the run keeps to the object store
 WeightSync = Literal["collective", "object_store"]
@@ -186,13 +190,20 @@ class EngineReplica:
         self.policy = load_policy(policy)
         self.receiver: Any = None  # a WeightReceiver, once the engine group has formed a weight group
         self.engine = replica_engine(self.policy, policy, replica_name(index), seed)
+        # the Ray node this actor runs on (None for the body of a replica run in-process, without Ray)
+        self.node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
 
     def ready(self) -> str:
         return self.engine.replica
 
+    def node_id(self) -> str | None:
+        return self.node
+
     def generate(self, requests: Sequence[GenerationRequest],
                  max_in_flight: int | None = None) -> list[list[Completion]]:
-        return self.engine.generate(requests, max_in_flight=max_in_flight)
+        """The engine's completions, each naming this replica's node (the lineage's ``ray_node``)."""
+        answers = self.engine.generate(requests, max_in_flight=max_in_flight)
+        return [[replace(c, ray_node=self.node) for c in completions] for completions in answers]
 
     def score(self, requests: Sequence[ScoreRequest]) -> list[Scored]:
         return self.engine.score(requests)
@@ -306,7 +317,8 @@ class RayEngineGroup:
 
     ``policy`` is the driver's policy being trained; the replicas start from the same source
     weights (version 0). Before generating, a group whose replicas lag the policy's version
-    (a resumed run loads a checkpoint into the driver only) syncs them first.
+    (a resumed run loads a checkpoint into the driver only) syncs them first. ``nodes`` holds
+    the Ray node id of each replica, as the replica reports it.
 
     ``weight_sync`` is how the weights travel: ``collective`` (a weight group, ``CollectiveSync``)
     or ``object_store``. A collective sync that fails (a replica left or died, a broadcast timed
@@ -315,31 +327,39 @@ class RayEngineGroup:
     """
 
     def __init__(self, policy: Policy, replicas: list[Any], score_path: Literal["forward", "decode"] = "forward",
-                 weight_sync: WeightSync = "collective", sync_timeout_s: float = SYNC_TIMEOUT_S):
+                 weight_sync: WeightSync = "collective", sync_timeout_s: float = SYNC_TIMEOUT_S,
+                 reservation: Reservation | None = None):
         self.policy, self.replicas, self.score_path = policy, replicas, score_path
         self.weight_sync: WeightSync = weight_sync
         self.collective = CollectiveSync(sync_timeout_s)
         self.syncs: list[SyncRecord] = []
+        self.reservation = reservation  # the placement group the replicas run in, released at close
+        self.nodes: list[str] = []
         self._failures = 0  # collective syncs failed in a row
         self._version = 0
 
     @classmethod
     def start(cls, policy: Policy, spec: PolicySpec, placement: Placement, seed: int = 0,
               weight_sync: WeightSync = "collective") -> "RayEngineGroup":
-        actor = ray.remote(EngineReplica).options(num_cpus=placement.cpus, num_gpus=placement.gpus)
-        threads = max(1, int(placement.cpus))
-        replicas = [actor.remote(spec, i, threads, seed) for i in range(placement.replicas)]
-        group = cls(policy, replicas, spec.score_path, weight_sync)
+        """K replicas, each in its bundle of a placement group reserved first (fails at once, with
+        the fix, when the cluster cannot hold them where ``placement`` asks)."""
+        reservation = reserve(placement_bundles(placement), placement.strategy, what="the engine replicas",
+                              lower="`resources.replicas`, `resources.cpus` or `resources.gpus` on the generate stage")
+        actor, threads = ray.remote(EngineReplica), max(1, int(placement.cpus))
+        group = cls(policy, [], spec.score_path, weight_sync, reservation=reservation)
         try:
-            ray.get([r.ready.remote() for r in replicas], timeout=READY_TIMEOUT_S)
+            group.replicas = [actor.options(num_cpus=placement.cpus, num_gpus=placement.gpus, scheduling_strategy=where)
+                              .remote(spec, i, threads, seed) for i, where in enumerate(reservation.strategies)]
+            ray.get([r.ready.remote() for r in group.replicas], timeout=READY_TIMEOUT_S)
+            group.nodes = ray.get([r.node_id.remote() for r in group.replicas])
         except BaseException as exc:  # a replica failed to load, or never started: stop them all
             group.close()
             if not isinstance(exc, ray.exceptions.GetTimeoutError):
                 raise
-            raise GfcrError(f"the {placement.replicas} engine replicas did not start within {READY_TIMEOUT_S:g}s "
-                            f"(each needs {placement.cpus:g} CPUs, {placement.gpus} GPUs)\n    fix: check that the "
-                            "cluster has free resources (`ray status`), or lower `resources` on the generate "
-                            "stage") from None
+            raise GfcrError(f"the {placement.replicas} engine replicas did not load the policy within "
+                            f"{READY_TIMEOUT_S:g}s, in their reserved {placement.cpus:g} CPUs and {placement.gpus} "
+                            "GPUs each\n    fix: read the replicas' logs (`/tmp/ray/session_latest/logs` on their nodes), "
+                            "or give them more with `resources` on the generate stage") from None
         return group
 
     @property
@@ -407,6 +427,9 @@ class RayEngineGroup:
         for replica in self.replicas:
             ray.kill(replica)
         self.replicas = []
+        if self.reservation is not None:
+            self.reservation.release()
+            self.reservation = None
 
     def _require_open(self) -> None:
         if not self.replicas:

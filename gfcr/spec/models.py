@@ -94,11 +94,18 @@ class StrictModel(BaseModel):
 
 
 class Resources(StrictModel):
-    """What one replica of a stage needs, for placement on Ray (DESIGN.md section 6)."""
+    """What one replica of a stage needs, and on which nodes, for placement on Ray (DESIGN.md section 6,
+    docs/ray.md "Placement"); the other executors run the stage in process and ignore it."""
 
     gpus: Annotated[int, Field(ge=0)] = 0
     cpus: Annotated[float, Field(gt=0)] = 1.0
     replicas: Annotated[int, Field(ge=1)] = 1
+    strategy: Literal["pack", "spread", "strict_pack", "strict_spread"] = Field("pack", description=(
+        "how Ray places the replicas (one placement-group bundle each) over the nodes: `pack` on as few nodes as "
+        "it can, `spread` over as many, `strict_pack` all on one node, `strict_spread` each on its own node"))
+    node_resource: Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.:/-]*$", description=(
+        "place the replicas only on nodes that declare this Ray custom resource (`ray start --resources "
+        "'{\"engines\": 1}'`); any amount will do: each replica takes 0.001 of it"))] | None = None
 
 
 class StageSpec(StrictModel):

@@ -104,6 +104,7 @@ class Completion:
     replica: str = "0"
     entropy: np.ndarray | None = None  # [T] float32, when params.entropy
     forced: int = 0  # the last ``forced`` tokens were appended by a controller (``Exit``), not sampled
+    ray_node: str | None = None  # the Ray node id of the replica that sampled it (None in process)
 
 
 def splice(prefix: ResponsePrefix | None, completion: Completion,

@@ -210,6 +210,8 @@ def test_quickstart_with_two_ray_replicas_records_both_and_matches_the_local_key
     for step in range(3):
         rows = pq.read_table(ray_run / "lineage" / f"step-{step:06d}.parquet").to_pylist()
         assert {row["replica"] for row in rows} == {"ray-0", "ray-1"}
+        (node,) = {row["ray_node"] for row in rows}  # the local cluster's one node, on every row
+        assert node is not None
         assert sum(row["replica"] == "ray-1" for row in rows) == len(rows) // 2  # 16 prompts x 8, split 8 / 8
     ray_records, local_records = _records(ray_run), _records(local_run)
     assert [r["step"] for r in ray_records] == [0, 1, 2]

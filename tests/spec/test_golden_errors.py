@@ -381,6 +381,13 @@ CASES = [
     Case("Ray replicas on cuda without a GPU reserved", VLLM_QUICK, "rollout: {use: generate.sample",
          "stages.rollout.resources.gpus", "the policy is on `cuda`, but `rollout` reserves no GPU",
          "set `resources: {gpus: 1}` (or more) on `rollout`, or `policy.device: cpu`", ["executor.kind=ray"]),
+    Case("Ray replicas placed by a quantity every node has", QUICK, "--set stages.rollout.resources.node_resource=GPU",
+         "stages.rollout.resources.node_resource", "`node_resource: GPU` names a quantity every Ray node has",
+         "start those nodes with `ray start --resources '{\"engines\": 1}'` and set `node_resource: engines`",
+         ["executor.kind=ray", "stages.rollout.resources.node_resource=GPU"]),
+    Case("a Ray placement strategy misspelt", QUICK, "--set stages.rollout.resources.strategy=packed",
+         "stages.rollout.resources.strategy", "`packed` is not one of `pack`, `spread`, `strict_pack`, `strict_spread`",
+         "did you mean `pack`?", ["executor.kind=ray", "stages.rollout.resources.strategy=packed"]),
     Case("a weight-sync path without Ray replicas", QUICK + "executor: {kind: prefect, weight_sync: collective}\n",
          "weight_sync: collective", "executor.weight_sync", "`executor.weight_sync` chooses how weights reach Ray "
          "engine replicas, but the executor is `prefect`", "set `executor.kind: ray`, or remove `weight_sync`"),

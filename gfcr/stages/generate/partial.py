@@ -277,4 +277,4 @@ def _carried(r: Rollout, rid: str, gid: str) -> Rollout:
     no scores (the verifier scores the whole group again)."""
     return Rollout(rid, gid, r.prompt_id, list(r.response_token_ids), [copy_segment(s) for s in r.segments],
                    status=r.status, origin=r.origin, finish_reason=r.finish_reason, created_step=r.created_step,
-                   text=r.text, replica=r.replica, token_entropy=r.token_entropy)
+                   text=r.text, replica=r.replica, ray_node=r.ray_node, token_entropy=r.token_entropy)

@@ -26,7 +26,7 @@ def rollout_state(r: Rollout) -> dict[str, Any]:
     return {"rollout_id": r.rollout_id, "group_id": r.group_id, "prompt_id": r.prompt_id,
             "tokens": np.asarray(r.response_token_ids, np.int64), "status": str(r.status), "origin": str(r.origin),
             "finish_reason": r.finish_reason, "stop_reason": r.stop_reason, "created_step": r.created_step,
-            "text": r.text, "replica": r.replica,
+            "text": r.text, "replica": r.replica, "ray_node": r.ray_node,
             "resumed_from": r.resumed_from, "resumed_tokens": r.resumed_tokens, "draft_from": r.draft_from,
             "draft_tokens": r.draft_tokens, "reward": r.reward, "correct": r.correct, "entropy": r.token_entropy,
             "segments": [[s.start, s.end, s.policy_version, s.behavior_logprobs, str(s.origin)] for s in r.segments]}
@@ -39,6 +39,6 @@ def rollout_from_state(d: dict[str, Any]) -> Rollout:
     return Rollout(d["rollout_id"], d["group_id"], d["prompt_id"], [int(t) for t in d["tokens"]], segments,
                    status=RolloutStatus(d["status"]), origin=Origin(d["origin"]), finish_reason=d["finish_reason"],
                    stop_reason=d.get("stop_reason", ""), created_step=d["created_step"], text=d["text"],
-                   replica=d["replica"],
+                   replica=d["replica"], ray_node=d.get("ray_node"),  # absent in checkpoints before nodes were recorded
                    resumed_from=d["resumed_from"], resumed_tokens=d["resumed_tokens"], draft_from=d["draft_from"],
                    draft_tokens=d["draft_tokens"], reward=d["reward"], correct=d["correct"], token_entropy=entropy)

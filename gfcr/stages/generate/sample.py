@@ -178,7 +178,7 @@ def to_rollout(request: GenerationRequest, index: int, prompt_id: str, c: Comple
         entropy = np.concatenate([np.full(len(tokens) - len(c.token_ids), np.nan, np.float32), c.entropy])
     return Rollout(rollout_id(request.request_id, index), request.request_id, prompt_id, tokens, segments,
                    status=STATUS[c.finish_reason], finish_reason=c.finish_reason, created_step=step, text=c.text,
-                   replica=c.replica, token_entropy=entropy, stop_reason=stop_reason)
+                   replica=c.replica, ray_node=c.ray_node, token_entropy=entropy, stop_reason=stop_reason)
 
 
 class Composed:

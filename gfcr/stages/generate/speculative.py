@@ -217,7 +217,7 @@ class _Plan:
             d, cut = self.drafts[i], len(self.drafts[i])
             r = Rollout(rid, self.gid, d.prompt_id, list(d.response_token_ids), [self._accepted(i, cut, version)],
                         status=d.status, origin=Origin.DRAFT_ACCEPTED, finish_reason=d.finish_reason,
-                        created_step=step, text=d.text, replica=d.replica)
+                        created_step=step, text=d.text, replica=d.replica, ray_node=d.ray_node)
         else:
             request = kind[1]
             r = to_rollout(request, 0, self.entry.prompt_id, next(results)[0], version, step, stage.why(request, 0))

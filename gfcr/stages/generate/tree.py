@@ -282,7 +282,7 @@ class Tree:
             node = leaf_node[ids[i]]
             rollouts.append(Rollout(ids[i], gid, entry.prompt_id, s.tokens, s.segments, status=STATUS[c.finish_reason],
                                     finish_reason=c.finish_reason, created_step=step, text=c.text, replica=c.replica,
-                                    token_entropy=s.entropy, tree_id=f"t{s.tree}", node_id=node,
+                                    ray_node=c.ray_node, token_entropy=s.entropy, tree_id=f"t{s.tree}", node_id=node,
                                     parent_node_id=up.get(node), branch_token_idx=None if s.source is None else s.fork))
         return RolloutGroup(gid, entry.prompt_id, step, len(rollouts), rollouts, tree=tree,
                             sample_weight=entry.sample_weight)
