@@ -11,7 +11,10 @@ samples on a device other than the one its spec asks for:
 - the policy on ``cuda`` with no GPU reserved: Ray gives the replica actors no GPU
   (``CUDA_VISIBLE_DEVICES`` empty), so they could not load it;
 - vLLM's tensor parallelism wider than the GPUs a replica holds;
-- ``executor.weight_sync`` with another executor than Ray (it has no replicas to sync).
+- ``executor.weight_sync`` with another executor than Ray (it has no replicas to sync);
+- trainer ranks (``resources: {replicas: N}`` on the update, N > 1) without the Ray executor,
+  for an update that cannot run split (no ``train_shard``), or with GPUs that disagree with
+  ``policy.device`` (``trainer_problems``).
 
 A cluster without the GPUs reserved, or a driver without CUDA for a ``cuda`` policy, is found
 when the run starts (``gfcr.runtime.ray_executor.check_capacity``, ``load_policy``), before
@@ -23,6 +26,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from gfcr.errors import GfcrError
+from gfcr.registry import TrainsOnRanks, has_role
 from gfcr.spec import PipelineSpec
 from gfcr.spec import Resources as Placement
 
@@ -44,6 +48,43 @@ def engine_placement(spec: PipelineSpec) -> Placement:
         raise GfcrError(f"the generate stages declare different resources ({listed}), but they share one engine "
                         "group\n    fix: give every generate stage the same `resources`, or declare them on one")
     return next(iter(declared.values()), Placement())
+
+
+def trainer_placement(spec: PipelineSpec) -> Placement | None:
+    """The update's trainer ranks (``resources`` on the update, Ray executor), or None: the update
+    steps in the driver."""
+    if spec.executor.kind != "ray" or spec.policy is None or spec.update.resources == Placement():
+        return None
+    return spec.update.resources
+
+
+def trainer_problems(spec: PipelineSpec, update_class: type) -> Iterator[tuple[tuple, str, str]]:
+    """``(key path, message, fix)`` for trainer ranks the update's ``resources`` ask for and cannot get."""
+    ranks = spec.update.resources
+    if ranks.replicas > 1 and spec.executor.kind != "ray":
+        yield (("update", "resources", "replicas"),
+               f"the update asks for {ranks.replicas} trainer ranks, which run as Ray actors, but the executor is "
+               f"`{spec.executor.kind}`",
+               "set `executor: {kind: ray}` (--set executor.kind=ray), or `replicas: 1` on the update")
+    placed = trainer_placement(spec)
+    if placed is None:
+        return
+    if not has_role(update_class, TrainsOnRanks):
+        yield (("update", "resources"),
+               f"the update `{spec.update.use}` cannot run split across trainer ranks (it has no `train_shard`)",
+               "remove `resources` from the update; it then steps in the driver")
+    assert spec.policy is not None
+    device = spec.policy.where()
+    if placed.gpus and device == "cpu":
+        yield (("update", "resources", "gpus"),
+               f"the update reserves {placed.gpus} GPU(s) per trainer rank, but the policy is on the CPU "
+               f"(`policy.device` {spec.policy.device or 'unset'}), so the ranks would hold them and train on the CPU",
+               "set `policy.device: cuda`, or remove `gpus` from the update's `resources`")
+    if not placed.gpus and device == "cuda":
+        yield (("update", "resources", "gpus"),
+               "the policy is on `cuda`, but the update reserves no GPU for its trainer ranks, and Ray gives an "
+               "actor only the GPUs it reserves",
+               "set `resources: {gpus: 1}` on the update, or `policy.device: cpu`")
 
 
 def placement_problems(spec: PipelineSpec) -> Iterator[tuple[tuple, str, str]]:

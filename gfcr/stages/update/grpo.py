@@ -331,11 +331,9 @@ class GRPOUpdate:
         """This rank's part of one step: backward its ``shard`` against the whole batch's
         ``plan`` (rank 0 adds the aggregation's batch term), sum the gradients over the ranks,
         then clip and step, which every rank does alike. In one process ``shard`` is the batch."""
-        self._policy().version = version  # staleness is counted from the driver's version
-        sums = self.backward(shard, plan, batch_term=ranks.rank == 0)
+        sums, loss = self.shard_gradients(shard, plan, version, ranks)
         extra = self.aggregation.metrics() if provides(self.aggregation, ReportsStepMetrics) else {}
         old = [i.rollout.old_logprobs for i in shard] if self.off_policy else None
-        loss = self._sum_over_ranks(sums.loss, ranks)
         if not math.isfinite(loss):
             self.optimizer.zero_grad(set_to_none=True)
             return ShardOutcome(sums, loss, None, f"non-finite loss ({loss})", old, extra)
@@ -346,6 +344,13 @@ class GRPOUpdate:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return ShardOutcome(sums, loss, grad_norm, None, old, extra)
+
+    def shard_gradients(self, shard: list[_Item], plan: Any, version: int, ranks: Ranks) -> tuple["ShardSums", float]:
+        """The first half of ``train_shard``: the gradients of the whole batch's loss, in every
+        rank's ``.grad``, and the loss (the batch term added on rank 0 only)."""
+        self._policy().version = version  # staleness is counted from the driver's version
+        sums = self.backward(shard, plan, batch_term=ranks.rank == 0)
+        return sums, self._sum_over_ranks(sums.loss, ranks)
 
     def _sum_over_ranks(self, loss: float, ranks: Ranks) -> float:
         """Sum every optimizer parameter's gradient and the loss over the ranks (SUM, not mean:
