@@ -66,14 +66,13 @@ def trainer_problems(spec: PipelineSpec, update_class: type) -> Iterator[tuple[t
                f"the update asks for {ranks.replicas} trainer ranks, which run as Ray actors, but the executor is "
                f"`{spec.executor.kind}`",
                "set `executor: {kind: ray}` (--set executor.kind=ray), or `replicas: 1` on the update")
-    placed = trainer_placement(spec)
-    if placed is None:
-        return
-    if not has_role(update_class, TrainsOnRanks):
+    if spec.executor.kind == "ray" and ranks != Placement() and not has_role(update_class, TrainsOnRanks):
         yield (("update", "resources"),
                f"the update `{spec.update.use}` cannot run split across trainer ranks (it has no `train_shard`)",
                "remove `resources` from the update; it then steps in the driver")
-    assert spec.policy is not None
+    placed = trainer_placement(spec)
+    if placed is None or spec.policy is None:
+        return
     device = spec.policy.where()
     if placed.gpus and device == "cpu":
         yield (("update", "resources", "gpus"),

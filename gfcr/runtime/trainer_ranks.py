@@ -39,7 +39,7 @@ from typing import Any, Callable
 
 import ray
 
-from gfcr.errors import GfcrError
+from gfcr.errors import GfcrError, WorkerLost
 from gfcr.spec import PolicySpec
 from gfcr.spec import Resources as Placement
 from gfcr.stages.resources import Ranks, Resources
@@ -48,7 +48,7 @@ READY_TIMEOUT_S = 600.0  # loading the policy in a rank; a pending actor means t
 JOIN_TIMEOUT = timedelta(minutes=5)  # torch.distributed rendezvous and each collective
 
 
-class TrainerRankLost(GfcrError):
+class TrainerRankLost(WorkerLost):
     """A trainer rank died during the run (its process killed, its node lost)."""
 
 
@@ -173,17 +173,38 @@ class RayTrainerGroup:
         self.ranks = []
 
     def _get(self, refs: Any) -> Any:
+        """The answers, or ``TrainerRankLost`` as soon as one rank has died: the survivors would
+        wait in a collective for it (until ``JOIN_TIMEOUT``), so they are stopped too."""
         if not self.ranks:
             raise GfcrError("the trainer ranks are closed (their run has ended)\n"
                             "    fix: start a new run, or `gfcr resume` this one")
+        pending = list(refs) if isinstance(refs, list) else [refs]
         try:
+            while pending:  # the first failure, not the first rank's: rank 0 may be blocked on a dead rank 1
+                done, pending = ray.wait(pending, num_returns=1)
+                ray.get(done)
             return ray.get(refs)
         except ray.exceptions.RayActorError as exc:
-            self.close()  # the survivors wait in a collective for the dead one: stop them too
+            self.close()
             raise TrainerRankLost(f"a trainer rank died during the update ({type(exc).__name__}); the step did "
-                                  "not complete\n    fix: resume the run from its last checkpoint (`gfcr resume "
-                                  "RUN_DIR`); if a rank keeps dying, check its node's memory (`ray status`, the "
-                                  "worker logs under /tmp/ray/session_latest/logs)") from None
+                                  "not complete and the run stops\n    fix: resume the run from its last "
+                                  "checkpoint (`gfcr resume RUN_DIR`); if a rank keeps dying, check its node's "
+                                  "memory (`ray status`, the worker logs under /tmp/ray/session_latest/logs)") from None
+        except ray.exceptions.RayTaskError:
+            if self._lost():  # a survivor's collective failed because a peer died
+                self.close()
+                raise TrainerRankLost("a trainer rank died during the update; the step did not complete and the "
+                                      "run stops\n    fix: resume the run from its last checkpoint (`gfcr resume "
+                                      "RUN_DIR`)") from None
+            raise
+
+    def _lost(self) -> bool:
+        for rank in self.ranks:
+            try:
+                ray.get(rank.pid.remote(), timeout=30)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                return True
+        return False
 
 
 def trainer_starter(policy: PolicySpec, placement: Placement, resources: Resources) -> Any:

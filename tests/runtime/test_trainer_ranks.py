@@ -11,6 +11,11 @@ its optimizer state. One cluster serves the module; the tests on it are ``slow``
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -215,3 +220,66 @@ def test_a_run_with_ranks_resumes_with_its_optimizer_state(cluster, tmp_path):
             assert torch.equal(torch.as_tensor(live["state"][index][name]), torch.as_tensor(value)), (index, name)
     resumed.train()
     assert_same_run(_records(cut), _records(whole))
+
+
+def _descendants(root: int) -> list[int]:
+    """Every process under ``root`` (a local Ray cluster's workers are under the driver's raylet)."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = [], [root]
+    while frontier:
+        children = [pid for pid, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+def _kill_a_rank_mid_update(driver: subprocess.Popen, deadline_s: float = 600.0) -> str:
+    """SIGKILL the first trainer rank seen running ``step`` (Ray titles the process after its task)."""
+    start = time.monotonic()
+    while time.monotonic() - start < deadline_s and driver.poll() is None:
+        for pid in _descendants(driver.pid):
+            try:
+                title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+            except OSError:
+                continue
+            if title.startswith("ray::TrainerRank.step"):
+                os.kill(pid, signal.SIGKILL)
+                return title
+        time.sleep(0.02)
+    raise AssertionError("no trainer rank was seen stepping")
+
+
+@pytest.mark.slow
+def test_a_rank_killed_mid_update_stops_the_run_with_the_resume_command(tmp_path):
+    """Issue 32 item 5 (trainer half): a rank SIGKILLed while it steps stops `gfcr run` (exit 1) with
+    the `gfcr resume` that continues it, and the resume gives the undisturbed run's metrics."""
+    run_dir = tmp_path / "run"
+    cli = [sys.executable, "-m", "gfcr.cli.main"]
+    sets = [a for s in CUT + ["executor.kind=ray", "update.resources.replicas=2", "run.checkpoint_every=1"]
+            for a in ("--set", s)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    driver = subprocess.Popen(cli + ["run", str(QUICKSTART), "--steps", "3", "--run-dir", str(run_dir)] + sets,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    killed = _kill_a_rank_mid_update(driver)
+    out, err = driver.communicate(timeout=600)
+    assert driver.returncode == 1, out + err
+    assert "trainer rank died" in err and f"gfcr resume {run_dir}" in err, err
+    assert "Traceback" not in err, err
+    stopped_at = len(_records(run_dir))
+    assert stopped_at < 3, f"{killed} was killed, yet {stopped_at} steps were recorded"
+    resumed = subprocess.run(cli + ["resume", str(run_dir)], capture_output=True, text=True, env=env, cwd=tmp_path,
+                             timeout=900)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    from gfcr.runtime.session import Run
+
+    Run.start(load_pipeline(QUICKSTART, CUT + ["run.steps=3", "executor.kind=local"]), tmp_path / "local").train()
+    got, expected = _records(run_dir), _records(tmp_path / "local")
+    print(f"killed {killed} at step {stopped_at}; resumed run against the local runner: max |metric difference| = "
+          f"{_max_metric_diff(got, expected):.3g}")
+    assert_same_run(got, expected)
