@@ -42,6 +42,15 @@ denominator, so the gradient is unchanged (a test checks this). An empty batch, 
 advantages are all zero, skips the update; a NaN or infinite loss or gradient norm skips it
 too (the reason is reported) and the run goes on.
 
+Trainer ranks: with ``resources: {replicas: N}`` on the update and ``executor: {kind: ray}``,
+the step runs in N Ray actors over ``torch.distributed`` (``gfcr.runtime.trainer_ranks``), each
+with its own copy of the policy and of this stage. The driver builds the batch and the plan as
+above, splits the forward rollouts into N contiguous shards balanced by response tokens, and
+each rank calls ``train_shard``: the same micro-batched backward against the whole batch's
+plan, then the gradients summed over the ranks (the batch term on rank 0 only), then the same
+clip and AdamW step. The sum of the shards' gradients is the single-process gradient, to float
+rounding; the driver's policy then loads rank 0's weights (``receive_weights``).
+
 Deviations:
 - one optimizer step per batch (no PPO epochs or mini-batches yet), so on fresh rollouts
   the ratio is 1 up to numerics; under the correction ``none`` the ratio is taken against
@@ -96,7 +105,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
@@ -111,9 +120,10 @@ from gfcr.stages.resources import Policy, Ranks, Resources, TrainerGroup, prompt
 from gfcr.stages.components.advantage import AdvantageSpec, estimate_all
 from gfcr.stages.components.aggregation import AggregationSpec, Row
 from gfcr.stages.components.base import PairingContext
-from gfcr.stages.components.correction import CorrectionSpec, CorrectionStats
+from gfcr.stages.components.correction import CorrectionSpec
 from gfcr.stages.components.loss import LossSpec
 from gfcr.stages.update.logprobs import padded, response_logprobs
+from gfcr.stages.update.ranks import ShardOutcome, ShardSums, policy_weights, receive_weights, split_items
 from gfcr.stages.update.tree_weights import shared_prefix_weights
 
 
@@ -150,45 +160,6 @@ class _Item:
 
     def advantage_abs(self) -> float:
         return float(np.mean(np.abs(self.advantage))) if isinstance(self.advantage, np.ndarray) else abs(self.advantage)
-
-
-@dataclass
-class ShardSums:
-    """What the backward passes of one shard add up to, for the step's diagnostics."""
-
-    loss: float = 0.0  # the shard's part of the loss (with the batch term on rank 0)
-    clipped: float = 0.0  # counted tokens whose ratio was clipped
-    ratio: float = 0.0  # the ratios of the counted tokens, summed
-    kl: float = 0.0  # the weighted k3 KL, summed
-    counted: int = 0  # tokens with a non-zero weight
-    correction: CorrectionStats = field(default_factory=CorrectionStats)
-
-    @staticmethod
-    def merged(shards: list["ShardSums"]) -> "ShardSums":
-        """The sums over every rank (one shard: itself, so one process is unchanged)."""
-        if len(shards) == 1:
-            return shards[0]
-        total = ShardSums()
-        for s in shards:
-            total.loss += s.loss
-            total.clipped += s.clipped
-            total.ratio += s.ratio
-            total.kl += s.kl
-            total.counted += s.counted
-            total.correction = total.correction.merged(s.correction)
-        return total
-
-
-@dataclass
-class ShardOutcome:
-    """One rank's answer for a step; ``loss``, ``grad_norm`` and ``skip_reason`` are the same on every rank."""
-
-    sums: ShardSums
-    loss: float  # the whole batch's loss, summed over the ranks
-    grad_norm: float | None  # None when a non-finite loss skipped the step before clipping
-    skip_reason: str | None
-    old_logprobs: list[Any] | None  # [T] float32 per shard item, under an off-policy correction
-    extra: dict[str, float]  # the aggregation's metrics, before the step
 
 
 class GRPOUpdate:
@@ -316,7 +287,7 @@ class GRPOUpdate:
         return UpdateReport(policy.version, len(forward), sum(len(i.rollout) for i in forward), loss=loss,
                             metrics=metrics, sync_s=time.perf_counter() - sync_start, sync_bytes=synced)
 
-    def _train(self, forward: list[_Item], plan: Any) -> list["ShardOutcome"]:
+    def _train(self, forward: list[_Item], plan: Any) -> list[ShardOutcome]:
         """One optimizer step on ``forward``: in this process, or split across the trainer ranks
         (contiguous shards balanced by response tokens; the ranks first catch up with the
         driver's weights where they lag, as after a resume)."""
@@ -327,7 +298,7 @@ class GRPOUpdate:
             self.trainers.load_weights(policy_weights(policy), policy.version)
         return self.trainers.step(split_items(forward, self.trainers.world_size), plan, policy.version)
 
-    def train_shard(self, shard: list[_Item], plan: Any, version: int, ranks: Ranks) -> "ShardOutcome":
+    def train_shard(self, shard: list[_Item], plan: Any, version: int, ranks: Ranks) -> ShardOutcome:
         """This rank's part of one step: backward its ``shard`` against the whole batch's
         ``plan`` (rank 0 adds the aggregation's batch term), sum the gradients over the ranks,
         then clip and step, which every rank does alike. In one process ``shard`` is the batch."""
@@ -345,7 +316,7 @@ class GRPOUpdate:
         self.optimizer.zero_grad(set_to_none=True)
         return ShardOutcome(sums, loss, grad_norm, None, old, extra)
 
-    def shard_gradients(self, shard: list[_Item], plan: Any, version: int, ranks: Ranks) -> tuple["ShardSums", float]:
+    def shard_gradients(self, shard: list[_Item], plan: Any, version: int, ranks: Ranks) -> tuple[ShardSums, float]:
         """The first half of ``train_shard``: the gradients of the whole batch's loss, in every
         rank's ``.grad``, and the loss (the batch term added on rank 0 only)."""
         self._policy().version = version  # staleness is counted from the driver's version
@@ -418,7 +389,7 @@ class GRPOUpdate:
         extra = self.aggregation.metrics() if provides(self.aggregation, ReportsStepMetrics) else {}
         return sums.loss, self._stats(sums, items, extra)
 
-    def backward(self, items: list[_Item], plan: Any, batch_term: bool) -> "ShardSums":
+    def backward(self, items: list[_Item], plan: Any, batch_term: bool) -> ShardSums:
         """Backward the loss of ``items`` in micro-batches (and, with ``batch_term``, the
         aggregation's once-a-step term); returns the sums the step's diagnostics are made of."""
         import torch
@@ -464,7 +435,7 @@ class GRPOUpdate:
             sums.loss += float(term.detach())
         return sums
 
-    def _stats(self, sums: "ShardSums", items: list[_Item], extra: dict[str, float]) -> dict[str, float]:
+    def _stats(self, sums: ShardSums, items: list[_Item], extra: dict[str, float]) -> dict[str, float]:
         """The step's diagnostics from the (merged) sums: the loss, and means over counted tokens."""
         counted = max(sums.counted, 1)
         stats = {"loss": sums.loss, "clip_fraction": sums.clipped / counted, "ratio_mean": sums.ratio / counted,
@@ -526,31 +497,6 @@ def batch_denominators(items: list[_Item]) -> tuple[int, float | int]:
     if all(i.weights is None for i in items):
         return n_rollouts, sum(len(i.rollout) for i in items)
     return n_rollouts, float(sum(i.token_count() for i in items))
-
-
-def split_items(items: list[_Item], k: int) -> list[list[_Item]]:
-    """``k`` contiguous, in-order shards of ``items`` balanced by response tokens: item ``i`` goes
-    to the shard holding the middle of its tokens (some shards may be empty)."""
-    total = sum(len(i.rollout) for i in items)
-    shards: list[list[_Item]] = [[] for _ in range(k)]
-    before = 0
-    for item in items:
-        n = len(item.rollout)
-        shards[min(k - 1, (k * (2 * before + n)) // (2 * total)) if total else 0].append(item)
-        before += n
-    return shards
-
-
-def policy_weights(policy: Policy) -> dict[str, Any]:
-    """The policy's ``state_dict`` on the CPU, to send to other processes."""
-    return {k: v.detach().cpu() for k, v in policy.model.state_dict().items()}
-
-
-def receive_weights(policy: Policy, trainers: TrainerGroup) -> None:
-    """Where the trained weights arrive in the driver after a distributed step: rank 0's
-    ``state_dict``, through Ray's object store, loaded into the driver's copy of the policy
-    (which scores, checkpoints and feeds the engine replicas)."""
-    policy.model.load_state_dict(trainers.weights())
 
 
 def off_policy_fraction(items: list[_Item], version: int) -> float:
