@@ -60,6 +60,13 @@ def all_reduce_sum(tensors: list[Any]) -> None:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
 
 
+def optimizer_gradients(optimizer: Any) -> dict[str, Any]:
+    """Every gradient the optimizer would step, on the CPU, by ``"<param group>.<index>"`` (the
+    policy's parameters, then a learned aggregation's)."""
+    return {f"{g}.{i}": p.grad.detach().cpu().clone() for g, group in enumerate(optimizer.param_groups)
+            for i, p in enumerate(group["params"]) if p.grad is not None}
+
+
 class TrainerRank:
     """One trainer rank (the body of a Ray actor): a copy of the policy and of the update stage."""
 
@@ -98,8 +105,7 @@ class TrainerRank:
         """The policy's gradients summed over the ranks for one step, without stepping (the
         gradient-equality check; ``reduce`` replaces the sum, to show that a wrong one is caught)."""
         self.stage.shard_gradients(shard, *args, Ranks(self.rank, self.world_size, reduce))
-        grads = {n: p.grad.detach().cpu().clone() for n, p in self.policy.model.named_parameters()
-                 if p.grad is not None}
+        grads = optimizer_gradients(self.stage.optimizer)
         self.stage.optimizer.zero_grad(set_to_none=True)
         return grads
 
