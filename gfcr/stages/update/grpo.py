@@ -332,12 +332,11 @@ class GRPOUpdate:
         if ranks.world_size == 1:
             return loss
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
-        device = params[0].device
+        scalars = torch.tensor([loss] + [float(p.grad is not None) for p in params], dtype=torch.float64,
+                               device=params[0].device)  # [1 + P]: the loss, then which parameters got a gradient
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        scalars = torch.tensor([loss] + [float(p.grad.any()) for p in params], dtype=torch.float64,
-                               device=device)  # [1 + P]: the loss, then which parameters got a gradient
         ranks.all_reduce_sum([p.grad for p in params] + [scalars])
         for p, got in zip(params, scalars[1:].tolist()):
             if not got:
