@@ -119,6 +119,11 @@ class EvalError(GfcrError):
     """Evaluation cannot score: no policy, an eval prompt without a verifier, a bad ground truth."""
 
 
+class WorkerLost(GfcrError):
+    """A process the run placed elsewhere died (a trainer rank on Ray): the step did not complete,
+    and the run directory resumes from its last checkpoint."""
+
+
 class StageError(GfcrError):
     """An exception raised inside a stage, with the stage id, step and run id it happened at."""
 

@@ -13,7 +13,10 @@ samples on a device other than the one its spec asks for:
 - vLLM's tensor parallelism wider than the GPUs a replica holds;
 - a ``node_resource`` that names one of Ray's built-in quantities (``CPU``, ``GPU``,
   ``memory``, ...) rather than a custom resource that marks nodes;
-- ``executor.weight_sync`` with another executor than Ray (it has no replicas to sync).
+- ``executor.weight_sync`` with another executor than Ray (it has no replicas to sync);
+- trainer ranks (``resources: {replicas: N}`` on the update, N > 1) without the Ray executor,
+  for an update that cannot run split (no ``train_shard``), or with GPUs that disagree with
+  ``policy.device`` (``trainer_problems``).
 
 A cluster without the GPUs reserved, without nodes that declare the ``node_resource``, or too
 small for the ``strategy``, and a driver without CUDA for a ``cuda`` policy, are found when the
@@ -26,6 +29,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from gfcr.errors import GfcrError
+from gfcr.registry import TrainsOnRanks, has_role
 from gfcr.spec import PipelineSpec
 from gfcr.spec import Resources as Placement
 
@@ -48,6 +52,43 @@ def engine_placement(spec: PipelineSpec) -> Placement:
         raise GfcrError(f"the generate stages declare different resources ({listed}), but they share one engine "
                         "group\n    fix: give every generate stage the same `resources`, or declare them on one")
     return next(iter(declared.values()), Placement())
+
+
+def trainer_placement(spec: PipelineSpec) -> Placement | None:
+    """The update's trainer ranks (``resources`` on the update, Ray executor), or None: the update
+    steps in the driver."""
+    if spec.executor.kind != "ray" or spec.policy is None or spec.update.resources == Placement():
+        return None
+    return spec.update.resources
+
+
+def trainer_problems(spec: PipelineSpec, update_class: type) -> Iterator[tuple[tuple, str, str]]:
+    """``(key path, message, fix)`` for trainer ranks the update's ``resources`` ask for and cannot get."""
+    ranks = spec.update.resources
+    if ranks.replicas > 1 and spec.executor.kind != "ray":
+        yield (("update", "resources", "replicas"),
+               f"the update asks for {ranks.replicas} trainer ranks, which run as Ray actors, but the executor is "
+               f"`{spec.executor.kind}`",
+               "set `executor: {kind: ray}` (--set executor.kind=ray), or `replicas: 1` on the update")
+    if spec.executor.kind == "ray" and ranks != Placement() and not has_role(update_class, TrainsOnRanks):
+        yield (("update", "resources"),
+               f"the update `{spec.update.use}` cannot run split across trainer ranks (it has no `train_shard`)",
+               "remove `resources` from the update; it then steps in the driver")
+    placed = trainer_placement(spec)
+    if placed is None or spec.policy is None:
+        return
+    yield from _node_resource_problems(placed, ("update", "resources", "node_resource"), "trainers")
+    device = spec.policy.where()
+    if placed.gpus and device == "cpu":
+        yield (("update", "resources", "gpus"),
+               f"the update reserves {placed.gpus} GPU(s) per trainer rank, but the policy is on the CPU "
+               f"(`policy.device` {spec.policy.device or 'unset'}), so the ranks would hold them and train on the CPU",
+               "set `policy.device: cuda`, or remove `gpus` from the update's `resources`")
+    if not placed.gpus and device == "cuda":
+        yield (("update", "resources", "gpus"),
+               "the policy is on `cuda`, but the update reserves no GPU for its trainer ranks, and Ray gives an "
+               "actor only the GPUs it reserves",
+               "set `resources: {gpus: 1}` on the update, or `policy.device: cpu`")
 
 
 def placement_problems(spec: PipelineSpec) -> Iterator[tuple[tuple, str, str]]:
@@ -77,12 +118,17 @@ def placement_problems(spec: PipelineSpec) -> Iterator[tuple[tuple, str, str]]:
                    "it is generated", NOT_ON_RAY)
     owner = next(iter(declared_placements(spec)), next(iter(generate)))
     yield from _device_problems(spec, placement, ("stages", owner, "resources", "gpus"))
+    yield from _node_resource_problems(placement, ("stages", owner, "resources", "node_resource"), "engines")
+
+
+def _node_resource_problems(placement: Placement, path: tuple, example: str) -> Iterator[tuple[tuple, str, str]]:
+    """A ``node_resource`` that selects no nodes: one of Ray's built-in quantities."""
     if placement.node_resource in RAY_QUANTITIES:
-        yield (("stages", owner, "resources", "node_resource"),
+        yield (path,
                f"`node_resource: {placement.node_resource}` names a quantity every Ray node has, so it selects no "
                f"nodes; `node_resource` is a custom resource that the chosen nodes declare",
-               f"start those nodes with `ray start --resources '{{\"engines\": 1}}'` and set `node_resource: "
-               f"engines`, or remove `node_resource` (`cpus` and `gpus` reserve CPUs and GPUs)")
+               f"start those nodes with `ray start --resources '{{\"{example}\": 1}}'` and set `node_resource: "
+               f"{example}`, or remove `node_resource` (`cpus` and `gpus` reserve CPUs and GPUs)")
 
 
 def _device_problems(spec: PipelineSpec, placement: Placement, path: tuple) -> Iterator[tuple[tuple, str, str]]:

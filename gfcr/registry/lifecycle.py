@@ -66,6 +66,14 @@ class SetsUp(Protocol):
 
 
 @runtime_checkable
+class TrainsOnRanks(Protocol):
+    """An update whose optimizer step can run split across trainer ranks (``resources: {replicas:
+    N}`` on the update, Ray executor): each rank calls it on its shard of the batch."""
+
+    def train_shard(self, shard: Any, plan: Any, version: int, ranks: Any) -> Any: ...  # gfcr.stages.resources.Ranks
+
+
+@runtime_checkable
 class BeforeStep(Protocol):
     def before_step(self, ctx: Any) -> None: ...  # gfcr.records.StepContext (frozen)
 
@@ -305,13 +313,13 @@ CAPABILITY_NAMES: frozenset[str] = frozenset(
 
 
 ROLES: tuple[type, ...] = (Stage, SetsUp, BeforeStep, Observes, ReportsMetrics, Stateful, OwnsFiles, EndsLoop,
-                           InFlightController, HostsInFlight, ChecksPipeline, NeedsOfUpdate)
+                           InFlightController, HostsInFlight, ChecksPipeline, NeedsOfUpdate, TrainsOnRanks)
 METHODS: dict[type, tuple[str, ...]] = {
     Stage: ("run",), SetsUp: ("setup",), BeforeStep: ("before_step",), Observes: ("observe",),
     ReportsMetrics: ("step_metrics",),
     Stateful: ("state_dict", "load_state_dict"), OwnsFiles: ("save_files", "load_files"),
     EndsLoop: ("done",), InFlightController: ("steer",), HostsInFlight: ("attach_in_flight",),
-    ChecksPipeline: ("check_pipeline",), NeedsOfUpdate: ("update_needs",),
+    ChecksPipeline: ("check_pipeline",), NeedsOfUpdate: ("update_needs",), TrainsOnRanks: ("train_shard",),
 }
 LIFECYCLE_NAMES: frozenset[str] = frozenset(m for names in METHODS.values() for m in names)
 NEAR_MISS_RATIO = 0.8  # observer/observe 0.93, load_state/load_state_dict 0.8, observe_groups/observe 0.67

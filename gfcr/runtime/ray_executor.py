@@ -16,7 +16,10 @@ checkpoints) in the driver process; Ray provides *placement*, behind the interfa
   the fallback when the group fails.
 - ``Resources.map`` is a ``RayMap``: ``filter.verify`` scores its rollouts in batches of
   Ray tasks.
-- The policy being trained (and its optimizer) stays in the driver process, on ``policy.device``.
+- The policy being trained (and its optimizer) stays in the driver process, on ``policy.device``,
+  unless the update declares ``resources`` (``replicas: N``): then its step runs in N trainer
+  ranks over ``torch.distributed`` (``gfcr.runtime.trainer_ranks``), and the driver keeps a copy
+  of the policy that receives their weights after each update.
 
 Placement: the engine group takes its ``resources`` (``cpus``, ``gpus`` per replica,
 ``replicas``, and where: ``strategy``, ``node_resource``) from the pipeline's generate stages
@@ -63,7 +66,7 @@ except ImportError as exc:  # the optional extra is missing
     raise GfcrError("`executor: {kind: ray}` needs Ray, which is not installed\n"
                     "    fix: `pip install 'gfcr[ray]'`, or use `executor: {kind: prefect}`") from exc
 
-from gfcr.graph.placement import engine_placement
+from gfcr.graph.placement import engine_placement, trainer_placement
 from gfcr.runtime.ray_placement import Reservation, placement_bundles, reserve
 from gfcr.runtime.weight_sync import WeightReceiver, WeightSender, WeightSyncError, check_layout, layout_of
 from gfcr.spec import PipelineSpec, PolicySpec
@@ -84,16 +87,18 @@ log = logging.getLogger(__name__)
 
 # --- placement -----------------------------------------------------------------------------
 
-def cluster_cpus(placement: Placement) -> int:
-    """CPUs of a local cluster: this machine's, and at least the replicas' plus one for tasks."""
-    return max(os.cpu_count() or 1, math.ceil(placement.replicas * placement.cpus) + 1)
+def cluster_cpus(placement: Placement, trainers: Placement | None = None) -> int:
+    """CPUs of a local cluster: this machine's, and at least the replicas' and trainer ranks' plus
+    one for tasks."""
+    ranks = trainers.replicas * trainers.cpus if trainers is not None else 0.0
+    return max(os.cpu_count() or 1, math.ceil(placement.replicas * placement.cpus + ranks) + 1)
 
 
 _CONNECTION = threading.Lock()
 _users = 0  # runs of this process using a cluster that gfcr started (parallel ablation cells share it)
 
 
-def connect(address: str | None, placement: Placement) -> Callable[[], None]:
+def connect(address: str | None, placement: Placement, trainers: Placement | None = None) -> Callable[[], None]:
     """Connect to Ray, or start a local cluster; returns the release to call when the run ends.
 
     A cluster gfcr started is shut down when the last run of this process using it releases
@@ -103,19 +108,20 @@ def connect(address: str | None, placement: Placement) -> Callable[[], None]:
         if ray.is_initialized() and _users == 0:
             return lambda: None
         if not ray.is_initialized():
-            _start(address, placement)
+            _start(address, placement, trainers)
         _users += 1
     return _release
 
 
-def _start(address: str | None, placement: Placement) -> None:
+def _start(address: str | None, placement: Placement, trainers: Placement | None) -> None:
     for key, value in QUIET_ENV.items():
         os.environ.setdefault(key, value)
     quiet: dict[str, Any] = dict(log_to_driver=False, logging_level=logging.ERROR, namespace="gfcr")
     if address is not None:
         ray.init(address=address, **quiet)
     else:
-        ray.init(num_cpus=cluster_cpus(placement), include_dashboard=False, **quiet)
+        # "local": a new cluster even where `ray start` left one on this machine (ray.init would join it)
+        ray.init(address="local", num_cpus=cluster_cpus(placement, trainers), include_dashboard=False, **quiet)
 
 
 def _release() -> None:
@@ -126,10 +132,19 @@ def _release() -> None:
             ray.shutdown()
 
 
-def check_capacity(placement: Placement, engine: bool) -> None:
+def check_capacity(placement: Placement, engine: bool, trainers: Placement | None = None) -> None:
     """Fail now, with the fix, where Ray would otherwise leave an actor or task pending forever:
-    the engine replicas and one verification task must fit in what the cluster has free."""
+    the engine replicas, the trainer ranks and one verification task must fit in what the
+    cluster has free."""
     free = ray.available_resources()
+    if trainers is not None:
+        cpus, gpus = trainers.replicas * trainers.cpus, trainers.replicas * trainers.gpus
+        if free.get("CPU", 0.0) < cpus or free.get("GPU", 0.0) < gpus:
+            raise GfcrError(f"the Ray cluster has {free.get('CPU', 0.0):g} CPUs and {free.get('GPU', 0.0):g} GPUs "
+                            f"free; the {trainers.replicas} trainer ranks need {cpus:g} CPUs and {gpus} GPUs\n"
+                            "    fix: lower `resources` on the update, add nodes to the cluster, or stop what "
+                            "holds its resources (`ray status` lists them)")
+        free = {**free, "CPU": free.get("CPU", 0.0) - cpus, "GPU": free.get("GPU", 0.0) - gpus}
     cpus = (placement.replicas * placement.cpus if engine else 0.0) + 1.0
     gpus = placement.replicas * placement.gpus if engine else 0
     if free.get("CPU", 0.0) < cpus:
@@ -143,10 +158,11 @@ def check_capacity(placement: Placement, engine: bool) -> None:
                         "connect to a cluster with free GPUs (`executor.address`)")
 
 
-def task_slots(placement: Placement, engine: bool) -> int:
-    """How many verification tasks can run at once beside the engine replicas (counted before
-    the replicas start)."""
+def task_slots(placement: Placement, engine: bool, trainers: Placement | None = None) -> int:
+    """How many verification tasks can run at once beside the engine replicas and trainer ranks
+    (counted before they start)."""
     reserved = placement.replicas * placement.cpus if engine else 0.0
+    reserved += trainers.replicas * trainers.cpus if trainers is not None else 0.0
     return max(1, int(ray.available_resources().get("CPU", 1.0) - reserved))
 
 
@@ -471,10 +487,15 @@ def ray_resources(spec: PipelineSpec) -> Resources:
     the replicas and a cluster gfcr started."""
     policy = _driver_policy(spec.policy)
     placement = engine_placement(spec)
-    resources = Resources(policy=policy, closers=[connect(spec.executor.address, placement)])
+    trainers = trainer_placement(spec)
+    resources = Resources(policy=policy, closers=[connect(spec.executor.address, placement, trainers)])
     try:
-        check_capacity(placement, engine=policy is not None)
-        resources.map = RayMap(task_slots(placement, engine=policy is not None))
+        check_capacity(placement, engine=policy is not None, trainers=trainers)
+        resources.map = RayMap(task_slots(placement, engine=policy is not None, trainers=trainers))
+        if trainers is not None and spec.policy is not None:  # started by the update's setup
+            from gfcr.runtime.trainer_ranks import trainer_starter
+
+            resources.start_trainers = trainer_starter(spec.policy, trainers, resources)
         if policy is not None and spec.policy is not None:
             group = RayEngineGroup.start(policy, spec.policy, placement, spec.run.seed,
                                          spec.executor.weight_sync or "collective")

@@ -18,6 +18,13 @@ a comparison charges such methods for that compute.
 ``Resources.map`` is where a stage fans out pure per-item work (``filter.verify`` scores its
 rollouts through it): in-process by default, batches of Ray tasks under the Ray executor
 (``gfcr.runtime.ray_executor``). The stage sees one function either way and never imports Ray.
+
+``Resources.start_trainers`` is set where the update runs as trainer ranks (``executor: {kind:
+ray}`` with ``resources.replicas`` on the update: ``gfcr.runtime.trainer_ranks``): the update
+calls it in ``setup`` with its class and Config and gets a ``TrainerGroup``, whose ranks each
+build the same stage over their own copy of the policy and call its ``train_shard`` on a part
+of the batch, with ``Ranks`` to sum tensors across them. The stage never imports Ray or
+``torch.distributed``.
 """
 
 from __future__ import annotations
@@ -59,6 +66,48 @@ def in_process_map(fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
     return [fn(item) for item in items]
 
 
+def _one_rank(tensors: list[Any]) -> None:
+    """The sum over one rank: the tensors as they are."""
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """Where one shard of a distributed update runs: rank ``rank`` of ``world_size`` trainer ranks,
+    and ``all_reduce_sum``, which replaces each tensor of a list by its sum over the ranks, in
+    place. In one process (the default) it is rank 0 of 1 and the sum does nothing."""
+
+    rank: int = 0
+    world_size: int = 1
+    all_reduce_sum: Callable[[list[Any]], None] = _one_rank
+
+
+class TrainerGroup(Protocol):
+    """The update's trainer ranks, driven from the driver process (``gfcr.runtime.trainer_ranks``).
+
+    ``step(shards, *args)`` calls ``train_shard(shards[r], *args, ranks)`` on the stage built in
+    rank ``r`` and returns the answers in rank order; ``weights()`` is rank 0's policy
+    ``state_dict`` (on the CPU); ``load_weights`` puts the driver's into every rank;
+    ``state_dict`` / ``load_state_dict`` are rank 0's stage state / every rank's."""
+
+    world_size: int
+    version: int  # the policy version the ranks hold
+
+    def step(self, shards: list[list[Any]], *args: Any) -> list[Any]: ...
+
+    def weights(self) -> dict[str, Any]: ...
+
+    def load_weights(self, weights: dict[str, Any], version: int) -> None: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+StartTrainers = Callable[[type, Any], TrainerGroup]
+"""``start_trainers(stage_class, config)``: the update's trainer ranks, each holding
+``stage_class(config)`` set up over its own copy of the policy."""
+
+
 @dataclass
 class Resources:
     """Everything the runtime lends to stages; ``None`` where the pipeline has no policy.
@@ -76,6 +125,7 @@ class Resources:
     extras: dict[str, Any] = field(default_factory=dict)
     map: Map = in_process_map
     closers: list[Callable[[], None]] = field(default_factory=list)
+    start_trainers: StartTrainers | None = None  # set where the update runs as trainer ranks (Ray)
     tokens_scored: int = 0  # response tokens stages scored through ``require_engine``'s engine
     stages: dict[str, Any] = field(default_factory=dict)  # the pipeline's stages by id (the runner lends them)
     # rollouts and response tokens a stage generated itself, outside the plan's generate stages

@@ -42,6 +42,15 @@ denominator, so the gradient is unchanged (a test checks this). An empty batch, 
 advantages are all zero, skips the update; a NaN or infinite loss or gradient norm skips it
 too (the reason is reported) and the run goes on.
 
+Trainer ranks: with ``resources: {replicas: N}`` on the update and ``executor: {kind: ray}``,
+the step runs in N Ray actors over ``torch.distributed`` (``gfcr.runtime.trainer_ranks``), each
+with its own copy of the policy and of this stage. The driver builds the batch and the plan as
+above, splits the forward rollouts into N contiguous shards balanced by response tokens, and
+each rank calls ``train_shard``: the same micro-batched backward against the whole batch's
+plan, then the gradients summed over the ranks (the batch term on rank 0 only), then the same
+clip and AdamW step. The sum of the shards' gradients is the single-process gradient, to float
+rounding; the driver's policy then loads rank 0's weights (``receive_weights``).
+
 Deviations:
 - one optimizer step per batch (no PPO epochs or mini-batches yet), so on fresh rollouts
   the ratio is 1 up to numerics; under the correction ``none`` the ratio is taken against
@@ -107,13 +116,14 @@ from gfcr.registry import BuildsTrees, FixesGroupSize, PipelineProblem, StageCon
 from gfcr.registry.components import (AddsBatchTerm, CorrectsTokens, LearnsParameters, LimitsStaleness,
                                       ReportsStepMetrics, declared, provides)
 from gfcr.spec.problems import fixable
-from gfcr.stages.resources import Policy, Resources, prompt_tokens
+from gfcr.stages.resources import Policy, Ranks, Resources, TrainerGroup, prompt_tokens
 from gfcr.stages.components.advantage import AdvantageSpec, estimate_all
 from gfcr.stages.components.aggregation import AggregationSpec, Row
 from gfcr.stages.components.base import PairingContext
-from gfcr.stages.components.correction import CorrectionSpec, CorrectionStats
+from gfcr.stages.components.correction import CorrectionSpec
 from gfcr.stages.components.loss import LossSpec
 from gfcr.stages.update.logprobs import padded, response_logprobs
+from gfcr.stages.update.ranks import ShardOutcome, ShardSums, policy_weights, receive_weights, split_items
 from gfcr.stages.update.tree_weights import shared_prefix_weights
 
 
@@ -223,6 +233,7 @@ class GRPOUpdate:
         self.resources: Resources | None = None
         self.optimizer: Any = None
         self.reference: Any = None
+        self.trainers: TrainerGroup | None = None  # the trainer ranks, where the update runs on several
 
     def setup(self, resources: Resources) -> None:
         import torch
@@ -230,6 +241,9 @@ class GRPOUpdate:
         cfg = self.config
         self.resources = resources
         self.policy = resources.require_policy("update.grpo")
+        if resources.start_trainers is not None:  # each rank builds this stage over its own policy copy
+            self.trainers = resources.start_trainers(type(self), cfg)
+            return
         groups = [{"params": list(self.policy.model.parameters())}]
         if provides(self.aggregation, LearnsParameters):  # param groups: [{"params": [...], "lr": ...}]
             groups += self.aggregation.parameters(next(self.policy.model.parameters()).device)
@@ -253,26 +267,81 @@ class GRPOUpdate:
         if not forward:
             reason = "empty batch" if not items else "every advantage is zero"
             return UpdateReport(policy.version, skipped=True, skip_reason=reason, metrics=metrics)
-        loss, stats = self.accumulate_gradients(forward, plan)
-        metrics.update(stats)
-        if not math.isfinite(loss):
-            self.optimizer.zero_grad(set_to_none=True)
-            return UpdateReport(policy.version, skipped=True, skip_reason=f"non-finite loss ({loss})",
-                                loss=loss, metrics=metrics)
-        grad_norm = self._clip_gradients()
-        metrics["grad_norm"] = grad_norm
-        if not math.isfinite(grad_norm):
-            self.optimizer.zero_grad(set_to_none=True)
-            return UpdateReport(policy.version, skipped=True, skip_reason=f"non-finite gradient norm ({grad_norm})",
-                                loss=loss, metrics=metrics)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        shards = self._train(forward, plan)
+        outcome, loss = shards[0], shards[0].loss
+        metrics.update(self._stats(ShardSums.merged([s.sums for s in shards]), forward, outcome.extra))
+        if self.off_policy:  # pi_old as each rank computed it, onto the driver's rollouts
+            _write_back_old_logprobs(forward, [s.old_logprobs for s in shards])
+        if outcome.grad_norm is not None:
+            metrics["grad_norm"] = outcome.grad_norm
+        if outcome.skip_reason is not None:
+            return UpdateReport(policy.version, skipped=True, skip_reason=outcome.skip_reason, loss=loss,
+                                metrics=metrics)
         policy.version += 1
+        if self.trainers is not None:
+            receive_weights(policy, self.trainers)
+            self.trainers.version = policy.version
         sync_start, synced = time.perf_counter(), 0
         if self.resources is not None and self.resources.engine is not None:
             synced = self.resources.engine.sync_weights(policy.version)
         return UpdateReport(policy.version, len(forward), sum(len(i.rollout) for i in forward), loss=loss,
                             metrics=metrics, sync_s=time.perf_counter() - sync_start, sync_bytes=synced)
+
+    def _train(self, forward: list[_Item], plan: Any) -> list[ShardOutcome]:
+        """One optimizer step on ``forward``: in this process, or split across the trainer ranks
+        (contiguous shards balanced by response tokens; the ranks first catch up with the
+        driver's weights where they lag, as after a resume)."""
+        policy = self._policy()
+        if self.trainers is None:
+            return [self.train_shard(forward, plan, policy.version, Ranks())]
+        if self.trainers.version != policy.version:
+            self.trainers.load_weights(policy_weights(policy), policy.version)
+        return self.trainers.step(split_items(forward, self.trainers.world_size), plan, policy.version)
+
+    def train_shard(self, shard: list[_Item], plan: Any, version: int, ranks: Ranks) -> ShardOutcome:
+        """This rank's part of one step: backward its ``shard`` against the whole batch's
+        ``plan`` (rank 0 adds the aggregation's batch term), sum the gradients over the ranks,
+        then clip and step, which every rank does alike. In one process ``shard`` is the batch."""
+        sums, loss = self.shard_gradients(shard, plan, version, ranks)
+        extra = self.aggregation.metrics() if provides(self.aggregation, ReportsStepMetrics) else {}
+        old = [i.rollout.old_logprobs for i in shard] if self.off_policy else None
+        if not math.isfinite(loss):
+            self.optimizer.zero_grad(set_to_none=True)
+            return ShardOutcome(sums, loss, None, f"non-finite loss ({loss})", old, extra)
+        grad_norm = self._clip_gradients()
+        if not math.isfinite(grad_norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            return ShardOutcome(sums, loss, grad_norm, f"non-finite gradient norm ({grad_norm})", old, extra)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return ShardOutcome(sums, loss, grad_norm, None, old, extra)
+
+    def shard_gradients(self, shard: list[_Item], plan: Any, version: int, ranks: Ranks) -> tuple[ShardSums, float]:
+        """The first half of ``train_shard``: the gradients of the whole batch's loss, in every
+        rank's ``.grad``, and the loss (the batch term added on rank 0 only)."""
+        self._policy().version = version  # staleness is counted from the driver's version
+        sums = self.backward(shard, plan, batch_term=ranks.rank == 0)
+        return sums, self._sum_over_ranks(sums.loss, ranks)
+
+    def _sum_over_ranks(self, loss: float, ranks: Ranks) -> float:
+        """Sum every optimizer parameter's gradient and the loss over the ranks (SUM, not mean:
+        each shard's loss is already divided by the whole batch's totals). A parameter no rank
+        gave a gradient keeps none, so AdamW skips it as in one process."""
+        import torch
+
+        if ranks.world_size == 1:
+            return loss
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        scalars = torch.tensor([loss] + [float(p.grad is not None) for p in params], dtype=torch.float64,
+                               device=params[0].device)  # [1 + P]: the loss, then which parameters got a gradient
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        ranks.all_reduce_sum([p.grad for p in params] + [scalars])
+        for p, got in zip(params, scalars[1:].tolist()):
+            if not got:
+                p.grad = None
+        return float(scalars[0])
 
     def _policy(self) -> Policy:
         if self.policy is None:
@@ -315,11 +384,17 @@ class GRPOUpdate:
         """Backward the loss of ``items`` in micro-batches; the aggregation divides by the
         whole batch's totals (``plan``), so leaving out zero-advantage rollouts changes
         nothing. Returns the loss and diagnostics."""
+        sums = self.backward(items, plan, batch_term=True)
+        extra = self.aggregation.metrics() if provides(self.aggregation, ReportsStepMetrics) else {}
+        return sums.loss, self._stats(sums, items, extra)
+
+    def backward(self, items: list[_Item], plan: Any, batch_term: bool) -> ShardSums:
+        """Backward the loss of ``items`` in micro-batches (and, with ``batch_term``, the
+        aggregation's once-a-step term); returns the sums the step's diagnostics are made of."""
         import torch
 
         cfg = self.config
-        total, clipped, ratio_sum, kl_sum, counted = 0.0, 0.0, 0.0, 0.0, 0
-        correction_stats = CorrectionStats()
+        sums = ShardSums()
         for start in range(0, len(items), cfg.micro_batch_size):
             chunk = items[start:start + cfg.micro_batch_size]
             logp, mask = response_logprobs(self._policy().model, chunk, cfg.temperature)  # [B, R]
@@ -331,7 +406,7 @@ class GRPOUpdate:
             if self.off_policy:
                 stale = padded([i.rollout.staleness(self._policy().version) > 0 for i in chunk], width, device) > 0
                 correction = self.correction.correct(logp, behaviour, stale)
-                correction_stats.add(correction, weight)
+                sums.correction.add(correction, weight)
                 _write_old_logprobs(chunk, logp)
                 log_ratio = logp - correction.proximal
             else:
@@ -344,28 +419,32 @@ class GRPOUpdate:
                     ref, _ = response_logprobs(self.reference, chunk, cfg.temperature)
                 kl = torch.exp(ref - logp) - (ref - logp) - 1
                 per_token = per_token + cfg.kl_coef * kl
-                kl_sum += float((kl.detach() * weight).sum())
+                sums.kl += float((kl.detach() * weight).sum())
             loss = self.aggregation.reduce(per_token, weight, [i.row() for i in chunk], plan)
             loss.backward()
-            total += float(loss.detach())
+            sums.loss += float(loss.detach())
             with torch.no_grad():
                 counted_mask = mask if weight is mask else (weight > 0).to(mask.dtype)
-                clipped += float((terms.clipped.to(mask.dtype) * counted_mask).sum())
-                ratio_sum += float((terms.ratio * counted_mask).sum())
-                counted += int(counted_mask.sum())
-        term = self.aggregation.batch_term(plan) if provides(self.aggregation, AddsBatchTerm) else None
+                sums.clipped += float((terms.clipped.to(mask.dtype) * counted_mask).sum())
+                sums.ratio += float((terms.ratio * counted_mask).sum())
+                sums.counted += int(counted_mask.sum())
+        term = self.aggregation.batch_term(plan) if batch_term and provides(self.aggregation, AddsBatchTerm) else None
         if term is not None:
             term.backward()
-            total += float(term.detach())
-        stats = {"loss": total, "clip_fraction": clipped / max(counted, 1), "ratio_mean": ratio_sum / max(counted, 1),
+            sums.loss += float(term.detach())
+        return sums
+
+    def _stats(self, sums: ShardSums, items: list[_Item], extra: dict[str, float]) -> dict[str, float]:
+        """The step's diagnostics from the (merged) sums: the loss, and means over counted tokens."""
+        counted = max(sums.counted, 1)
+        stats = {"loss": sums.loss, "clip_fraction": sums.clipped / counted, "ratio_mean": sums.ratio / counted,
                  "advantage_abs_mean": float(np.mean([i.advantage_abs() for i in items]))}
-        if self.reference is not None:
-            stats["kl"] = kl_sum / max(counted, 1)
+        if self.config.kl_coef > 0:
+            stats["kl"] = sums.kl / counted
         if self.off_policy:
-            stats.update(correction_stats.metrics())
-        if provides(self.aggregation, ReportsStepMetrics):
-            stats.update(self.aggregation.metrics())
-        return total, stats
+            stats.update(sums.correction.metrics())
+        stats.update(extra)
+        return stats
 
     def _clip_gradients(self) -> float:
         import torch
@@ -379,6 +458,8 @@ class GRPOUpdate:
     # --- state ----------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
+        if self.trainers is not None:  # the optimizer (and learned aggregation weights) live in the ranks
+            return self.trainers.state_dict()
         state = {"optimizer": self.optimizer.state_dict() if self.optimizer is not None else None}
         if isinstance(self.aggregation, Stateful):
             state["aggregation"] = self.aggregation.state_dict()
@@ -387,7 +468,9 @@ class GRPOUpdate:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("aggregation") is not None and isinstance(self.aggregation, Stateful):
             self.aggregation.load_state_dict(state["aggregation"])
-        if state.get("optimizer") is not None:
+        if self.trainers is not None:
+            self.trainers.load_state_dict(state)
+        elif state.get("optimizer") is not None:
             self.optimizer.load_state_dict(state["optimizer"])
 
 
@@ -441,6 +524,13 @@ def _advantages(chunk: list[_Item], width: int, like: Any) -> Any:
     rows = [i.advantage if isinstance(i.advantage, np.ndarray) else np.full(len(i.rollout), i.advantage)
             for i in chunk]
     return padded(rows, width, like.device).to(like.dtype)
+
+
+def _write_back_old_logprobs(items: list[_Item], shards: list[list[Any] | None]) -> None:
+    """``pi_old`` of each item, in the shards' order (which is the items')."""
+    old = [o for shard in shards for o in (shard or [])]
+    for item, o in zip(items, old, strict=True):
+        item.rollout.old_logprobs = o
 
 
 def _write_old_logprobs(chunk: list[_Item], logp: Any) -> None:

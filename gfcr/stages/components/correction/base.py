@@ -134,6 +134,11 @@ class CorrectionStats:
         self.weight_max = max(self.weight_max, float(raw.max())) if raw.numel() else self.weight_max
         self.capped += float(correction.capped[chosen].sum())
 
+    def merged(self, other: "CorrectionStats") -> "CorrectionStats":
+        """The sums over two parts of a batch (two trainer ranks' shards)."""
+        return CorrectionStats(self.decoupled + other.decoupled, self.weight_sum + other.weight_sum,
+                               max(self.weight_max, other.weight_max), self.capped + other.capped)
+
     def metrics(self) -> dict[str, float]:
         """``is_weight_mean`` and ``is_weight_max`` of ``pi_old / mu`` before the cap, and
         ``is_clipped_fraction`` (truncated by the cap), over the decoupled tokens; 1, 1 and 0

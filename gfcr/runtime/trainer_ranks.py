@@ -1,0 +1,240 @@
+"""The update as trainer ranks: N Ray actors over ``torch.distributed`` (issue 32, Build item 1).
+
+With ``executor: {kind: ray}`` and ``resources: {replicas: N}`` on the update, the update stage
+(``update.grpo``) runs its optimizer step in N ``TrainerRank`` actors, each holding ``cpus``
+CPUs and ``gpus`` GPUs, its own copy of the policy (loaded from the same ``policy`` spec, on
+``policy.device``) and its own instance of the stage, built from the same Config and set up over
+that copy (its AdamW, its frozen reference for a KL term, its learned aggregation weights).
+
+The driver keeps the step loop, every stage's state and its own copy of the policy (for scoring,
+checkpoints and the engine replicas). Each step it splits the update's batch (the rollouts with
+their advantages and per-token weights, as the stage builds them) into N contiguous shards
+balanced by response tokens and calls ``train_shard`` on every rank with the whole batch's
+aggregation ``plan``. Each rank backwards its shard, divided by the *whole batch's* totals, so
+the per-shard gradients add up to the single-process gradient: they are summed over the ranks
+(``all_reduce`` SUM, not mean), and the aggregation's once-a-step term is added on rank 0 only.
+Every rank then clips and steps alike, so the replicas stay equal. The driver takes rank 0's
+weights afterwards (``gfcr.stages.update.grpo.receive_weights``, through Ray's object store).
+
+Why explicit ``all_reduce`` and a replicated optimizer rather than DDP or FSDP2: the exact
+gradient needs a SUM of gradients that are already divided by batch-wide totals, and a
+parameter that no rank touched must keep no gradient (AdamW then skips it, as in one process);
+DDP averages over the ranks and reduces in buckets during each micro-batch's backward, and
+FSDP2's ``fully_shard`` shards parameters and optimizer state, which a policy that fits one
+process (everything tested here) does not need and which gloo on the CPU supports only in part.
+One ``all_reduce`` per gradient tensor after the micro-batches is simple and exact.
+
+Backend: gloo on the CPU; NCCL where the policy is on ``cuda`` (the ranks then hold GPUs).
+NCCL was not tested here (no machine with 2 GPUs was lent).
+
+A rank that dies (its process killed, its node lost) fails the step: the run stops with
+``TrainerRankLost``, and its directory resumes from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import socket
+from datetime import timedelta
+from typing import Any, Callable
+
+import ray
+
+from gfcr.errors import GfcrError, WorkerLost
+from gfcr.runtime.ray_placement import Reservation, placement_bundles, reserve
+from gfcr.spec import PolicySpec
+from gfcr.spec import Resources as Placement
+from gfcr.stages.resources import Ranks, Resources
+
+READY_TIMEOUT_S = 600.0  # loading the policy in a rank; a pending actor means the cluster is too small
+JOIN_TIMEOUT = timedelta(minutes=5)  # torch.distributed rendezvous and each collective
+
+
+class TrainerRankLost(WorkerLost):
+    """A trainer rank died during the run (its process killed, its node lost)."""
+
+
+def all_reduce_sum(tensors: list[Any]) -> None:
+    """Replace each tensor by its sum over the process group, in place."""
+    import torch.distributed as dist
+
+    for t in tensors:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+
+
+def optimizer_gradients(optimizer: Any) -> dict[str, Any]:
+    """Every gradient the optimizer would step, on the CPU, by ``"<param group>.<index>"`` (the
+    policy's parameters, then a learned aggregation's)."""
+    return {f"{g}.{i}": p.grad.detach().cpu().clone() for g, group in enumerate(optimizer.param_groups)
+            for i, p in enumerate(group["params"]) if p.grad is not None}
+
+
+class TrainerRank:
+    """One trainer rank (the body of a Ray actor): a copy of the policy and of the update stage."""
+
+    def __init__(self, policy: PolicySpec, stage_class: type, config: Any, rank: int, world_size: int,
+                 threads: int):
+        import torch
+
+        from gfcr.engines import load_policy
+
+        torch.set_num_threads(threads)
+        self.rank, self.world_size = rank, world_size
+        self.backend = "nccl" if policy.where() == "cuda" else "gloo"
+        self.policy = load_policy(policy)
+        self.stage = stage_class(config)
+        self.stage.setup(Resources(self.policy))
+
+    def endpoint(self) -> str:
+        """A ``tcp://`` address on this rank's node for the others to meet at (rank 0's)."""
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return f"tcp://{ray.util.get_node_ip_address()}:{port}"
+
+    def join(self, endpoint: str) -> int:
+        import torch.distributed as dist
+
+        dist.init_process_group(self.backend, init_method=endpoint, rank=self.rank, world_size=self.world_size,
+                                timeout=JOIN_TIMEOUT)
+        return self.rank
+
+    def step(self, shard: list[Any], *args: Any) -> Any:
+        return self.stage.train_shard(shard, *args, Ranks(self.rank, self.world_size, all_reduce_sum))
+
+    def gradients(self, shard: list[Any], *args: Any, reduce: Callable[[list[Any]], None] = all_reduce_sum
+                  ) -> dict[str, Any]:
+        """The policy's gradients summed over the ranks for one step, without stepping (the
+        gradient-equality check; ``reduce`` replaces the sum, to show that a wrong one is caught)."""
+        self.stage.shard_gradients(shard, *args, Ranks(self.rank, self.world_size, reduce))
+        grads = optimizer_gradients(self.stage.optimizer)
+        self.stage.optimizer.zero_grad(set_to_none=True)
+        return grads
+
+    def weights(self) -> dict[str, Any]:
+        return {k: v.detach().cpu() for k, v in self.policy.model.state_dict().items()}
+
+    def load_weights(self, weights: dict[str, Any], version: int) -> None:
+        self.policy.model.load_state_dict(weights)
+        self.policy.version = version
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.stage.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.stage.load_state_dict(state)
+
+    def node_id(self) -> str:
+        """The Ray node this rank runs on."""
+        return ray.get_runtime_context().get_node_id()
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+
+class RayTrainerGroup:
+    """The ``TrainerGroup`` protocol over N ``TrainerRank`` actors, driven from the driver."""
+
+    def __init__(self, ranks: list[Any], reservation: Reservation | None = None):
+        self.ranks = ranks
+        self.world_size = len(ranks)
+        self.version = 0  # the ranks start from the source weights
+        self.reservation = reservation
+        self.nodes: list[str] = []  # each rank's Ray node id
+
+    @classmethod
+    def start(cls, policy: PolicySpec, placement: Placement, stage_class: type, config: Any) -> "RayTrainerGroup":
+        """Start the ranks, each in its bundle of a placement group reserved first (on the nodes
+        ``placement`` asks for: ``strategy``, ``node_resource``; fails at once, with the fix, when
+        the cluster cannot hold them), wait until each has loaded the policy, and join them into one
+        process group."""
+        reservation = reserve(placement_bundles(placement), placement.strategy, what="the trainer ranks",
+                              lower="`resources.replicas`, `resources.cpus` or `resources.gpus` on the update")
+        actor = ray.remote(TrainerRank)
+        threads = max(1, int(placement.cpus))
+        n = placement.replicas
+        group = cls([actor.options(num_cpus=placement.cpus, num_gpus=placement.gpus, scheduling_strategy=where)
+                     .remote(policy, stage_class, config, r, n, threads)
+                     for r, where in enumerate(reservation.strategies)], reservation)
+        try:
+            group.nodes = ray.get([r.node_id.remote() for r in group.ranks], timeout=READY_TIMEOUT_S)
+            endpoint = ray.get(group.ranks[0].endpoint.remote(), timeout=READY_TIMEOUT_S)
+            ray.get([r.join.remote(endpoint) for r in group.ranks], timeout=READY_TIMEOUT_S)
+        except BaseException as exc:  # a rank failed to load or join, or never started: stop them all
+            group.close()
+            if not isinstance(exc, ray.exceptions.GetTimeoutError):
+                raise
+            raise GfcrError(f"the {n} trainer ranks did not start within {READY_TIMEOUT_S:g}s (each needs "
+                            f"{placement.cpus:g} CPUs, {placement.gpus} GPUs)\n    fix: check that the cluster has "
+                            "free resources (`ray status`), or lower `resources` on the update") from None
+        return group
+
+    def step(self, shards: list[list[Any]], *args: Any) -> list[Any]:
+        return self._get([rank.step.remote(shard, *args) for rank, shard in zip(self.ranks, shards)])
+
+    def weights(self) -> dict[str, Any]:
+        return self._get(self.ranks[0].weights.remote())
+
+    def load_weights(self, weights: dict[str, Any], version: int) -> None:
+        ref = ray.put(weights)
+        self._get([rank.load_weights.remote(ref, version) for rank in self.ranks])
+        self.version = version
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._get(self.ranks[0].state_dict.remote())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        ref = ray.put(state)
+        self._get([rank.load_state_dict.remote(ref) for rank in self.ranks])
+
+    def close(self) -> None:
+        for rank in self.ranks:
+            ray.kill(rank)
+        self.ranks = []
+        if self.reservation is not None:
+            self.reservation.release()
+            self.reservation = None
+
+    def _get(self, refs: Any) -> Any:
+        """The answers, or ``TrainerRankLost`` as soon as one rank has died: the survivors would
+        wait in a collective for it (until ``JOIN_TIMEOUT``), so they are stopped too."""
+        if not self.ranks:
+            raise GfcrError("the trainer ranks are closed (their run has ended)\n"
+                            "    fix: start a new run, or `gfcr resume` this one")
+        pending = list(refs) if isinstance(refs, list) else [refs]
+        try:
+            while pending:  # the first failure, not the first rank's: rank 0 may be blocked on a dead rank 1
+                done, pending = ray.wait(pending, num_returns=1)
+                ray.get(done)
+            return ray.get(refs)
+        except ray.exceptions.RayActorError as exc:
+            self.close()
+            raise TrainerRankLost(f"a trainer rank died during the update ({type(exc).__name__}); the step did "
+                                  "not complete and the run stops\n    fix: resume the run from its last "
+                                  "checkpoint (`gfcr resume RUN_DIR`); if a rank keeps dying, check its node's "
+                                  "memory (`ray status`, the worker logs under /tmp/ray/session_latest/logs)") from None
+        except ray.exceptions.RayTaskError:
+            if self._lost():  # a survivor's collective failed because a peer died
+                self.close()
+                raise TrainerRankLost("a trainer rank died during the update; the step did not complete and the "
+                                      "run stops\n    fix: resume the run from its last checkpoint (`gfcr resume "
+                                      "RUN_DIR`)") from None
+            raise
+
+    def _lost(self) -> bool:
+        for rank in self.ranks:
+            try:
+                ray.get(rank.pid.remote(), timeout=30)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                return True
+        return False
+
+
+def trainer_starter(policy: PolicySpec, placement: Placement, resources: Resources) -> Any:
+    """``Resources.start_trainers`` for this run: starts the group and has the run's end close it."""
+    def start(stage_class: type, config: Any) -> RayTrainerGroup:
+        group = RayTrainerGroup.start(policy, placement, stage_class, config)
+        resources.closers.append(group.close)
+        return group
+    return start
