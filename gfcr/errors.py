@@ -4,7 +4,8 @@
 (lookups), ``DataError`` (a data source's file or rows), ``ModelError`` (a policy model that
 cannot be found or loaded), ``RunDirError`` (a run directory that cannot be used),
 ``CheckpointError`` (a checkpoint that cannot be read), ``EvalError`` (evaluation cannot
-score), ``StageError`` (raised inside a stage). Spec, graph and data errors carry every
+score), ``ReplicaLostError`` (an engine replica on Ray that did not survive), ``StageError``
+(raised inside a stage). Spec, graph and data errors carry every
 ``Problem`` found, so that a file's mistakes are reported together, each with where it is
 (``file:line:col`` and the key path) and how to fix it.
 
@@ -117,6 +118,12 @@ class CheckpointError(GfcrError):
 
 class EvalError(GfcrError):
     """Evaluation cannot score: no policy, an eval prompt without a verifier, a bad ground truth."""
+
+
+class ReplicaLostError(GfcrError):
+    """An engine replica on Ray died more often than ``executor.max_replica_restarts`` allows, or did
+    not come back: not the user's mistake, so the CLI exits 1 with the ``gfcr resume`` that continues
+    the run (``gfcr.runtime.ray_restarts``)."""
 
 
 class StageError(GfcrError):

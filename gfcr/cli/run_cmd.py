@@ -2,7 +2,8 @@
 saying where the results are.
 
 A user's mistake exits 2 (what, where, the fix), a bug in a stage 1 (its traceback), a full disk 1
-(the write that failed, the space it needed, the ``gfcr resume`` that continues the run), Ctrl-C 130
+(the write that failed, the space it needed, the ``gfcr resume`` that continues the run), an engine
+replica on Ray lost for good 1 (which, why, and the ``gfcr resume``), Ctrl-C 130
 (where the run stopped and the ``gfcr resume`` that continues it).
 """
 
@@ -18,7 +19,7 @@ import typer
 from rich.markup import escape
 
 from gfcr.cli.common import ExecutorOption, PluginOption, SetOption, compile_file, err, fail, import_plugins, out
-from gfcr.errors import GfcrError, StageError
+from gfcr.errors import GfcrError, ReplicaLostError, StageError
 from gfcr.runtime.diskspace import DiskFullError
 
 if TYPE_CHECKING:
@@ -135,7 +136,7 @@ def _train(make_run) -> None:
             raise typer.Exit(130) from None
         if not isinstance(exc, GfcrError):
             raise
-        if isinstance(exc, DiskFullError):  # not a mistake in the command: exit 1, and how to go on
+        if isinstance(exc, DiskFullError) or _lost_replica(exc):  # not the command's mistake: exit 1, how to go on
             fail(exc)
             err.print(f"    {escape(_stopped_at(session))}", markup=True)
             raise typer.Exit(1) from None
@@ -152,6 +153,11 @@ def _train(make_run) -> None:
     out.print(summary_table(summary))
     for tracker in trackers:
         out.print(tracker.describe())
+
+
+def _lost_replica(exc: GfcrError) -> bool:
+    """An engine replica on Ray that died more often than the run allows, met by a stage or eval."""
+    return isinstance(exc.cause if isinstance(exc, StageError) else exc, ReplicaLostError)
 
 
 class _CtrlC:

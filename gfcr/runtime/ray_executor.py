@@ -56,6 +56,7 @@ except ImportError as exc:  # the optional extra is missing
                     "    fix: `pip install 'gfcr[ray]'`, or use `executor: {kind: prefect}`") from exc
 
 from gfcr.graph.placement import engine_placement
+from gfcr.runtime.ray_restarts import READY_TIMEOUT_S, ReplicaRestarts, require_current, restarted_by_ray
 from gfcr.spec import PipelineSpec, PolicySpec
 from gfcr.spec import Resources as Placement
 from gfcr.stages.resources import (
@@ -65,7 +66,6 @@ from gfcr.stages.resources import (
 # Set before a local cluster starts, so its processes inherit them: no usage-stats notice, and
 # no FutureWarning about accelerator variables from each worker.
 QUIET_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"}
-READY_TIMEOUT_S = 600.0  # loading a model in a replica; a pending actor means the cluster is too small
 
 
 # --- placement -----------------------------------------------------------------------------
@@ -175,12 +175,22 @@ class EngineReplica:
         torch.set_num_threads(threads)
         self.policy = load_policy(policy)
         self.engine = replica_engine(self.policy, policy, replica_name(index), seed)
+        # Ray restarted this replica after its process died: its weights are the initial ones, and
+        # it generates nothing until the driver has loaded its own (gfcr.runtime.ray_restarts)
+        self.restarted = restarted_by_ray()
 
     def ready(self) -> str:
         return self.engine.replica
 
-    def generate(self, requests: Sequence[GenerationRequest],
-                 max_in_flight: int | None = None) -> list[list[Completion]]:
+    def process(self) -> tuple[str, int]:
+        """The Ray worker id and the pid of the process this replica runs in (a restart changes both)."""
+        return ray.get_runtime_context().get_worker_id(), os.getpid()
+
+    def generate(self, requests: Sequence[GenerationRequest], max_in_flight: int | None = None,
+                 version: int | None = None) -> list[list[Completion]]:
+        """The engine's completions, refused (``ReplicaBehind``) unless this replica holds weights
+        ``version`` loaded by the driver."""
+        require_current(self.restarted, self.policy.version, version, self.engine.replica)
         return self.engine.generate(requests, max_in_flight=max_in_flight)
 
     def score(self, requests: Sequence[ScoreRequest]) -> list[Scored]:
@@ -192,6 +202,7 @@ class EngineReplica:
         self.policy.model.load_state_dict(weights)
         self.policy.version = version
         self.engine.sync_weights(version)
+        self.restarted = False
         return version
 
 
@@ -212,22 +223,33 @@ class RayEngineGroup:
     ``policy`` is the driver's policy being trained; the replicas start from the same source
     weights (version 0). Before generating, a group whose replicas lag the policy's version
     (a resumed run loads a checkpoint into the driver only) syncs them first.
+
+    A replica whose process dies is restarted by Ray, up to ``max_restarts`` times in the run; the
+    group loads the current weights into it and makes its call again (``gfcr.runtime.ray_restarts``).
     """
 
-    def __init__(self, policy: Policy, replicas: list[Any], score_path: Literal["forward", "decode"] = "forward"):
+    def __init__(self, policy: Policy, replicas: list[Any], score_path: Literal["forward", "decode"] = "forward",
+                 max_restarts: int = 0):
         self.policy, self.replicas, self.score_path = policy, replicas, score_path
         self._version = 0
+        workers = [worker for worker, _pid in ray.get([r.process.remote() for r in replicas])]
+        self.restarts = ReplicaRestarts([replica_name(i) for i in range(len(replicas))], workers, max_restarts)
 
     @classmethod
-    def start(cls, policy: Policy, spec: PolicySpec, placement: Placement, seed: int = 0) -> "RayEngineGroup":
-        actor = ray.remote(EngineReplica).options(num_cpus=placement.cpus, num_gpus=placement.gpus)
+    def start(cls, policy: Policy, spec: PolicySpec, placement: Placement, seed: int = 0,
+              max_restarts: int = 0) -> "RayEngineGroup":
+        # max_task_retries stays 0: Ray would re-run a call on the restarted replica's initial
+        # weights; the group re-runs it once the driver's weights are loaded
+        actor = ray.remote(EngineReplica).options(num_cpus=placement.cpus, num_gpus=placement.gpus,
+                                                  max_restarts=max_restarts)
         threads = max(1, int(placement.cpus))
         replicas = [actor.remote(spec, i, threads, seed) for i in range(placement.replicas)]
-        group = cls(policy, replicas, spec.score_path)
         try:
             ray.get([r.ready.remote() for r in replicas], timeout=READY_TIMEOUT_S)
+            group = cls(policy, replicas, spec.score_path, max_restarts)
         except BaseException as exc:  # a replica failed to load, or never started: stop them all
-            group.close()
+            for replica in replicas:
+                ray.kill(replica)
             if not isinstance(exc, ray.exceptions.GetTimeoutError):
                 raise
             raise GfcrError(f"the {placement.replicas} engine replicas did not start within {READY_TIMEOUT_S:g}s "
@@ -253,9 +275,10 @@ class RayEngineGroup:
         if self._version != self.policy.version:
             self.sync_weights(self.policy.version)
         parts = split_requests(requests, len(self.replicas))
-        refs = [replica.generate.remote([requests[i] for i in part], max_in_flight)
-                for replica, part in zip(self.replicas, parts) if len(part)]
-        return [completions for answer in ray.get(refs) for completions in answer]
+        calls = {i: _generate_call([requests[j] for j in part], max_in_flight, self._version)
+                 for i, part in enumerate(parts) if len(part)}
+        answers = self.restarts.call(self.replicas, calls, self._catch_up)  # a replica that dies is run again
+        return [completions for i in sorted(answers) for completions in answers[i]]
 
     def score(self, requests: Sequence[ScoreRequest]) -> list[Scored]:
         """Scored in the driver's policy (the one being trained), in one process."""
@@ -269,9 +292,20 @@ class RayEngineGroup:
         self._require_open()
         state = {k: v.detach().cpu() for k, v in self.policy.model.state_dict().items()}
         weights = ray.put(state)
-        ray.get([r.load_weights.remote(weights, policy_version) for r in self.replicas])
+        self.restarts.call(self.replicas, {i: _load_call(weights, policy_version) for i in range(len(self.replicas))},
+                           self._catch_up)
         self._version = policy_version
         return len(self.replicas) * sum(v.numel() * v.element_size() for v in state.values())
+
+    def _catch_up(self, index: int) -> None:
+        """Load the driver's current weights (at its policy version) into replica ``index``, which
+        Ray restarted with the initial ones."""
+        state = {k: v.detach().cpu() for k, v in self.policy.model.state_dict().items()}
+        ray.get(self.replicas[index].load_weights.remote(ray.put(state), self.policy.version))
+
+    def step_metrics(self) -> dict[str, int]:
+        """The step's ``ray`` metrics: replicas restarted since the last call."""
+        return {"replica_restarts": self.restarts.take()}
 
     def close(self) -> None:
         for replica in self.replicas:
@@ -282,6 +316,14 @@ class RayEngineGroup:
         if not self.replicas:
             raise GfcrError("the Ray engine group is closed (its run has ended)\n"
                             "    fix: start a new run, or `gfcr resume` this one")
+
+
+def _generate_call(requests: list[GenerationRequest], max_in_flight: int | None, version: int) -> Callable[[Any], Any]:
+    return lambda replica: replica.generate.remote(requests, max_in_flight, version)
+
+
+def _load_call(weights: Any, version: int) -> Callable[[Any], Any]:
+    return lambda replica: replica.load_weights.remote(weights, version)
 
 
 # --- verification as tasks -----------------------------------------------------------------
@@ -323,9 +365,11 @@ def ray_resources(spec: PipelineSpec) -> Resources:
         check_capacity(placement, engine=policy is not None)
         resources.map = RayMap(task_slots(placement, engine=policy is not None))
         if policy is not None and spec.policy is not None:
-            group = RayEngineGroup.start(policy, spec.policy, placement, spec.run.seed)
+            group = RayEngineGroup.start(policy, spec.policy, placement, spec.run.seed,
+                                         spec.executor.max_replica_restarts)
             resources.engine = group
             resources.closers.append(group.close)
+            resources.step_metrics["ray"] = group.step_metrics
     except BaseException:
         resources.close()
         raise

@@ -271,6 +271,10 @@ class ExecutorSpec(StrictModel):
 
     kind: Literal["local", "prefect", "ray"] = "prefect"
     address: str | None = None
+    max_replica_restarts: Annotated[int, Field(ge=0, description=(
+        "`kind: ray`: how many times Ray restarts an engine replica whose process died, in a run; its "
+        "requests run again on the restarted replica once it has the current weights. One more death "
+        "stops the run (exit 1) with the `gfcr resume` that continues it"))] = 2
 
 
 class MlflowSpec(StrictModel):
