@@ -73,6 +73,7 @@ class ReplicaRestarts:
     def __init__(self, names: list[str], workers: list[str], limit: int):
         self.names, self.workers, self.limit = names, list(workers), limit
         self.restarts = [0] * len(names)  # per replica, in this run
+        self.seconds: list[float] = []  # each restart's wait: from the failed call to the weights loaded
         self._untaken = 0  # since the last ``take``
 
     def call(self, replicas: list[Any], calls: dict[int, Callable[[Any], Any]],
@@ -99,16 +100,24 @@ class ReplicaRestarts:
     def _revive(self, i: int, replica: Any, catch_up: Callable[[int], None], cause: BaseException) -> None:
         """Wait until replica ``i`` answers again (counting a restart if it answers from a new
         worker), then load the current weights into it; a death meanwhile starts over."""
+        start, first_cause, restarted = time.monotonic(), cause, 0
         while True:
             worker = self._wait_alive(i, replica, cause)
             if worker != self.workers[i]:
                 self.workers[i] = worker
-                self._count(i, cause)
+                self.restarts[i] += 1
+                restarted += 1
             try:
                 catch_up(i)
-                return
+                break
             except ray.exceptions.RayActorError as exc:  # died again while loading the weights
                 cause = exc
+        if restarted:
+            self._untaken += restarted
+            self.seconds.append(time.monotonic() - start)
+            log.warning("engine replica %s died (%s); Ray restarted it (%d of %d restarts in this run) and it has "
+                        "the current weights again after %.1f s; its requests run again", self.names[i],
+                        _first_line(first_cause), self.restarts[i], self.limit, self.seconds[-1])
 
     def _wait_alive(self, i: int, replica: Any, cause: BaseException) -> str:
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -123,15 +132,8 @@ class ReplicaRestarts:
                     raise self._lost(i, exc, f"did not answer within {READY_TIMEOUT_S:g}s of dying") from exc
                 time.sleep(POLL_S)
 
-    def _count(self, i: int, cause: BaseException) -> None:
-        self.restarts[i] += 1
-        self._untaken += 1
-        log.warning("engine replica %s died (%s); Ray restarted it (%d of %d restarts in this run): its "
-                    "weights are loaded again and its requests run again", self.names[i], _first_line(cause),
-                    self.restarts[i], self.limit)
-
     def _lost(self, i: int, cause: BaseException, how: str = "") -> ReplicaLostError:
-        how = how or (f"died again after {self.restarts[i]} restart(s) in this run; "
+        how = how or (f"died after {self.restarts[i]} restart(s) in this run, and "
                       f"`executor.max_replica_restarts` allows {self.limit}")
         return ReplicaLostError(
             f"engine replica {self.names[i]} is lost: it {how} (Ray: {_first_line(cause)})",

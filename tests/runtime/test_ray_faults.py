@@ -27,6 +27,7 @@ from gfcr.spec import Resources as Placement
 
 pytest.importorskip("ray", reason="the Ray executor needs the extra: pip install 'gfcr[ray]' (make test installs it)")
 ray_executor = pytest.importorskip("gfcr.runtime.ray_executor", exc_type=ImportError)
+from tests.runtime.replica_kill import KillsInFlight  # noqa: E402  (after the skip: it imports Ray)
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "pipelines" / "quickstart.yaml"
@@ -47,36 +48,6 @@ def cluster():
 
 # --- a real run: quickstart with 2 tiny-arith replicas ------------------------------------
 
-class KillsInFlight:
-    """TEST-ONLY: a replica's actor handle whose ``at_call``-th ``generate`` SIGKILLs the replica's
-    process (found by its pid, from the actor) while the call runs on it; every other call and
-    method passes through to the real handle."""
-
-    def __init__(self, handle, at_call: int, delay_s: float = 0.3):
-        self.handle, self.at_call, self.delay_s = handle, at_call, delay_s
-        self.calls, self.killed_in_flight = 0, None
-
-    def __getattr__(self, name: str):
-        return getattr(self.handle, name)
-
-    @property
-    def generate(self) -> "KillsInFlight":
-        return self
-
-    def remote(self, *args):
-        import ray
-
-        self.calls += 1
-        if self.calls != self.at_call:
-            return self.handle.generate.remote(*args)
-        pid = ray.get(self.handle.process.remote())[1]
-        ref = self.handle.generate.remote(*args)
-        time.sleep(self.delay_s)  # under way: 64 rows of up to 8 tokens take the replica longer
-        self.killed_in_flight = not ray.wait([ref], timeout=0)[0]
-        os.kill(pid, signal.SIGKILL)
-        return ref
-
-
 class Tokens:
     """A runner hook: the token ids of every rollout the generate stage output, by rollout id."""
 
@@ -90,7 +61,7 @@ class Tokens:
 
 def _run(run_dir: Path, overrides: list[str] = (), kill_at_call: int | None = None):
     """A 3-step Ray run of quickstart; with ``kill_at_call``, ray-1 is killed in its call of that number
-    (call 2: step 1's generation)."""
+    (call 1 is step 0's evaluation, 2 step 0's generation, 3 step 1's)."""
     from gfcr.graph import load_pipeline
     from gfcr.runtime.session import Run
 
@@ -99,8 +70,7 @@ def _run(run_dir: Path, overrides: list[str] = (), kill_at_call: int | None = No
     run.runner.hooks = (*run.runner.hooks, tokens)
     killer = None
     if kill_at_call is not None:
-        group = run.resources.engine
-        group.replicas[1] = killer = KillsInFlight(group.replicas[1], kill_at_call)
+        killer = KillsInFlight(run.resources.engine, 1, kill_at_call)
     return run, tokens, killer
 
 
@@ -135,7 +105,7 @@ def test_a_replica_killed_mid_generation_is_restarted_and_the_step_completes_as_
     from tests.runtime.test_metric_fixtures import assert_same_run
 
     expected_dir, expected_tokens = undisturbed
-    run, tokens, killer = _run(tmp_path / "run", kill_at_call=2)
+    run, tokens, killer = _run(tmp_path / "run", kill_at_call=3)
     run.train()
     assert killer.killed_in_flight, "ray-1 finished its call before the kill: raise KillsInFlight.delay_s"
     assert _lineage(tmp_path / "run") == _lineage(expected_dir)  # nothing lost, nothing twice, same replicas
@@ -154,7 +124,7 @@ def test_a_replica_lost_for_good_stops_the_run_with_exit_1_and_the_resume_gives_
     from tests.runtime.test_metric_fixtures import assert_same_run
 
     expected_dir, _ = undisturbed
-    run, _, killer = _run(tmp_path / "run", ["executor.max_replica_restarts=0"], kill_at_call=2)
+    run, _, killer = _run(tmp_path / "run", ["executor.max_replica_restarts=0"], kill_at_call=3)
     with pytest.raises(typer.Exit) as stopped:
         _train(lambda hooks: run)
     run.resources.close()  # the process would end here; in the test, its surviving replica is stopped
