@@ -5,8 +5,8 @@ by side in one invocation, on one local Ray cluster (sized as gfcr sizes one for
     .venv/bin/python benchmarks/replica_restart.py [--steps 4] [--repeats 1] [--set KEY=VALUE]...
 
 The kill is the tests' (``tests/runtime/replica_kill.py``, test-only): the replica's pid comes from
-the actor, and the process is killed 0.3 s after its call was sent, while the call is still running
-(checked). Per run it prints each step's ``time.step_s`` (the step itself, from metrics.jsonl),
+the actor, and the process is killed as soon as step 1's call has started on it (the replicas'
+test-only hook marks it), while the call runs (checked). Per run it prints each step's ``time.step_s`` (the step itself, from metrics.jsonl),
 the restart's wait as the engine group measured it (from the failed call to the restarted
 replica holding the current weights, ``ReplicaRestarts.seconds``) and whether the two runs agree:
 lineage rows (rollout ids, groups, replicas, token counts, rewards), every rollout's tokens, and
@@ -37,7 +37,7 @@ class Tokens:
             self.by_id.update({r.rollout_id: tuple(r.response_token_ids) for r in output.rollouts()})
 
 
-def one_run(run_dir: Path, overrides: list[str], kill: bool) -> dict:
+def one_run(run_dir: Path, overrides: list[str], kill: bool, started: Path) -> dict:
     import pyarrow.parquet as pq
 
     from gfcr.graph import load_pipeline
@@ -48,7 +48,7 @@ def one_run(run_dir: Path, overrides: list[str], kill: bool) -> dict:
     tokens = Tokens()
     run.runner.hooks = (*run.runner.hooks, tokens)
     group = run.resources.engine
-    killer = KillsInFlight(group, 1, at_call=3) if kill else None  # call 1: step 0's eval; 3: step 1's generation
+    killer = KillsInFlight(group, 1, 3, started) if kill else None  # call 1: step 0's eval; 3: step 1's generation
     start = time.perf_counter()
     run.train()
     wall = time.perf_counter() - start
@@ -58,7 +58,7 @@ def one_run(run_dir: Path, overrides: list[str], kill: bool) -> dict:
     return {"killed": kill, "killed_in_flight": None if killer is None else killer.killed_in_flight,
             "wall_s": wall, "step_s": [line["time"]["step_s"] for line in lines],
             "replica_restarts": [line["ray"]["replica_restarts"] for line in lines],
-            "restart_wait_s": list(group.restarts.seconds), "lineage": lineage, "tokens": tokens.by_id,
+            "restart_wait_s": list(group.faults.seconds), "lineage": lineage, "tokens": tokens.by_id,
             "metrics": [{k: v for k, v in line.items() if k not in ("time", "ray")} for line in lines]}
 
 
@@ -73,15 +73,18 @@ def main() -> None:
 
     overrides = [f"run.steps={args.steps}", "eval.every=1000", "eval.with.n=16", "executor.kind=ray",
                  "stages.rollout.resources.replicas=2", "tracking.mlflow=null", *args.overrides]
-    release = connect(None, Placement(replicas=2))
+    from tests.runtime.replica_kill import started_dir
+
     runs = []
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp:
+        with started_dir(Path(tmp)) as started:
+            release = connect(None, Placement(replicas=2))
+        try:
             for repeat in range(args.repeats):
                 for kill in (False, True):
-                    runs.append(one_run(Path(tmp) / f"{repeat}-{kill}", overrides, kill))
-    finally:
-        release()
+                    runs.append(one_run(Path(tmp) / f"{repeat}-{kill}", overrides, kill, started))
+        finally:
+            release()
     base = runs[0]
     rows = []
     for run in runs:

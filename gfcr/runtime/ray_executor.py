@@ -32,6 +32,11 @@ directory, ``/tmp/ray/session_latest/logs``). ``Resources.close()`` at the end o
 disconnects, or shuts down a cluster gfcr started (when the last run using it ends, if
 ablation cells run in parallel threads).
 
+Faults: a replica whose process dies (SIGKILL, out of memory) is restarted by Ray, up to
+``executor.max_replica_restarts`` times in a run; the group loads the driver's current weights into
+it and sends it the same requests again, so the step completes as if undisturbed; once the restarts
+are spent, ``ReplicaLostError`` stops the run (``gfcr.runtime.ray_restarts``, docs/reliability.md).
+
 Reproducibility: the split depends only on the requests and K, and every row samples from
 its own stream (``row_seed(seed, request_id, i)``), so any number of replicas samples what
 the in-process engine would (vLLM replicas: up to the rounding of vLLM's batches). In-flight
@@ -56,7 +61,9 @@ except ImportError as exc:  # the optional extra is missing
                     "    fix: `pip install 'gfcr[ray]'`, or use `executor: {kind: prefect}`") from exc
 
 from gfcr.graph.placement import engine_placement
-from gfcr.runtime.ray_restarts import READY_TIMEOUT_S, ReplicaRestarts, require_current, restarted_by_ray
+from gfcr.runtime.ray_restarts import (
+    READY_TIMEOUT_S, STARTED_DIR_VARIABLE, ReplicaRestarts, require_current, restarted_by_ray,
+)
 from gfcr.spec import PipelineSpec, PolicySpec
 from gfcr.spec import Resources as Placement
 from gfcr.stages.resources import (
@@ -178,6 +185,9 @@ class EngineReplica:
         # Ray restarted this replica after its process died: its weights are the initial ones, and
         # it generates nothing until the driver has loaded its own (gfcr.runtime.ray_restarts)
         self.restarted = restarted_by_ray()
+        # TEST-ONLY hook (tests/runtime/replica_kill.py): a folder where each generate call leaves
+        # a file as it starts, so that a test kills the replica while the call runs
+        self._started_dir = os.environ.get(STARTED_DIR_VARIABLE)
 
     def ready(self) -> str:
         return self.engine.replica
@@ -191,6 +201,8 @@ class EngineReplica:
         """The engine's completions, refused (``ReplicaBehind``) unless this replica holds weights
         ``version`` loaded by the driver."""
         require_current(self.restarted, self.policy.version, version, self.engine.replica)
+        if self._started_dir:
+            open(os.path.join(self._started_dir, f"{self.engine.replica}-{os.getpid()}"), "w").close()
         return self.engine.generate(requests, max_in_flight=max_in_flight)
 
     def score(self, requests: Sequence[ScoreRequest]) -> list[Scored]:
@@ -233,7 +245,7 @@ class RayEngineGroup:
         self.policy, self.replicas, self.score_path = policy, replicas, score_path
         self._version = 0
         workers = [worker for worker, _pid in ray.get([r.process.remote() for r in replicas])]
-        self.restarts = ReplicaRestarts([replica_name(i) for i in range(len(replicas))], workers, max_restarts)
+        self.faults = ReplicaRestarts([replica_name(i) for i in range(len(replicas))], workers, max_restarts)
 
     @classmethod
     def start(cls, policy: Policy, spec: PolicySpec, placement: Placement, seed: int = 0,
@@ -277,7 +289,7 @@ class RayEngineGroup:
         parts = split_requests(requests, len(self.replicas))
         calls = {i: _generate_call([requests[j] for j in part], max_in_flight, self._version)
                  for i, part in enumerate(parts) if len(part)}
-        answers = self.restarts.call(self.replicas, calls, self._catch_up)  # a replica that dies is run again
+        answers = self.faults.call(self.replicas, calls, self._catch_up)  # a replica that dies is run again
         return [completions for i in sorted(answers) for completions in answers[i]]
 
     def score(self, requests: Sequence[ScoreRequest]) -> list[Scored]:
@@ -290,22 +302,24 @@ class RayEngineGroup:
         """Push the driver's weights to every replica: one ``ray.put``, one load per replica (into
         its policy, then its engine); returns the bytes sent, the weights' times the replicas."""
         self._require_open()
-        state = {k: v.detach().cpu() for k, v in self.policy.model.state_dict().items()}
+        state = self._driver_state()
         weights = ray.put(state)
-        self.restarts.call(self.replicas, {i: _load_call(weights, policy_version) for i in range(len(self.replicas))},
-                           self._catch_up)
+        self.faults.call(self.replicas, {i: _load_call(weights, policy_version) for i in range(len(self.replicas))},
+                         self._catch_up)
         self._version = policy_version
         return len(self.replicas) * sum(v.numel() * v.element_size() for v in state.values())
 
     def _catch_up(self, index: int) -> None:
         """Load the driver's current weights (at its policy version) into replica ``index``, which
         Ray restarted with the initial ones."""
-        state = {k: v.detach().cpu() for k, v in self.policy.model.state_dict().items()}
-        ray.get(self.replicas[index].load_weights.remote(ray.put(state), self.policy.version))
+        ray.get(self.replicas[index].load_weights.remote(ray.put(self._driver_state()), self.policy.version))
+
+    def _driver_state(self) -> dict[str, Any]:
+        return {k: v.detach().cpu() for k, v in self.policy.model.state_dict().items()}
 
     def step_metrics(self) -> dict[str, int]:
         """The step's ``ray`` metrics: replicas restarted since the last call."""
-        return {"replica_restarts": self.restarts.take()}
+        return {"replica_restarts": self.faults.take()}
 
     def close(self) -> None:
         for replica in self.replicas:

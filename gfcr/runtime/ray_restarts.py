@@ -41,6 +41,7 @@ from gfcr.errors import ReplicaLostError
 log = logging.getLogger(__name__)
 READY_TIMEOUT_S = 600.0  # loading a model in a (re)started replica; a pending actor means the cluster is too small
 POLL_S = 0.5  # between calls to a replica that Ray is restarting
+STARTED_DIR_VARIABLE = "GFCR_TEST_REPLICA_STARTED_DIR"  # TEST-ONLY: see EngineReplica.generate
 
 
 class ReplicaBehind(Exception):
@@ -102,7 +103,7 @@ class ReplicaRestarts:
         worker), then load the current weights into it; a death meanwhile starts over."""
         start, first_cause, restarted = time.monotonic(), cause, 0
         while True:
-            worker = self._wait_alive(i, replica, cause)
+            worker = self._wait_alive(i, replica)
             if worker != self.workers[i]:
                 self.workers[i] = worker
                 self.restarts[i] += 1
@@ -119,7 +120,8 @@ class ReplicaRestarts:
                         "the current weights again after %.1f s; its requests run again", self.names[i],
                         _first_line(first_cause), self.restarts[i], self.limit, self.seconds[-1])
 
-    def _wait_alive(self, i: int, replica: Any, cause: BaseException) -> str:
+    def _wait_alive(self, i: int, replica: Any) -> str:
+        """The worker id replica ``i`` answers from once Ray has restarted it (at once if it lives)."""
         deadline = time.monotonic() + READY_TIMEOUT_S
         while True:
             try:

@@ -290,7 +290,7 @@ def test_a_replica_killed_mid_call_is_restarted_caught_up_and_run_again_until_it
         killer = _kill_when_started(tmp_path, "ray-1", cluster.get(replicas[1].process.remote())[1])
         assert group.generate(requests) == undisturbed
         killer.join(1)
-        assert group.restarts.restarts == [0, 1] and group.step_metrics() == {"replica_restarts": 1}
+        assert group.faults.restarts == [0, 1] and group.step_metrics() == {"replica_restarts": 1}
         assert group.step_metrics() == {"replica_restarts": 0}  # counted once
 
         # killed again: Ray's restarts (max_restarts=1) are spent, and the error says how to go on

@@ -27,7 +27,7 @@ from gfcr.spec import Resources as Placement
 
 pytest.importorskip("ray", reason="the Ray executor needs the extra: pip install 'gfcr[ray]' (make test installs it)")
 ray_executor = pytest.importorskip("gfcr.runtime.ray_executor", exc_type=ImportError)
-from tests.runtime.replica_kill import KillsInFlight  # noqa: E402  (after the skip: it imports Ray)
+from tests.runtime.replica_kill import KillsInFlight, started_dir  # noqa: E402  (after the skip: it imports Ray)
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "pipelines" / "quickstart.yaml"
@@ -36,12 +36,20 @@ SHORT = ["run.steps=3", "eval.every=1000", "eval.with.n=16", "run.checkpoint_eve
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """A local cluster as gfcr starts one for two replicas (3 CPUs); shut down after the module."""
+def started(tmp_path_factory) -> Path:
+    """Where the replicas' test-only hook marks each generate call as it starts."""
+    return tmp_path_factory.mktemp("started")
+
+
+@pytest.fixture(scope="module")
+def cluster(started):
+    """A local cluster as gfcr starts one for two replicas (3 CPUs), whose replicas mark their
+    calls in ``started``; shut down after the module."""
     import ray
 
     assert not ray.is_initialized(), "no Ray may be running in the test process yet"
-    release = ray_executor.connect(None, Placement(replicas=2))
+    with started_dir(started):
+        release = ray_executor.connect(None, Placement(replicas=2))
     yield ray
     release()
 
@@ -59,7 +67,7 @@ class Tokens:
             self.by_id.update({r.rollout_id: tuple(r.response_token_ids) for r in output.rollouts()})
 
 
-def _run(run_dir: Path, overrides: list[str] = (), kill_at_call: int | None = None):
+def _run(run_dir: Path, overrides: list[str] = (), kill_at_call: int | None = None, started: Path | None = None):
     """A 3-step Ray run of quickstart; with ``kill_at_call``, ray-1 is killed in its call of that number
     (call 1 is step 0's evaluation, 2 step 0's generation, 3 step 1's)."""
     from gfcr.graph import load_pipeline
@@ -70,7 +78,7 @@ def _run(run_dir: Path, overrides: list[str] = (), kill_at_call: int | None = No
     run.runner.hooks = (*run.runner.hooks, tokens)
     killer = None
     if kill_at_call is not None:
-        killer = KillsInFlight(run.resources.engine, 1, kill_at_call)
+        killer = KillsInFlight(run.resources.engine, 1, kill_at_call, started)
     return run, tokens, killer
 
 
@@ -101,13 +109,14 @@ def undisturbed(cluster, tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_a_replica_killed_mid_generation_is_restarted_and_the_step_completes_as_undisturbed(undisturbed, tmp_path):
+def test_a_replica_killed_mid_generation_is_restarted_and_the_step_completes_as_undisturbed(undisturbed, started,
+                                                                                            tmp_path):
     from tests.runtime.test_metric_fixtures import assert_same_run
 
     expected_dir, expected_tokens = undisturbed
-    run, tokens, killer = _run(tmp_path / "run", kill_at_call=3)
+    run, tokens, killer = _run(tmp_path / "run", kill_at_call=3, started=started)
     run.train()
-    assert killer.killed_in_flight, "ray-1 finished its call before the kill: raise KillsInFlight.delay_s"
+    assert killer.killed_in_flight, "ray-1 was not killed while its call ran"
     assert _lineage(tmp_path / "run") == _lineage(expected_dir)  # nothing lost, nothing twice, same replicas
     assert tokens.by_id == expected_tokens  # rows seeded by themselves: the re-run samples the same tokens
     assert_same_run(_without_time(_metrics(tmp_path / "run"), [0, 1, 0]),
@@ -116,7 +125,7 @@ def test_a_replica_killed_mid_generation_is_restarted_and_the_step_completes_as_
 
 @pytest.mark.slow
 def test_a_replica_lost_for_good_stops_the_run_with_exit_1_and_the_resume_gives_the_undisturbed_run(
-        undisturbed, tmp_path, capsys):
+        undisturbed, started, tmp_path, capsys):
     import typer
 
     from gfcr.cli.run_cmd import _train
@@ -124,7 +133,7 @@ def test_a_replica_lost_for_good_stops_the_run_with_exit_1_and_the_resume_gives_
     from tests.runtime.test_metric_fixtures import assert_same_run
 
     expected_dir, _ = undisturbed
-    run, _, killer = _run(tmp_path / "run", ["executor.max_replica_restarts=0"], kill_at_call=3)
+    run, _, killer = _run(tmp_path / "run", ["executor.max_replica_restarts=0"], kill_at_call=3, started=started)
     with pytest.raises(typer.Exit) as stopped:
         _train(lambda hooks: run)
     run.resources.close()  # the process would end here; in the test, its surviving replica is stopped
@@ -161,6 +170,6 @@ def test_a_replica_killed_between_calls_generates_nothing_before_it_has_the_curr
             os.kill(cluster.get(replicas[0].process.remote())[1], signal.SIGKILL)
             time.sleep(2)  # Ray has restarted it by now, or is restarting it: either way it is caught up
             assert group.generate(requests) == undisturbed
-        assert group.restarts.restarts == [2, 0] and group.step_metrics() == {"replica_restarts": 2}
+        assert group.faults.restarts == [2, 0] and group.step_metrics() == {"replica_restarts": 2}
     finally:
         group.close()
