@@ -383,7 +383,7 @@ def ray_resources(spec: PipelineSpec) -> Resources:
                                          spec.executor.max_replica_restarts)
             resources.engine = group
             resources.closers.append(group.close)
-            resources.step_metrics["ray"] = group.step_metrics
+            resources.runtime_metrics["ray"] = group.step_metrics
     except BaseException:
         resources.close()
         raise

@@ -22,7 +22,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from gfcr.errors import ReplicaLostError
 from gfcr.spec import Resources as Placement
 
 pytest.importorskip("ray", reason="the Ray executor needs the extra: pip install 'gfcr[ray]' (make test installs it)")
