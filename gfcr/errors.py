@@ -4,7 +4,8 @@
 (lookups), ``DataError`` (a data source's file or rows), ``ModelError`` (a policy model that
 cannot be found or loaded), ``RunDirError`` (a run directory that cannot be used),
 ``CheckpointError`` (a checkpoint that cannot be read), ``EvalError`` (evaluation cannot
-score), ``StageError`` (raised inside a stage). Spec, graph and data errors carry every
+score), ``ReplicaLostError`` (an engine replica on Ray that did not survive), ``StageError``
+(raised inside a stage). Spec, graph and data errors carry every
 ``Problem`` found, so that a file's mistakes are reported together, each with where it is
 (``file:line:col`` and the key path) and how to fix it.
 
@@ -122,6 +123,12 @@ class EvalError(GfcrError):
 class WorkerLost(GfcrError):
     """A process the run placed elsewhere died (a trainer rank on Ray): the step did not complete,
     and the run directory resumes from its last checkpoint."""
+
+
+class ReplicaLostError(WorkerLost):
+    """An engine replica on Ray died more often than ``executor.max_replica_restarts`` allows, or did
+    not come back: not the user's mistake, so the CLI exits 1 with the ``gfcr resume`` that continues
+    the run (``gfcr.runtime.ray_restarts``)."""
 
 
 class StageError(GfcrError):

@@ -3,7 +3,8 @@ saying where the results are.
 
 A user's mistake exits 2 (what, where, the fix), a bug in a stage 1 (its traceback), a full disk 1
 (the write that failed, the space it needed, the ``gfcr resume`` that continues the run), a lost
-worker 1 (a trainer rank that died; the ``gfcr resume`` that continues the run), Ctrl-C 130
+worker 1 (a trainer rank that died, or an engine replica on Ray lost for good: which, why, and the
+``gfcr resume`` that continues the run), Ctrl-C 130
 (where the run stopped and the ``gfcr resume`` that continues it).
 """
 
@@ -136,8 +137,7 @@ def _train(make_run) -> None:
             raise typer.Exit(130) from None
         if not isinstance(exc, GfcrError):
             raise
-        lost = exc.cause if isinstance(exc, StageError) and isinstance(exc.cause, WorkerLost) else exc
-        if isinstance(lost, (DiskFullError, WorkerLost)):  # not a mistake in the command: exit 1, and how to go on
+        if isinstance(exc, DiskFullError) or _lost_worker(exc):  # not the command's mistake: exit 1, how to go on
             fail(exc)
             err.print(f"    {escape(_stopped_at(session))}", markup=True)
             raise typer.Exit(1) from None
@@ -154,6 +154,12 @@ def _train(make_run) -> None:
     out.print(summary_table(summary))
     for tracker in trackers:
         out.print(tracker.describe())
+
+
+def _lost_worker(exc: GfcrError) -> bool:
+    """A process the run placed on Ray lost for good (a trainer rank, or an engine replica that died
+    more often than the run allows), met by a stage or eval."""
+    return isinstance(exc.cause if isinstance(exc, StageError) else exc, WorkerLost)
 
 
 class _CtrlC:

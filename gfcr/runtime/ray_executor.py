@@ -41,6 +41,11 @@ directory, ``/tmp/ray/session_latest/logs``). ``Resources.close()`` at the end o
 disconnects, or shuts down a cluster gfcr started (when the last run using it ends, if
 ablation cells run in parallel threads).
 
+Faults: a replica whose process dies (SIGKILL, out of memory) is restarted by Ray, up to
+``executor.max_replica_restarts`` times in a run; the group loads the driver's current weights into
+it and sends it the same requests again, so the step completes as if undisturbed; once the restarts
+are spent, ``ReplicaLostError`` stops the run (``gfcr.runtime.ray_restarts``, docs/reliability.md).
+
 Reproducibility: the split depends only on the requests and K, and every row samples from
 its own stream (``row_seed(seed, request_id, i)``), so any number of replicas samples what
 the in-process engine would (vLLM replicas: up to the rounding of vLLM's batches). In-flight
@@ -68,6 +73,9 @@ except ImportError as exc:  # the optional extra is missing
 
 from gfcr.graph.placement import engine_placement, trainer_placement
 from gfcr.runtime.ray_placement import Reservation, placement_bundles, reserve
+from gfcr.runtime.ray_restarts import (
+    READY_TIMEOUT_S, STARTED_DIR_VARIABLE, ReplicaRestarts, require_current, restarted_by_ray,
+)
 from gfcr.runtime.weight_sync import WeightReceiver, WeightSender, WeightSyncError, check_layout, layout_of
 from gfcr.spec import PipelineSpec, PolicySpec
 from gfcr.spec import Resources as Placement
@@ -78,7 +86,6 @@ from gfcr.stages.resources import (
 # Set before a local cluster starts, so its processes inherit them: no usage-stats notice, and
 # no FutureWarning about accelerator variables from each worker.
 QUIET_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"}
-READY_TIMEOUT_S = 600.0  # loading a model in a replica (its resources are reserved by then)
 SYNC_TIMEOUT_S = 120.0  # a weight group's rendezvous, or one broadcast of a bucket (64 MiB)
 MAX_GROUP_FAILURES = 2  # collective syncs failed in a row before the run keeps to the object store
 WeightSync = Literal["collective", "object_store"]
@@ -208,6 +215,12 @@ class EngineReplica:
         self.engine = replica_engine(self.policy, policy, replica_name(index), seed)
         # the Ray node this actor runs on (None for the body of a replica run in-process, without Ray)
         self.node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+        # Ray restarted this replica after its process died: its weights are the initial ones, and
+        # it generates nothing until the driver has loaded its own (gfcr.runtime.ray_restarts)
+        self.restarted = restarted_by_ray()
+        # TEST-ONLY hook (tests/runtime/replica_kill.py): a folder where each generate call leaves
+        # a file as it starts, so that a test kills the replica while the call runs
+        self._started_dir = os.environ.get(STARTED_DIR_VARIABLE)
 
     def ready(self) -> str:
         return self.engine.replica
@@ -215,9 +228,17 @@ class EngineReplica:
     def node_id(self) -> str | None:
         return self.node
 
-    def generate(self, requests: Sequence[GenerationRequest],
-                 max_in_flight: int | None = None) -> list[list[Completion]]:
-        """The engine's completions, each naming this replica's node (the lineage's ``ray_node``)."""
+    def process(self) -> tuple[str, int]:
+        """The Ray worker id and the pid of the process this replica runs in (a restart changes both)."""
+        return ray.get_runtime_context().get_worker_id(), os.getpid()
+
+    def generate(self, requests: Sequence[GenerationRequest], max_in_flight: int | None = None,
+                 version: int | None = None) -> list[list[Completion]]:
+        """The engine's completions, each naming this replica's node (the lineage's ``ray_node``);
+        refused (``ReplicaBehind``) unless this replica holds weights ``version`` loaded by the driver."""
+        require_current(self.restarted, self.policy.version, version, self.engine.replica)
+        if self._started_dir:
+            open(os.path.join(self._started_dir, f"{self.engine.replica}-{os.getpid()}"), "w").close()
         answers = self.engine.generate(requests, max_in_flight=max_in_flight)
         return [[replace(c, ray_node=self.node) for c in completions] for completions in answers]
 
@@ -262,6 +283,7 @@ class EngineReplica:
     def _loaded(self, version: int) -> int:
         self.policy.version = version
         self.engine.sync_weights(version)
+        self.restarted = False
         return version
 
 
@@ -340,11 +362,14 @@ class RayEngineGroup:
     or ``object_store``. A collective sync that fails (a replica left or died, a broadcast timed
     out) is done again through the object store, with a warning, and the next sync forms a new
     group; after ``MAX_GROUP_FAILURES`` failures in a row the rest of the run uses the object store.
+
+    A replica whose process dies is restarted by Ray, up to ``max_restarts`` times in the run; the
+    group loads the current weights into it and makes its call again (``gfcr.runtime.ray_restarts``).
     """
 
     def __init__(self, policy: Policy, replicas: list[Any], score_path: Literal["forward", "decode"] = "forward",
                  weight_sync: WeightSync = "collective", sync_timeout_s: float = SYNC_TIMEOUT_S,
-                 reservation: Reservation | None = None):
+                 reservation: Reservation | None = None, max_restarts: int = 0):
         self.policy, self.replicas, self.score_path = policy, replicas, score_path
         self.weight_sync: WeightSync = weight_sync
         self.collective = CollectiveSync(sync_timeout_s)
@@ -353,23 +378,31 @@ class RayEngineGroup:
         self.nodes: list[str] = []
         self._failures = 0  # collective syncs failed in a row
         self._version = 0
+        workers = [worker for worker, _pid in ray.get([r.process.remote() for r in replicas])]
+        self.faults = ReplicaRestarts([replica_name(i) for i in range(len(replicas))], workers, max_restarts)
 
     @classmethod
     def start(cls, policy: Policy, spec: PolicySpec, placement: Placement, seed: int = 0,
-              weight_sync: WeightSync = "collective") -> "RayEngineGroup":
+              weight_sync: WeightSync = "collective", max_restarts: int = 0) -> "RayEngineGroup":
         """K replicas, each in its bundle of a placement group reserved first (fails at once, with
         the fix, when the cluster cannot hold them where ``placement`` asks)."""
         reservation = reserve(placement_bundles(placement), placement.strategy, what="the engine replicas",
                               lower="`resources.replicas`, `resources.cpus` or `resources.gpus` on the generate stage")
+        # max_task_retries stays 0: Ray would re-run a call on the restarted replica's initial
+        # weights; the group re-runs it once the driver's weights are loaded
         actor, threads = ray.remote(EngineReplica), max(1, int(placement.cpus))
-        group = cls(policy, [], spec.score_path, weight_sync, reservation=reservation)
+        replicas = [actor.options(num_cpus=placement.cpus, num_gpus=placement.gpus, scheduling_strategy=where,
+                                  max_restarts=max_restarts).remote(spec, i, threads, seed)
+                    for i, where in enumerate(reservation.strategies)]
         try:
-            group.replicas = [actor.options(num_cpus=placement.cpus, num_gpus=placement.gpus, scheduling_strategy=where)
-                              .remote(spec, i, threads, seed) for i, where in enumerate(reservation.strategies)]
-            ray.get([r.ready.remote() for r in group.replicas], timeout=READY_TIMEOUT_S)
-            group.nodes = ray.get([r.node_id.remote() for r in group.replicas])
+            ray.get([r.ready.remote() for r in replicas], timeout=READY_TIMEOUT_S)
+            group = cls(policy, replicas, spec.score_path, weight_sync, reservation=reservation,
+                        max_restarts=max_restarts)
+            group.nodes = ray.get([r.node_id.remote() for r in replicas])
         except BaseException as exc:  # a replica failed to load, or never started: stop them all
-            group.close()
+            for replica in replicas:
+                ray.kill(replica)
+            reservation.release()
             if not isinstance(exc, ray.exceptions.GetTimeoutError):
                 raise
             raise GfcrError(f"the {placement.replicas} engine replicas did not load the policy within "
@@ -395,9 +428,10 @@ class RayEngineGroup:
         if self._version != self.policy.version:
             self.sync_weights(self.policy.version)
         parts = split_requests(requests, len(self.replicas))
-        refs = [replica.generate.remote([requests[i] for i in part], max_in_flight)
-                for replica, part in zip(self.replicas, parts) if len(part)]
-        return [completions for answer in ray.get(refs) for completions in answer]
+        calls = {i: _generate_call([requests[j] for j in part], max_in_flight, self._version)
+                 for i, part in enumerate(parts) if len(part)}
+        answers = self.faults.call(self.replicas, calls, self._catch_up)  # a replica that dies is run again
+        return [completions for i in sorted(answers) for completions in answers[i]]
 
     def score(self, requests: Sequence[ScoreRequest]) -> list[Scored]:
         """Scored in the driver's policy (the one being trained), in one process."""
@@ -414,9 +448,10 @@ class RayEngineGroup:
         path: WeightSync = "object_store"
         if self.weight_sync == "collective" and self._collective(state, policy_version):
             path = "collective"
-        else:
+        else:  # a replica that died is restarted, caught up and loaded again (self.faults)
             weights = ray.put({k: v.cpu() for k, v in state.items()})
-            ray.get([r.load_weights.remote(weights, policy_version) for r in self.replicas])
+            self.faults.call(self.replicas, {i: _load_call(weights, policy_version) for i in range(len(self.replicas))},
+                             self._catch_up)
         self._version = policy_version
         sent = len(self.replicas) * sum(v.numel() * v.element_size() for v in state.values())
         self.syncs.append(SyncRecord(policy_version, path, time.perf_counter() - start, sent))
@@ -438,6 +473,18 @@ class RayEngineGroup:
         self._failures = 0
         return True
 
+    def _catch_up(self, index: int) -> None:
+        """Load the driver's current weights (at its policy version) into replica ``index``, which
+        Ray restarted with the initial ones."""
+        ray.get(self.replicas[index].load_weights.remote(ray.put(self._driver_state()), self.policy.version))
+
+    def _driver_state(self) -> dict[str, Any]:
+        return {k: v.detach().cpu() for k, v in self.policy.model.state_dict().items()}
+
+    def step_metrics(self) -> dict[str, int]:
+        """The step's ``ray`` metrics: replicas restarted since the last call."""
+        return {"replica_restarts": self.faults.take()}
+
     def close(self) -> None:
         self.collective.close()
         for replica in self.replicas:
@@ -451,6 +498,14 @@ class RayEngineGroup:
         if not self.replicas:
             raise GfcrError("the Ray engine group is closed (its run has ended)\n"
                             "    fix: start a new run, or `gfcr resume` this one")
+
+
+def _generate_call(requests: list[GenerationRequest], max_in_flight: int | None, version: int) -> Callable[[Any], Any]:
+    return lambda replica: replica.generate.remote(requests, max_in_flight, version)
+
+
+def _load_call(weights: Any, version: int) -> Callable[[Any], Any]:
+    return lambda replica: replica.load_weights.remote(weights, version)
 
 
 # --- verification as tasks -----------------------------------------------------------------
@@ -498,9 +553,11 @@ def ray_resources(spec: PipelineSpec) -> Resources:
             resources.start_trainers = trainer_starter(spec.policy, trainers, resources)
         if policy is not None and spec.policy is not None:
             group = RayEngineGroup.start(policy, spec.policy, placement, spec.run.seed,
-                                         spec.executor.weight_sync or "collective")
+                                         spec.executor.weight_sync or "collective",
+                                         spec.executor.max_replica_restarts)
             resources.engine = group
             resources.closers.append(group.close)
+            resources.runtime_metrics["ray"] = group.step_metrics
     except BaseException:
         resources.close()
         raise

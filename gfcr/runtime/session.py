@@ -161,6 +161,7 @@ class Run:
             t0 = time.perf_counter()
             report = self.runner.run_step()
             record = step_record(report, result, time.perf_counter() - t0)
+            record.update({key: take() for key, take in self.resources.runtime_metrics.items()})
             self._record(step, record, report)
             spent["rollouts"] += record["rollouts_generated"]
             spent["tokens"] += record["tokens_generated"]

@@ -282,6 +282,10 @@ class ExecutorSpec(StrictModel):
         "with `kind: ray`, how the trained weights reach the engine replicas after each update: "
         "`collective` (the default: a torch.distributed broadcast, gloo on the CPU, NCCL on CUDA) or "
         "`object_store` (one `ray.put`, each replica fetches it); docs/ray.md"))
+    max_replica_restarts: Annotated[int, Field(ge=0, description=(
+        "`kind: ray`: how many times Ray restarts an engine replica whose process died, in a run; its "
+        "requests run again on the restarted replica once it has the current weights. One more death "
+        "stops the run (exit 1) with the `gfcr resume` that continues it"))] = 2
 
 
 class MlflowSpec(StrictModel):

@@ -132,6 +132,9 @@ class Resources:
     # (sGPO's profiling pass), charged with ``charge_generation``
     rollouts_charged: int = 0
     tokens_charged: int = 0
+    # the runtime's own numbers for each step's metrics line, by key (``ray``: the engine replicas
+    # restarted since the last step); the session calls each once a step
+    runtime_metrics: dict[str, Callable[[], dict[str, Any]]] = field(default_factory=dict)
 
     def take_tokens_scored(self) -> int:
         """The tokens scored since the last call (the runner calls it once a step)."""
