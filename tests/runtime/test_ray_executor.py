@@ -389,7 +389,7 @@ def test_a_replica_killed_mid_call_is_restarted_caught_up_and_run_again_until_it
     actor = cluster.remote(FakeReplica).options(num_cpus=0, max_restarts=1)
     replicas = [actor.remote(f"ray-{i}", str(tmp_path), 0.5) for i in range(2)]
     policy = SimpleNamespace(version=3, model=torch.nn.Linear(2, 2))  # the driver, at weights version 3
-    group = ray_executor.RayEngineGroup(policy, replicas, max_restarts=1)
+    group = ray_executor.RayEngineGroup(policy, replicas, weight_sync="object_store", max_restarts=1)  # fakes join no weight group
     requests = [SimpleNamespace(request_id=f"r{i}", n=1) for i in range(4)]
     undisturbed = [("ray-0", r, 3) for r in requests[:2]] + [("ray-1", r, 3) for r in requests[2:]]
     try:

@@ -160,7 +160,7 @@ def test_a_replica_killed_between_calls_generates_nothing_before_it_has_the_curr
     actor = cluster.remote(FakeReplica).options(num_cpus=0, max_restarts=2)
     replicas = [actor.remote(f"ray-{i}", str(tmp_path), 0.1) for i in range(2)]
     policy = SimpleNamespace(version=3, model=torch.nn.Linear(2, 2))  # the driver, at weights version 3
-    group = ray_executor.RayEngineGroup(policy, replicas, max_restarts=2)
+    group = ray_executor.RayEngineGroup(policy, replicas, weight_sync="object_store", max_restarts=2)
     requests = [SimpleNamespace(request_id=f"r{i}", n=1) for i in range(4)]
     undisturbed = [("ray-0", r, 3) for r in requests[:2]] + [("ray-1", r, 3) for r in requests[2:]]
     try:
