@@ -4,7 +4,7 @@ and each rollout's Ray node in the lineage.
 
 The rules of ``cannot_hold`` are tested without Ray. The rest runs on a real local multi-node
 cluster (``ray.cluster_utils.Cluster``: a head and two worker nodes, each with its own custom
-resource), marked ``slow``: 89 s on the shared 2-core machine, 19 s of it starting the cluster
+resource), marked ``slow`` (with the trainer ranks' test, must-show 1 of issue 32): 89 s on the shared 2-core machine, 19 s of it starting the cluster
 (3 min 10 s under load); ``pytest -m slow tests/runtime/test_ray_placement.py``.
 """
 
@@ -79,7 +79,7 @@ def test_bundles_hold_the_cpus_gpus_and_a_share_of_the_node_resource():
 
 @pytest.fixture(scope="module")
 def cluster():
-    """A head (1 CPU) and two workers: `engines` (2 CPUs) and `trainers` (1 CPU); the test process
+    """A head (1 CPU) and two workers: `engines` (2 CPUs) and `trainers` (2 CPUs); the test process
     is the driver, so runs find Ray started and use it (as a notebook's would)."""
     import ray
     from ray.cluster_utils import Cluster
@@ -88,7 +88,7 @@ def cluster():
     nodes = Cluster(initialize_head=True, head_node_args=dict(num_cpus=1, include_dashboard=False))
     try:
         engines = nodes.add_node(num_cpus=2, resources={"engines": 1})
-        trainers = nodes.add_node(num_cpus=1, resources={"trainers": 1})
+        trainers = nodes.add_node(num_cpus=2, resources={"trainers": 1})
         ray.init(address=nodes.address, log_to_driver=False, namespace="gfcr")
         yield {"engines": engines.node_id, "trainers": trainers.node_id}
     finally:
@@ -130,6 +130,38 @@ def test_quickstart_places_both_replicas_on_the_named_node(cluster, tmp_path):
     chain = CliRunner().invoke(app, ["lineage", str(tmp_path / "run"), last, "--json"])
     assert chain.exit_code == 0 and json.loads(chain.output)["row"]["ray_node"] == cluster["engines"], chain.output
     assert group.replicas == [] and group.reservation is None, "the run released its replicas and placement group"
+    assert _pending_groups() == []
+
+
+@pytest.mark.slow
+def test_quickstart_with_engines_on_one_node_and_trainer_ranks_on_the_other(cluster, tmp_path):
+    """Must-show 1 of issue 32: `pipelines/quickstart.yaml` with 2 engine replicas on the `engines`
+    node and 2 trainer ranks on the `trainers` node, read back from Ray (each placement group's
+    bundles, each actor's own node) and from the lineage (every rollout's `ray_node`)."""
+    from gfcr.graph import load_pipeline
+    from gfcr.runtime.lineage import read_lineage
+    from gfcr.runtime.session import Run
+
+    overrides = ["run.steps=2", "eval.every=1000", "eval.with.n=16", "tracking.mlflow=null", "executor.kind=ray",
+                 "stages.rollout.resources.replicas=2", "stages.rollout.resources.node_resource=engines",
+                 "stages.rollout.resources.strategy=strict_pack",
+                 "update.resources.replicas=2", "update.resources.node_resource=trainers",
+                 "update.resources.strategy=strict_pack"]
+    run = Run.start(load_pipeline(QUICKSTART, overrides), tmp_path / "run")
+    engines, trainers = run.resources.engine, run.runner.stages["update"].trainers
+    assert engines.reservation.nodes() == engines.nodes == [cluster["engines"]] * 2
+    assert trainers is not None and trainers.world_size == 2
+    assert trainers.reservation.nodes() == trainers.nodes == [cluster["trainers"]] * 2
+    run.train()
+
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1]
+    assert not any(r["update_skipped"] for r in records) and records[-1]["policy_version"] == 2, records
+    assert all(r["time"]["sync_bytes"] > 0 for r in records)  # the ranks' weights reached the replicas
+    lineage = read_lineage(tmp_path / "run" / "lineage")
+    assert lineage.num_rows == 2 * 16 * 8
+    assert set(lineage.column("ray_node").to_pylist()) == {cluster["engines"]}
+    assert trainers.ranks == [] and trainers.reservation is None, "the run released its ranks and placement group"
     assert _pending_groups() == []
 
 
