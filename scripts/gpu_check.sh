@@ -19,6 +19,8 @@
 #       decode loop, tokens/s and GRPO step time with the weight sync) and
 #       benchmarks/partial_rollouts.py --engine vllm --device cuda (APRIL's stop-at-target against
 #       synchronous sampling on vLLM: issue 28, Must show 4 and 5, measured on the CPU so far).
+# Part 3, the distributed case: quickstart on the Ray executor with trainer ranks over NCCL (2 ranks
+#   where 3 GPUs exist, 1 where 2 exist, skipped on one GPU), against the local runner on CUDA.
 # Not yet run on a GPU (no GPU has been lent since Part 2 was written): read, not executed.
 #
 # Python: $GFCR_PYTHON if set; else python3 if it imports torch, transformers and pydantic (gfcr is
@@ -140,5 +142,37 @@ if [ "$HAS_VLLM" -eq 1 ] && [ "$HAS_SMOLLM2" -eq 1 ]; then
   done
 else
   echo "== 2b, 2c. skipped: they need vLLM's CUDA build (here: $HAS_VLLM) and SmolLM2 (here: $HAS_SMOLLM2)"
+fi
+
+# Part 3, the distributed case (issue 32): quickstart on the Ray executor with the policy on CUDA,
+# 1 engine replica (1 GPU) and trainer ranks over NCCL (1 GPU each): 2 ranks where 3 GPUs exist,
+# else 1 (NCCL with one rank) where 2 exist; its metrics against the local runner's on CUDA (1b).
+GPUS=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
+RANKS=0; [ "$GPUS" -ge 2 ] && RANKS=1; [ "$GPUS" -ge 3 ] && RANKS=2
+if ! "$PY" -c "import ray" 2>/dev/null; then
+  echo "== 3. skipped: Ray is not installed (pip install 'gfcr[ray]')"
+elif [ "$RANKS" -eq 0 ]; then
+  echo "== 3. skipped: $GPUS GPU(s); an engine replica and a trainer rank need one each"
+else
+  echo "== 3. quickstart on Ray, policy.device=cuda, 1 engine replica, $RANKS trainer rank(s) over NCCL, $STEPS steps"
+  rm -rf "$OUT/quickstart-ray-ranks"
+  t0=$SECONDS
+  "$PY" -m gfcr.cli.main run pipelines/quickstart.yaml --steps "$STEPS" --run-dir "$OUT/quickstart-ray-ranks" \
+    --executor ray --set policy.device=cuda --set stages.rollout.resources.gpus=1 \
+    --set update.resources.replicas="$RANKS" --set update.resources.gpus=1 --set update.resources.cpus=2 \
+    --set tracking.mlflow=null > "$OUT/quickstart-ray-ranks.log" 2>&1
+  rc=$?
+  echo "exit $rc in $((SECONDS - t0)) s"
+  [ "$rc" -eq 0 ] || { failed=1; tail -n 40 "$OUT/quickstart-ray-ranks.log"; }
+  "$PY" scripts/step_times.py "$OUT/quickstart-cuda/metrics.jsonl" "$OUT/quickstart-ray-ranks/metrics.jsonl"
+  "$PY" - "$OUT/quickstart-cuda/metrics.jsonl" "$OUT/quickstart-ray-ranks/metrics.jsonl" <<'PY' || failed=1
+import json, sys
+local, ranks = ([json.loads(l) for l in open(p) if l.strip()] for p in sys.argv[1:])
+diff = max(abs(a["reward_mean"] - b["reward_mean"]) for a, b in zip(local, ranks) if a["reward_mean"] is not None)
+print(f"reward_mean, ranks on Ray against the local runner on CUDA: max |difference| {diff:.3g} over {len(ranks)} steps")
+# the same seeded rows: only float rounding (GPU kernels, NCCL's sum) differs, and a token it flips
+# moves a step's mean over 128 rows by 1/128; more than 0.05 is a different run
+raise SystemExit(diff > 0.05)
+PY
 fi
 exit $failed

@@ -176,6 +176,7 @@ def _records(run_dir: Path) -> list[dict]:
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     for r in records:
         r.pop("time")
+        assert r.pop("ray", {"replica_restarts": 0}) == {"replica_restarts": 0}  # the Ray executor's own
     return records
 
 
