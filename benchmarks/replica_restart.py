@@ -26,23 +26,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
-class Tokens:
-    """A runner hook: the token ids of every rollout the generate stage output, by rollout id."""
-
-    def __init__(self):
-        self.by_id: dict[str, tuple] = {}
-
-    def after_stage(self, stage_id, ctx, output, seconds) -> None:
-        if stage_id == "rollout":
-            self.by_id.update({r.rollout_id: tuple(r.response_token_ids) for r in output.rollouts()})
-
-
 def one_run(run_dir: Path, overrides: list[str], kill: bool, started: Path) -> dict:
     import pyarrow.parquet as pq
 
     from gfcr.graph import load_pipeline
     from gfcr.runtime.session import Run
-    from tests.runtime.replica_kill import KillsInFlight
+    from tests.runtime.replica_kill import KillsInFlight, Tokens
 
     run = Run.start(load_pipeline(REPO / "pipelines" / "quickstart.yaml", overrides), run_dir)
     tokens = Tokens()

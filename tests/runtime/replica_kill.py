@@ -20,6 +20,17 @@ import ray
 from gfcr.runtime.ray_restarts import STARTED_DIR_VARIABLE
 
 
+class Tokens:
+    """A runner hook: the token ids of every rollout the generate stage output, by rollout id."""
+
+    def __init__(self):
+        self.by_id: dict[str, tuple] = {}
+
+    def after_stage(self, stage_id, ctx, output, seconds) -> None:
+        if stage_id == "rollout":
+            self.by_id.update({r.rollout_id: tuple(r.response_token_ids) for r in output.rollouts()})
+
+
 @contextmanager
 def started_dir(path: Path) -> Iterator[Path]:
     """Set the replicas' hook to ``path`` for a cluster started inside the block."""

@@ -26,7 +26,7 @@ from gfcr.spec import Resources as Placement
 
 pytest.importorskip("ray", reason="the Ray executor needs the extra: pip install 'gfcr[ray]' (make test installs it)")
 ray_executor = pytest.importorskip("gfcr.runtime.ray_executor", exc_type=ImportError)
-from tests.runtime.replica_kill import KillsInFlight, started_dir  # noqa: E402  (after the skip: it imports Ray)
+from tests.runtime.replica_kill import KillsInFlight, Tokens, started_dir  # noqa: E402  (after the skip: it imports Ray)
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "pipelines" / "quickstart.yaml"
@@ -54,17 +54,6 @@ def cluster(started):
 
 
 # --- a real run: quickstart with 2 tiny-arith replicas ------------------------------------
-
-class Tokens:
-    """A runner hook: the token ids of every rollout the generate stage output, by rollout id."""
-
-    def __init__(self):
-        self.by_id: dict[str, tuple] = {}
-
-    def after_stage(self, stage_id, ctx, output, seconds) -> None:
-        if stage_id == "rollout":
-            self.by_id.update({r.rollout_id: tuple(r.response_token_ids) for r in output.rollouts()})
-
 
 def _run(run_dir: Path, overrides: list[str] = (), kill_at_call: int | None = None, started: Path | None = None):
     """A 3-step Ray run of quickstart; with ``kill_at_call``, ray-1 is killed in its call of that number
