@@ -307,47 +307,69 @@ class SyncRecord:
     path: WeightSync
     seconds: float
     bytes: int
+    source: str = "driver"  # who broadcast the collective sync: the driver, or "trainer rank 0"
 
 
 class CollectiveSync:
-    """The driver's side of a weight group with the replicas: the driver is rank 0 (the source),
-    replica ``i`` is rank ``i + 1``. The group forms at the first sync and again whenever the
-    replicas changed (a restarted actor is a new member) or the last broadcast failed."""
+    """The source's side of a weight group with the replicas: the source is rank 0, replica ``i``
+    is rank ``i + 1``. The source is the driver, or, where the update runs on trainer ranks, trainer
+    rank 0 (``source``: its actor, which holds a ``WeightSender`` of its own), as in verl and
+    OpenRLHF: the weights then go from the trainer to the engines without passing through the driver.
+    The group forms at the first sync and again whenever the replicas or the source changed (a
+    restarted actor is a new member) or the last broadcast failed."""
 
     def __init__(self, timeout_s: float = SYNC_TIMEOUT_S):
         self.timeout_s = timeout_s
-        self.sender: WeightSender | None = None
+        self.sender: WeightSender | None = None  # the driver's, when it is the source
+        self.formed = False
+        self.source: Any = None  # the source actor the group was formed with (None: the driver)
         self.members: list[Any] = []  # the replica handles the group was formed with
 
-    def send(self, replicas: list[Any], state: dict[str, Any], version: int) -> None:
-        """Broadcast ``state`` to every replica, which loads it into its policy and engine."""
-        if self.sender is None or len(replicas) != len(self.members) or any(
+    def send(self, replicas: list[Any], state: dict[str, Any], version: int, source: Any = None) -> None:
+        """Broadcast the weights to every replica, which loads them into its policy and engine:
+        ``state`` from the driver, or ``source``'s own (a trainer rank holding ``state``'s weights)."""
+        if not self.formed or source is not self.source or len(replicas) != len(self.members) or any(
                 a is not b for a, b in zip(replicas, self.members)):
-            self._form(replicas, state)
-        assert self.sender is not None
+            self._form(replicas, state, source)
         received = [r.receive_weights.remote(version) for r in replicas]
         try:
-            self.sender.send(state)
-            ray.get(received, timeout=self.timeout_s)
+            if source is None:
+                assert self.sender is not None
+                self.sender.send(state)
+                ray.get(received, timeout=self.timeout_s)
+            else:
+                ray.get([source.send_weights.remote()] + received, timeout=self.timeout_s)
         except BaseException:
             self.close()
             raise
 
-    def _form(self, replicas: list[Any], state: dict[str, Any]) -> None:
+    def _form(self, replicas: list[Any], state: dict[str, Any], source: Any) -> None:
         self.close()
         layout = layout_of(state)
         backend = "nccl" if next(iter(state.values())).is_cuda else "gloo"
-        sender = WeightSender(ray.util.get_node_ip_address(), len(replicas) + 1, layout, backend, self.timeout_s)
-        joined = [r.join_weight_group.remote(sender.host, sender.port, sender.world_size, rank, layout, backend,
-                                             self.timeout_s) for rank, r in enumerate(replicas, start=1)]
-        sender.join()
-        ray.get(joined, timeout=self.timeout_s)
-        self.sender, self.members = sender, list(replicas)
+        world_size = len(replicas) + 1
+        if source is None:
+            self.sender = WeightSender(ray.util.get_node_ip_address(), world_size, layout, backend, self.timeout_s)
+            host, port = self.sender.host, self.sender.port
+        else:
+            host, port = ray.get(source.open_weight_source.remote(world_size, layout, backend, self.timeout_s),
+                                 timeout=self.timeout_s)
+        joined = [r.join_weight_group.remote(host, port, world_size, rank, layout, backend, self.timeout_s)
+                  for rank, r in enumerate(replicas, start=1)]
+        if source is None:
+            assert self.sender is not None
+            self.sender.join()
+            ray.get(joined, timeout=self.timeout_s)
+        else:
+            ray.get([source.join_weight_source.remote()] + joined, timeout=self.timeout_s)
+        self.formed, self.source, self.members = True, source, list(replicas)
 
     def close(self) -> None:
         if self.sender is not None:
             self.sender.close()
-        self.sender, self.members = None, []
+        if self.source is not None:
+            self.source.close_weight_source.remote()  # not awaited: the source may be gone
+        self.sender, self.formed, self.source, self.members = None, False, None, []
 
 
 class RayEngineGroup:
@@ -378,6 +400,8 @@ class RayEngineGroup:
         self.nodes: list[str] = []
         self._failures = 0  # collective syncs failed in a row
         self._version = 0
+        self.source: Any = None  # trainer rank 0's actor, once the update runs on ranks
+        self.source_version: Callable[[], int] = lambda: -1  # the weights version the source holds
         workers = [worker for worker, _pid in ray.get([r.process.remote() for r in replicas])]
         self.faults = ReplicaRestarts([replica_name(i) for i in range(len(replicas))], workers, max_restarts)
 
@@ -446,7 +470,9 @@ class RayEngineGroup:
         start = time.perf_counter()
         state = {k: v.detach() for k, v in self.policy.model.state_dict().items()}
         path: WeightSync = "object_store"
-        if self.weight_sync == "collective" and self._collective(state, policy_version):
+        # trainer rank 0 broadcasts when it holds this version (not before a resumed run's first update)
+        source = self.source if self.source is not None and self.source_version() == policy_version else None
+        if self.weight_sync == "collective" and self._collective(state, policy_version, source):
             path = "collective"
         else:  # a replica that died is restarted, caught up and loaded again (self.faults)
             weights = ray.put({k: v.cpu() for k, v in state.items()})
@@ -454,13 +480,21 @@ class RayEngineGroup:
                              self._catch_up)
         self._version = policy_version
         sent = len(self.replicas) * sum(v.numel() * v.element_size() for v in state.values())
-        self.syncs.append(SyncRecord(policy_version, path, time.perf_counter() - start, sent))
+        self.syncs.append(SyncRecord(policy_version, path, time.perf_counter() - start, sent,
+                                     "trainer rank 0" if path == "collective" and source is not None else "driver"))
         return sent
 
-    def _collective(self, state: dict[str, Any], version: int) -> bool:
+    def take_weights_from(self, source: Any, version: Callable[[], int]) -> None:
+        """Make ``source`` (trainer rank 0's actor: ``open_weight_source``, ``join_weight_source``,
+        ``send_weights``, ``close_weight_source``) the weight group's source whenever it holds the
+        version being synced (``version()``); the driver stays the source otherwise and on the
+        object-store path."""
+        self.source, self.source_version = source, version
+
+    def _collective(self, state: dict[str, Any], version: int, source: Any = None) -> bool:
         """Sync through the weight group; False (with a warning) when it failed."""
         try:
-            self.collective.send(self.replicas, state, version)
+            self.collective.send(self.replicas, state, version, source)
         except (WeightSyncError, ray.exceptions.RayError) as exc:
             self._failures += 1
             gave_up = self._failures >= MAX_GROUP_FAILURES

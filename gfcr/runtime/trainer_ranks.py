@@ -14,7 +14,9 @@ aggregation ``plan``. Each rank backwards its shard, divided by the *whole batch
 the per-shard gradients add up to the single-process gradient: they are summed over the ranks
 (``all_reduce`` SUM, not mean), and the aggregation's once-a-step term is added on rank 0 only.
 Every rank then clips and steps alike, so the replicas stay equal. The driver takes rank 0's
-weights afterwards (``gfcr.stages.update.grpo.receive_weights``, through Ray's object store).
+weights afterwards (``gfcr.stages.update.grpo.receive_weights``, through Ray's object store), and
+rank 0 is the source of the engine replicas' weight group (``open_weight_source``, ``send_weights``;
+``gfcr.runtime.ray_executor.CollectiveSync``): the engines get the new weights from the trainer.
 
 Why explicit ``all_reduce`` and a replicated optimizer rather than DDP or FSDP2: the exact
 gradient needs a SUM of gradients that are already divided by batch-wide totals, and a
@@ -41,6 +43,7 @@ import ray
 
 from gfcr.errors import GfcrError, WorkerLost
 from gfcr.runtime.ray_placement import Reservation, placement_bundles, reserve
+from gfcr.runtime.weight_sync import WeightSender, check_layout, layout_of
 from gfcr.spec import PolicySpec
 from gfcr.spec import Resources as Placement
 from gfcr.stages.resources import Ranks, Resources
@@ -83,6 +86,30 @@ class TrainerRank:
         self.policy = load_policy(policy)
         self.stage = stage_class(config)
         self.stage.setup(Resources(self.policy))
+        self.sender: WeightSender | None = None  # rank 0: the source of the engines' weight group
+
+    # --- rank 0 as the source of the weight group (gfcr.runtime.ray_executor.CollectiveSync) ----
+
+    def open_weight_source(self, world_size: int, layout: Any, backend: str, timeout_s: float) -> tuple[str, int]:
+        """Open a weight group's rendezvous on this rank's node; returns its host and port."""
+        self.close_weight_source()
+        check_layout(layout, layout_of(self.policy.model.state_dict()))
+        self.sender = WeightSender(ray.util.get_node_ip_address(), world_size, layout, backend, timeout_s)  # type: ignore[arg-type]
+        return self.sender.host, self.sender.port
+
+    def join_weight_source(self) -> None:
+        assert self.sender is not None
+        self.sender.join()
+
+    def send_weights(self) -> int:
+        """Broadcast this rank's weights to the engine replicas; returns the bytes each got."""
+        assert self.sender is not None
+        return self.sender.send(self.policy.model.state_dict())
+
+    def close_weight_source(self) -> None:
+        if self.sender is not None:
+            self.sender.close()
+        self.sender = None
 
     def endpoint(self) -> str:
         """A ``tcp://`` address on this rank's node for the others to meet at (rank 0's)."""
@@ -234,7 +261,11 @@ class RayTrainerGroup:
 def trainer_starter(policy: PolicySpec, placement: Placement, resources: Resources) -> Any:
     """``Resources.start_trainers`` for this run: starts the group and has the run's end close it."""
     def start(stage_class: type, config: Any) -> RayTrainerGroup:
+        from gfcr.runtime.ray_executor import RayEngineGroup
+
         group = RayTrainerGroup.start(policy, placement, stage_class, config)
         resources.closers.append(group.close)
+        if isinstance(resources.engine, RayEngineGroup):  # rank 0 sends the engines their weights
+            resources.engine.take_weights_from(group.ranks[0], lambda: group.version)
         return group
     return start

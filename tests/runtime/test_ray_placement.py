@@ -158,6 +158,8 @@ def test_quickstart_with_engines_on_one_node_and_trainer_ranks_on_the_other(clus
     assert [r["step"] for r in records] == [0, 1]
     assert not any(r["update_skipped"] for r in records) and records[-1]["policy_version"] == 2, records
     assert all(r["time"]["sync_bytes"] > 0 for r in records)  # the ranks' weights reached the replicas
+    # from trainer rank 0 (on `trainers`) to the replicas (on `engines`) through the weight group
+    assert [(s.path, s.source) for s in engines.syncs] == [("collective", "trainer rank 0")] * 2, engines.syncs
     lineage = read_lineage(tmp_path / "run" / "lineage")
     assert lineage.num_rows == 2 * 16 * 8
     assert set(lineage.column("ray_node").to_pylist()) == {cluster["engines"]}

@@ -204,6 +204,8 @@ def test_a_seeded_run_with_two_ranks_gives_the_local_runners_metrics(cluster, tm
     got, expected = _records(ray_run), _records(local_run)
     print(f"20 steps, 2 ranks against the local runner: max |metric difference| = {_max_metric_diff(got, expected):.3g}")
     assert sum(not r["update_skipped"] for r in got) >= 15
+    # the replica sampled every step after the first from weights trainer rank 0 broadcast to it
+    assert {(s.path, s.source) for s in run.resources.engine.syncs} == {("collective", "trainer rank 0")}
     assert_same_run(got, expected)
     assert run.resources.closers == [], "the run stopped its ranks and replicas at the end"
 
