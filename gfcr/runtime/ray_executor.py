@@ -584,7 +584,8 @@ def ray_resources(spec: PipelineSpec) -> Resources:
         if trainers is not None and spec.policy is not None:  # started by the update's setup
             from gfcr.runtime.trainer_ranks import trainer_starter
 
-            resources.start_trainers = trainer_starter(spec.policy, trainers, resources)
+            resources.start_trainers = trainer_starter(spec.policy, trainers, resources,
+                                                       started=lambda group: _weights_from_rank_zero(resources, group))
         if policy is not None and spec.policy is not None:
             group = RayEngineGroup.start(policy, spec.policy, placement, spec.run.seed,
                                          spec.executor.weight_sync or "collective",
@@ -596,6 +597,12 @@ def ray_resources(spec: PipelineSpec) -> Resources:
         resources.close()
         raise
     return resources
+
+
+def _weights_from_rank_zero(resources: Resources, trainers: Any) -> None:
+    """Trainer rank 0 becomes the source of the engine replicas' weight group."""
+    if isinstance(resources.engine, RayEngineGroup):
+        resources.engine.take_weights_from(trainers.ranks[0], lambda: trainers.version)
 
 
 def _driver_policy(spec: PolicySpec | None) -> Any:

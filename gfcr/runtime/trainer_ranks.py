@@ -258,14 +258,13 @@ class RayTrainerGroup:
         return False
 
 
-def trainer_starter(policy: PolicySpec, placement: Placement, resources: Resources) -> Any:
-    """``Resources.start_trainers`` for this run: starts the group and has the run's end close it."""
+def trainer_starter(policy: PolicySpec, placement: Placement, resources: Resources,
+                    started: Callable[[RayTrainerGroup], None] = lambda group: None) -> Any:
+    """``Resources.start_trainers`` for this run: starts the group, has the run's end close it, and
+    hands it to ``started`` (the Ray executor makes rank 0 its engines' weight source)."""
     def start(stage_class: type, config: Any) -> RayTrainerGroup:
-        from gfcr.runtime.ray_executor import RayEngineGroup
-
         group = RayTrainerGroup.start(policy, placement, stage_class, config)
         resources.closers.append(group.close)
-        if isinstance(resources.engine, RayEngineGroup):  # rank 0 sends the engines their weights
-            resources.engine.take_weights_from(group.ranks[0], lambda: group.version)
+        started(group)
         return group
     return start
