@@ -475,7 +475,7 @@ class RayEngineGroup:
         if self.weight_sync == "collective" and self._collective(state, policy_version, source):
             path = "collective"
         else:  # a replica that died is restarted, caught up and loaded again (self.faults)
-            weights = ray.put({k: v.cpu() for k, v in state.items()})
+            weights = ray.put(self._driver_state())
             self.faults.call(self.replicas, {i: _load_call(weights, policy_version) for i in range(len(self.replicas))},
                              self._catch_up)
         self._version = policy_version

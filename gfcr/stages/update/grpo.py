@@ -380,17 +380,11 @@ class GRPOUpdate:
             weights = weights * np.asarray(f, dtype=np.float64)
         return weights
 
-    def accumulate_gradients(self, items: list[_Item], plan: Any) -> tuple[float, dict[str, float]]:
-        """Backward the loss of ``items`` in micro-batches; the aggregation divides by the
-        whole batch's totals (``plan``), so leaving out zero-advantage rollouts changes
-        nothing. Returns the loss and diagnostics."""
-        sums = self.backward(items, plan, batch_term=True)
-        extra = self.aggregation.metrics() if provides(self.aggregation, ReportsStepMetrics) else {}
-        return sums.loss, self._stats(sums, items, extra)
-
     def backward(self, items: list[_Item], plan: Any, batch_term: bool) -> ShardSums:
         """Backward the loss of ``items`` in micro-batches (and, with ``batch_term``, the
-        aggregation's once-a-step term); returns the sums the step's diagnostics are made of."""
+        aggregation's once-a-step term); the aggregation divides by the whole batch's totals
+        (``plan``), so leaving out zero-advantage rollouts changes nothing. Returns the sums the
+        step's diagnostics are made of."""
         import torch
 
         cfg = self.config

@@ -55,10 +55,10 @@ def test_leaving_out_zero_advantage_rollouts_leaves_the_gradient_unchanged(resou
     nonzero = [i for i in items if i.advantage != 0.0]
     assert len(nonzero) == 8  # the two zero-variance groups contribute nothing
     model.zero_grad(set_to_none=True)
-    loss_all, _ = stage.accumulate_gradients(items, stage.aggregation.plan([i.row() for i in items]))
+    loss_all = stage.backward(items, stage.aggregation.plan([i.row() for i in items]), batch_term=True).loss
     full = _grads(model)
     model.zero_grad(set_to_none=True)
-    loss_some, _ = stage.accumulate_gradients(nonzero, stage.aggregation.plan([i.row() for i in items]))
+    loss_some = stage.backward(nonzero, stage.aggregation.plan([i.row() for i in items]), batch_term=True).loss
     some = _grads(model)
     model.zero_grad(set_to_none=True)
     assert loss_all == pytest.approx(loss_some, abs=1e-7)

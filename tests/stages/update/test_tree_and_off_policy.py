@@ -305,7 +305,7 @@ def test_a_filter_loss_mask_and_a_per_token_advantage_are_honoured():
     items, _, _ = stage._batch(RolloutGroups([group]), POOL)
     items[0].advantage = np.array([1.0, 0.5, 0.0, -1.0])  # a per-token advantage replaces the scalar
     policy.model.zero_grad(set_to_none=True)
-    stage.accumulate_gradients(items, stage.aggregation.plan([i.row() for i in items]))  # 10 token weights
+    stage.backward(items, stage.aggregation.plan([i.row() for i in items]), batch_term=True)  # 10 token weights
     got = [p.grad.clone() for p in policy.model.parameters()]
     total = 0.0
     for item, mask in zip(items, [[1, 1, 1, 1], [1, 1, 1, 1], [1, 0, 1]]):
