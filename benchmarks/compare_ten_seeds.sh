@@ -15,18 +15,24 @@
 #
 #   benchmarks/compare_ten_seeds.sh                          # the BENCHMARKS.md figures
 #   BUDGET=tokens=1000 SHARDS="0 1" OUT=runs/ten-smoke benchmarks/compare_ten_seeds.sh   # a quick look
+#   BUDGET=tokens=60000 EVERY=10 OUT=runs/compare-ten-seeds-60k \
+#     MORE="pipelines/dots_arith.yaml pipelines/dars_arith.yaml pipelines/gdro_arith.yaml" \
+#     benchmarks/compare_ten_seeds.sh                        # the two-epoch run (BENCHMARKS.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 GFCR=${GFCR:-.venv/bin/gfcr}
 BUDGET=${BUDGET:-tokens=4000}
+EVERY=${EVERY:-3}
 OUT=${OUT:-runs/compare-ten-seeds}
 SHARDS=${SHARDS:-"0,1 2,3 4,5 6,7 8,9"}
-PIPELINES=(pipelines/quickstart.yaml pipelines/meds_arith.yaml pipelines/coba_arith.yaml
-           pipelines/april_arith.yaml pipelines/copris_arith.yaml pipelines/greso_arith.yaml
-           pipelines/dapo_arith.yaml pipelines/dots_rr_arith.yaml pipelines/rlep_arith.yaml)
+# Each process runs its cells pipeline by pipeline, in this order: the stages that act on
+# prompts seen before come first, so a comparison stopped early has them on every seed.
+PIPELINES=(pipelines/quickstart.yaml pipelines/rlep_arith.yaml pipelines/dots_rr_arith.yaml
+           pipelines/greso_arith.yaml pipelines/meds_arith.yaml pipelines/coba_arith.yaml
+           pipelines/dapo_arith.yaml pipelines/april_arith.yaml pipelines/copris_arith.yaml ${MORE:-})
 compare() {
-  $GFCR compare "${PIPELINES[@]}" --task arith-mix --budget "$BUDGET" --set eval.every=3 \
+  $GFCR compare "${PIPELINES[@]}" --task arith-mix --budget "$BUDGET" --set eval.every="$EVERY" \
     --executor local --out "$OUT" "$@"
 }
 mkdir -p "$OUT/logs"
