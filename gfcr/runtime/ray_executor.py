@@ -80,7 +80,7 @@ from gfcr.runtime.weight_sync import WeightReceiver, WeightSender, WeightSyncErr
 from gfcr.spec import PipelineSpec, PolicySpec
 from gfcr.spec import Resources as Placement
 from gfcr.stages.resources import (
-    Completion, GenerationRequest, InFlightController, Policy, Resources, Scored, ScoreRequest,
+    Completion, GenerationRequest, InFlightController, Policy, Resources, Scored, ScoreRequest, policy_weights,
 )
 
 # Set before a local cluster starts, so its processes inherit them: no usage-stats notice, and
@@ -278,7 +278,7 @@ class EngineReplica:
 
     def weights(self) -> dict[str, Any]:
         """This replica's policy weights, on the CPU (for checks)."""
-        return {k: v.detach().cpu() for k, v in self.policy.model.state_dict().items()}
+        return policy_weights(self.policy)
 
     def _loaded(self, version: int) -> int:
         self.policy.version = version
@@ -475,7 +475,7 @@ class RayEngineGroup:
         if self.weight_sync == "collective" and self._collective(state, policy_version, source):
             path = "collective"
         else:  # a replica that died is restarted, caught up and loaded again (self.faults)
-            weights = ray.put(self._driver_state())
+            weights = ray.put(policy_weights(self.policy))
             self.faults.call(self.replicas, {i: _load_call(weights, policy_version) for i in range(len(self.replicas))},
                              self._catch_up)
         self._version = policy_version
@@ -510,10 +510,7 @@ class RayEngineGroup:
     def _catch_up(self, index: int) -> None:
         """Load the driver's current weights (at its policy version) into replica ``index``, which
         Ray restarted with the initial ones."""
-        ray.get(self.replicas[index].load_weights.remote(ray.put(self._driver_state()), self.policy.version))
-
-    def _driver_state(self) -> dict[str, Any]:
-        return {k: v.detach().cpu() for k, v in self.policy.model.state_dict().items()}
+        ray.get(self.replicas[index].load_weights.remote(ray.put(policy_weights(self.policy)), self.policy.version))
 
     def step_metrics(self) -> dict[str, int]:
         """The step's ``ray`` metrics: replicas restarted since the last call."""

@@ -46,7 +46,7 @@ from gfcr.runtime.ray_placement import Reservation, placement_bundles, reserve
 from gfcr.runtime.weight_sync import WeightSender, check_layout, layout_of
 from gfcr.spec import PolicySpec
 from gfcr.spec import Resources as Placement
-from gfcr.stages.resources import Ranks, Resources
+from gfcr.stages.resources import Ranks, Resources, policy_weights
 
 READY_TIMEOUT_S = 600.0  # loading the policy in a rank; a pending actor means the cluster is too small
 JOIN_TIMEOUT = timedelta(minutes=5)  # torch.distributed rendezvous and each collective
@@ -138,7 +138,7 @@ class TrainerRank:
         return grads
 
     def weights(self) -> dict[str, Any]:
-        return {k: v.detach().cpu() for k, v in self.policy.model.state_dict().items()}
+        return policy_weights(self.policy)
 
     def load_weights(self, weights: dict[str, Any], version: int) -> None:
         self.policy.model.load_state_dict(weights)
@@ -236,18 +236,19 @@ class RayTrainerGroup:
                 ray.get(done)
             return ray.get(refs)
         except ray.exceptions.RayActorError as exc:
-            self.close()
-            raise TrainerRankLost(f"a trainer rank died during the update ({type(exc).__name__}); the step did "
-                                  "not complete and the run stops\n    fix: resume the run from its last "
-                                  "checkpoint (`gfcr resume RUN_DIR`); if a rank keeps dying, check its node's "
-                                  "memory (`ray status`, the worker logs under /tmp/ray/session_latest/logs)") from None
+            raise self._rank_lost(f" ({type(exc).__name__})") from None
         except ray.exceptions.RayTaskError:
             if self._lost():  # a survivor's collective failed because a peer died
-                self.close()
-                raise TrainerRankLost("a trainer rank died during the update; the step did not complete and the "
-                                      "run stops\n    fix: resume the run from its last checkpoint (`gfcr resume "
-                                      "RUN_DIR`)") from None
+                raise self._rank_lost("") from None
             raise
+
+    def _rank_lost(self, how: str) -> TrainerRankLost:
+        """Stop every rank and say how to go on."""
+        self.close()
+        return TrainerRankLost(f"a trainer rank died during the update{how}; the step did not complete and the "
+                               "run stops\n    fix: resume the run from its last checkpoint (`gfcr resume "
+                               "RUN_DIR`); if a rank keeps dying, check its node's memory (`ray status`, the "
+                               "worker logs under /tmp/ray/session_latest/logs)")
 
     def _lost(self) -> bool:
         for rank in self.ranks:

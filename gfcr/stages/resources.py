@@ -206,6 +206,12 @@ class MeteredEngine:
         return getattr(self._engine, name)
 
 
+def policy_weights(policy: Policy) -> dict[str, Any]:
+    """The policy's ``state_dict`` on the CPU, to send to other processes (trainer ranks, engine
+    replicas)."""
+    return {k: v.detach().cpu() for k, v in policy.model.state_dict().items()}
+
+
 def prompt_tokens(policy: Policy, prompt: Prompt) -> list[int]:
     """The prompt's token ids, tokenized once and kept on the prompt (resume and replay reuse them)."""
     if prompt.prompt_token_ids is None:

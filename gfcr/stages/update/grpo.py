@@ -116,14 +116,14 @@ from gfcr.registry import BuildsTrees, FixesGroupSize, PipelineProblem, StageCon
 from gfcr.registry.components import (AddsBatchTerm, CorrectsTokens, LearnsParameters, LimitsStaleness,
                                       ReportsStepMetrics, declared, provides)
 from gfcr.spec.problems import fixable
-from gfcr.stages.resources import Policy, Ranks, Resources, TrainerGroup, prompt_tokens
+from gfcr.stages.resources import Policy, Ranks, Resources, TrainerGroup, policy_weights, prompt_tokens
 from gfcr.stages.components.advantage import AdvantageSpec, estimate_all
 from gfcr.stages.components.aggregation import AggregationSpec, Row
 from gfcr.stages.components.base import PairingContext
 from gfcr.stages.components.correction import CorrectionSpec
 from gfcr.stages.components.loss import LossSpec
 from gfcr.stages.update.logprobs import padded, response_logprobs
-from gfcr.stages.update.ranks import ShardOutcome, ShardSums, policy_weights, receive_weights, split_items
+from gfcr.stages.update.ranks import ShardOutcome, ShardSums, receive_weights, split_items
 from gfcr.stages.update.tree_weights import shared_prefix_weights
 
 

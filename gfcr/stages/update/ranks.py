@@ -69,11 +69,6 @@ def split_items(items: Sequence[T], k: int) -> list[list[T]]:
     return shards
 
 
-def policy_weights(policy: Policy) -> dict[str, Any]:
-    """The policy's ``state_dict`` on the CPU, to send to other processes."""
-    return {k: v.detach().cpu() for k, v in policy.model.state_dict().items()}
-
-
 def receive_weights(policy: Policy, trainers: TrainerGroup) -> None:
     """Where the trained weights arrive in the driver after a distributed step: rank 0's
     ``state_dict``, through Ray's object store, loaded into the driver's copy of the policy
