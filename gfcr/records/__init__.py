@@ -12,6 +12,7 @@ from gfcr.records.prompt import Prompt, PromptPool, VerifierSpec
 from gfcr.records.replay import Provided, ProvidedKind, ProvidedRollout, StepOutputs
 from gfcr.records.report import ControlDecision, StepContext, StepReport, UpdateReport
 from gfcr.records.rollout import Origin, Rollout, RolloutStatus, Segment, SegmentOrigin
+from gfcr.records.trajectory import Turn, TurnRole
 from gfcr.records.stats import Lifecycle, Observation, ObservationSource, PromptStats
 
 PORT_TYPES = (Allocation, RolloutGroups, UpdateReport, Provided)
@@ -22,6 +23,6 @@ __all__ = [
     "Observation", "ObservationSource", "Origin", "PORT_TYPES", "Prompt", "PromptPool", "PromptStats", "Provided",
     "ProvidedKind", "ProvidedRollout", "Removal", "StepOutputs",
     "RUNTIME_INPUTS", "Rollout", "RolloutGroup", "RolloutGroups", "RolloutStatus", "Segment",
-    "SegmentOrigin", "StepContext", "StepReport", "TreeIndex", "UpdateReport", "Verdict",
+    "SegmentOrigin", "StepContext", "StepReport", "TreeIndex", "Turn", "TurnRole", "UpdateReport", "Verdict",
     "VerifierSpec", "group_id", "prompt_id", "rollout_id",
 ]

@@ -15,6 +15,7 @@ from enum import StrEnum
 import numpy as np
 
 from gfcr.records.ids import check_id
+from gfcr.records.trajectory import Turn, TurnRole
 
 
 class RolloutStatus(StrEnum):
@@ -51,6 +52,9 @@ class SegmentOrigin(StrEnum):
     REPLAYED_TEXT = "replayed_text"
     SEEDED_CONTEXT = "seeded_context"
     FORCED = "forced"  # appended by an in-flight controller, not sampled (``control.truncate_steps``)
+    # an environment's turn (observation, tool result) tokenised into a trajectory's context
+    # (``generate.multi_turn``): no policy wrote it, its log-probs are zeros, it is never trained on
+    ENVIRONMENT = "environment"
 
 
 @dataclass(slots=True)
@@ -112,6 +116,9 @@ class Rollout:
     # rollout id and how many of its tokens were accepted (sampled, and counted, when it was made)
     draft_from: str | None = None
     draft_tokens: int = 0
+    # a trajectory's turns (``generate.multi_turn``; ``gfcr.records.trajectory``): spans of the response
+    # that tile it, model turns over sampled segments, environment turns over ``environment`` ones
+    turns: list[Turn] | None = None
     # outcome, written by verifiers
     reward: float | None = None
     reward_components: dict[str, float] = field(default_factory=dict)
@@ -129,6 +136,8 @@ class Rollout:
         check_id(self.group_id, "Rollout.group_id")
         check_id(self.prompt_id, "Rollout.prompt_id")
         self.check_segments()
+        if self.turns is not None:
+            self.check_turns()
 
     def check_segments(self) -> None:
         """Raise ValueError unless the segments tile the response tokens exactly."""
@@ -146,8 +155,43 @@ class Rollout:
                 f"the response has {len(self.response_token_ids)}"
             )
 
+    def check_turns(self) -> None:
+        """Raise ValueError unless the turns tile the response and each holds segments of its own
+        kind only (environment turns: ``environment`` segments; model turns: any other)."""
+        position = 0
+        for turn in self.turns or ():
+            if turn.start != position:
+                raise ValueError(f"rollout {self.rollout_id}: turn starts at {turn.start}, expected {position} "
+                                 "(turns must be contiguous and in order)")
+            position = turn.end
+            for seg in self.segments:
+                if seg.start < turn.end and turn.start < seg.end and (
+                        (seg.origin == SegmentOrigin.ENVIRONMENT) != (turn.role == TurnRole.ENVIRONMENT)):
+                    raise ValueError(f"rollout {self.rollout_id}: {turn.role} turn [{turn.start}, {turn.end}) "
+                                     f"overlaps a segment of origin {seg.origin} [{seg.start}, {seg.end})")
+        if position != len(self.response_token_ids):
+            raise ValueError(f"rollout {self.rollout_id}: turns cover {position} tokens, "
+                             f"the response has {len(self.response_token_ids)}")
+
     def __len__(self) -> int:
         return len(self.response_token_ids)
+
+    @property
+    def environment_tokens(self) -> int:
+        """Response tokens an environment wrote (``environment`` segments): 0 for a single turn."""
+        return sum(len(s) for s in self.segments if s.origin == SegmentOrigin.ENVIRONMENT)
+
+    def trained_mask(self) -> np.ndarray | None:
+        """``[T]`` bool: False on the tokens no policy wrote (an environment's turns), which the
+        update never trains on whatever a filter's ``loss_mask`` says; None when every token is
+        the policy's (every single-turn rollout), so the update's default path is unchanged."""
+        if not self.environment_tokens:
+            return None
+        mask = np.ones(len(self), dtype=bool)
+        for s in self.segments:
+            if s.origin == SegmentOrigin.ENVIRONMENT:
+                mask[s.start:s.end] = False
+        return mask
 
     @property
     def generated_length(self) -> int:
@@ -156,9 +200,10 @@ class Rollout:
         leaf it branched from and were counted there, a rollout carried over from an earlier
         step (``generate.partial``), whose first ``resumed_tokens`` were sampled, and counted, there,
         and one that starts with an accepted draft (``generate.speculative``), whose first
-        ``draft_tokens`` were sampled when the draft was."""
+        ``draft_tokens`` were sampled when the draft was. An environment's turns in a trajectory
+        (``generate.multi_turn``) were not sampled and do not count."""
         copied = max(self.branch_token_idx or 0, self.resumed_tokens, self.draft_tokens)
-        return len(self) - min(copied, len(self))
+        return len(self) - min(copied, len(self)) - self.environment_tokens
 
     @property
     def forced_tokens(self) -> int:

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from gfcr.records import Origin, Rollout, RolloutStatus, Segment, SegmentOrigin
+from gfcr.records import Origin, Rollout, RolloutStatus, Segment, SegmentOrigin, Turn
 
 
 def copy_segment(s: Segment) -> Segment:
@@ -29,6 +29,7 @@ def rollout_state(r: Rollout) -> dict[str, Any]:
             "text": r.text, "replica": r.replica, "ray_node": r.ray_node,
             "resumed_from": r.resumed_from, "resumed_tokens": r.resumed_tokens, "draft_from": r.draft_from,
             "draft_tokens": r.draft_tokens, "reward": r.reward, "correct": r.correct, "entropy": r.token_entropy,
+            "turns": None if r.turns is None else [t.state() for t in r.turns],
             "segments": [[s.start, s.end, s.policy_version, s.behavior_logprobs, str(s.origin)] for s in r.segments]}
 
 
@@ -36,9 +37,11 @@ def rollout_from_state(d: dict[str, Any]) -> Rollout:
     segments = [Segment(int(a), int(b), int(v), np.asarray(lp, np.float32), SegmentOrigin(o))
                 for a, b, v, lp, o in d["segments"]]
     entropy = None if d["entropy"] is None else np.asarray(d["entropy"], np.float32)
+    turns = None if d.get("turns") is None else [Turn.from_state(t) for t in d["turns"]]  # absent before trajectories
     return Rollout(d["rollout_id"], d["group_id"], d["prompt_id"], [int(t) for t in d["tokens"]], segments,
                    status=RolloutStatus(d["status"]), origin=Origin(d["origin"]), finish_reason=d["finish_reason"],
                    stop_reason=d.get("stop_reason", ""), created_step=d["created_step"], text=d["text"],
                    replica=d["replica"], ray_node=d.get("ray_node"),  # absent in checkpoints before nodes were recorded
                    resumed_from=d["resumed_from"], resumed_tokens=d["resumed_tokens"], draft_from=d["draft_from"],
-                   draft_tokens=d["draft_tokens"], reward=d["reward"], correct=d["correct"], token_entropy=entropy)
+                   draft_tokens=d["draft_tokens"], reward=d["reward"], correct=d["correct"], token_entropy=entropy,
+                   turns=turns)

@@ -367,7 +367,8 @@ class GRPOUpdate:
     def _token_weights(self, r: Rollout, estimator_mask: np.ndarray | None, tree: np.ndarray | None,
                        version: int) -> np.ndarray | None:
         """``[T]`` weights, or None when every token weighs 1 (the default path stays exact)."""
-        factors = [m for m in (r.loss_mask, estimator_mask) if m is not None]
+        # a trajectory's environment turns are never trained on (``Rollout.trained_mask``; None for one turn)
+        factors = [m for m in (r.loss_mask, estimator_mask, r.trained_mask()) if m is not None]
         if tree is not None:
             factors.append(tree)
         kept = self.correction.keeps(r, version) if provides(self.correction, LimitsStaleness) else None
