@@ -50,6 +50,7 @@ BUILTIN_STAGES = {
     "generate.tree": "gfcr.stages.generate.tree:Tree",
     "generate.partial": "gfcr.stages.generate.partial:Partial",
     "generate.speculative": "gfcr.stages.generate.speculative:Speculative",
+    "generate.multi_turn": "gfcr.stages.generate.multi_turn:MultiTurn",
     "generate.fake": "gfcr.stages.testing:FakeGenerate",
     "update.grpo": "gfcr.stages.update.grpo:GRPOUpdate",
     "update.fake": "gfcr.stages.testing:FakeUpdate",

@@ -184,6 +184,7 @@ class EngineLack:
 ENGINE_NEEDS: dict[str, str] = {
     "top_p": "nucleus sampling (`top_p` below 1) with the untruncated distribution's behaviour log-probabilities",
     "generate_in_steer": "a generate call from inside its `steer`, while its host's rows are in flight",
+    "multi_turn": "continuation from token ids across a trajectory's turns, tested by the tokenisation test",
 }
 
 # Which needs each engine of ``PolicySpec.engine`` lacks, and why: ``gfcr validate`` refuses the
@@ -196,6 +197,10 @@ ENGINE_LACKS: dict[str, dict[str, EngineLack]] = {
             "top_p", "vLLM records the log-probabilities of the top-p-truncated, renormalized distribution, each "
             "above the untruncated one by -log(kept mass), which would bias every ratio of the update",
             "set `top_p: 1.0` on `{stage}`, or use `policy.engine: hf` (the transformers engine)"),
+        "multi_turn": EngineLack(
+            None, "the vLLM engine has not been through the multi-turn tokenisation test (ids trained == ids "
+            "generated + the environment's tokenised turns), so it is not offered yet",
+            "use `policy.engine: hf` (the transformers engine) for `{stage}`"),
     },
 }
 

@@ -1,0 +1,255 @@
+"""The turn loop of ``generate.multi_turn``: episodes, one per trajectory, advanced together.
+
+Each turn, every live episode's next model turn is one request of one engine call (continuing
+its ids), then each episode's environment answers it. An episode's tokens and segments are
+spliced exactly as a resumed rollout's are (``gfcr.stages.engine.splice``); an environment
+turn is one segment of origin ``environment`` (zeros for log-probs). See ``multi_turn`` for
+the rules; this module holds the mechanics.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from gfcr.errors import GfcrError
+from gfcr.records import (
+    Allocation, AllocationEntry, Rollout, RolloutGroup, RolloutGroups, RolloutStatus, Segment, SegmentOrigin, Turn,
+    TurnRole, group_id, rollout_id,
+)
+from gfcr.spec.problems import fixable
+from gfcr.stages.engine import Completion, ResponsePrefix, SamplingParams, row_seed, splice
+from gfcr.stages.environments import (
+    TOOL_PARSERS, Action, EnvironmentFailed, Observation, environment_factory,
+)
+from gfcr.stages.resources import GenerationRequest, prompt_tokens
+
+
+class EnvironmentRef(BaseModel):
+    """``{use: <environment name or package.module:Class>, with: {<its keyword arguments>}}``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, serialize_by_alias=True,
+                              validate_by_name=True, validate_by_alias=True)
+
+    use: str
+    with_: dict[str, Any] = Field(default_factory=dict, alias="with", description="the environment's arguments")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_a_bare_name(cls, data: Any) -> Any:
+        if isinstance(data, str):
+            raise fixable("the environment is a mapping", f"write `environment: {{use: {data}}}`")
+        return data
+
+    @field_validator("use")
+    @classmethod
+    def _known(cls, name: str) -> str:
+        try:
+            environment_factory(name)
+        except GfcrError as exc:
+            raise fixable(exc.message, exc.fix or "name a registered environment") from None
+        return name
+
+    @model_validator(mode="after")
+    def _arguments_fit(self) -> "EnvironmentRef":
+        factory = environment_factory(self.use)
+        try:
+            inspect.signature(factory).bind(**self.with_)
+        except TypeError as exc:
+            raise fixable(f"environment `{self.use}` does not take these arguments: {exc}",
+                          f"give `with` the keyword arguments of {getattr(factory, '__name__', self.use)}") from None
+        except ValueError:  # no signature to read (a builtin): the arguments are checked when it is built
+            pass
+        return self
+
+
+@dataclass(eq=False)
+class Episode:
+    """One trajectory in progress: its ids, segments and turns so far, and its environment."""
+
+    entry: AllocationEntry
+    gid: str
+    rid: str
+    prompt_ids: tuple[int, ...]
+    env: Any = None
+    tokens: list[int] = field(default_factory=list)
+    segments: list[Segment] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    status: RolloutStatus = RolloutStatus.RUNNING
+    stop_reason: str = ""
+    error: str | None = None
+    last: Observation | None = None
+    replica: str | None = None
+    ray_node: str | None = None
+
+    @property
+    def live(self) -> bool:
+        return self.status == RolloutStatus.RUNNING
+
+    @property
+    def model_turns(self) -> int:
+        return sum(t.role == TurnRole.MODEL for t in self.turns)
+
+    @property
+    def tool_calls(self) -> int:
+        return sum(t.tool_call is not None for t in self.turns)
+
+    @property
+    def environment_tokens(self) -> int:
+        return sum(len(t) for t in self.turns if t.role == TurnRole.ENVIRONMENT)
+
+    def end(self, status: RolloutStatus, why: str = "") -> None:
+        self.status, self.stop_reason = status, why
+
+    def request(self, turn: int, params: SamplingParams, budget: int) -> GenerationRequest:
+        """This episode's next model turn: its ids so far continued by at most ``budget`` tokens."""
+        prefix = ResponsePrefix(tuple(self.tokens), tuple(self.segments)) if self.tokens else None
+        return GenerationRequest(f"{self.rid}~t{turn}", self.prompt_ids, 1,
+                                 replace(params, max_new_tokens=len(self.tokens) + budget), prefix, self.gid)
+
+    def add_model_turn(self, request: GenerationRequest, c: Completion, version: int, text: str) -> Turn:
+        start = len(self.tokens)
+        self.tokens, self.segments = splice(request.prefix, c, version)
+        self.replica, self.ray_node = c.replica, c.ray_node
+        turn = Turn(TurnRole.MODEL, start, len(self.tokens), text)
+        self.turns.append(turn)
+        return turn
+
+    def add_environment_turn(self, ids: list[int], text: str, version: int) -> None:
+        start = len(self.tokens)
+        self.tokens += ids
+        self.segments.append(Segment(start, len(self.tokens), version, np.zeros(len(ids), np.float32),
+                                     SegmentOrigin.ENVIRONMENT))
+        self.turns.append(Turn(TurnRole.ENVIRONMENT, start, len(self.tokens), text))
+
+
+def run_episodes(stage: Any, allocation: Allocation, round_: int, params: SamplingParams,
+                 deadline: float | None) -> tuple[RolloutGroups, list[Episode]]:
+    """Every allocated trajectory, from reset to its end; their groups (see ``multi_turn``).
+    ``stage`` is the ``generate.multi_turn`` stage: its ``config``, ``policy``, ``engine`` and ``make``."""
+    cfg, policy, engine = stage.config, stage.policy, stage.engine
+    assert policy is not None and engine is not None
+    parser = TOOL_PARSERS[cfg.tool_parser] if cfg.tool_parser else None
+    decode = _decoder(policy)
+    episodes: list[Episode] = []
+    for entry in allocation.active():
+        gid = group_id(entry.prompt_id, allocation.step, round_)
+        prompt_ids = tuple(prompt_tokens(policy, entry.prompt))
+        for i in range(entry.n_rollouts):
+            ep = Episode(entry, gid, rollout_id(gid, i), prompt_ids)
+            episodes.append(ep)
+            _guarded(stage, ep, "reset", lambda ep=ep: _reset(stage, ep, params.seed))
+    for k in range(cfg.max_turns):
+        live = [e for e in episodes if e.live]
+        if deadline is not None and time.monotonic() > deadline:
+            for e in live:
+                e.end(RolloutStatus.TRUNCATED, f"wall budget of {cfg.max_wall_s}s spent before model turn {k + 1}")
+            break
+        for e in live:
+            if cfg.max_tokens - len(e.tokens) < 1:
+                e.end(RolloutStatus.TRUNCATED, f"token budget of {cfg.max_tokens} spent before model turn {k + 1}")
+        live = [e for e in live if e.live]
+        if not live:
+            break
+        requests = [e.request(k, params, min(cfg.max_turn_tokens, cfg.max_tokens - len(e.tokens))) for e in live]
+        results = engine.generate(requests, None, cfg.max_in_flight)
+        version = engine.policy_version
+        for e, request, (completion,) in zip(live, requests, results):
+            text = decode(completion.token_ids)
+            turn = e.add_model_turn(request, completion, version, text)
+            call = parser(text) if parser is not None else None
+            turn.tool_call = call.state() if call is not None else None
+            obs = _guarded(stage, e, f"step (model turn {k + 1})", lambda e=e, a=Action(text, call): e.env.step(a))
+            if obs is not None:
+                _observe(e, turn, obs, policy, version, cfg.max_tokens, k + 1)
+    for e in episodes:
+        if e.live:
+            e.end(RolloutStatus.TRUNCATED, f"turn budget: {cfg.max_turns} model turns")
+        close = getattr(e.env, "close", None)
+        if callable(close):
+            _guarded(stage, e, "close", close, ended=True)
+    return _groups(allocation, episodes, decode), episodes
+
+
+def _reset(stage: Any, ep: Episode, seed: int) -> None:
+    ep.env = stage.make()
+    ep.env.reset(ep.entry.prompt, row_seed(seed, ep.rid, 0))
+
+
+def _observe(e: Episode, turn: Turn, obs: Observation, policy: Any, version: int, max_tokens: int, k: int) -> None:
+    """Write the environment's answer to model turn ``k``: its reward, the end, or its turn."""
+    e.last = obs
+    turn.info = dict(obs.metadata)
+    if obs.reward is not None:
+        turn.reward = float(obs.reward)
+        e.rewards.append(float(obs.reward))
+    if obs.done:
+        e.end(RolloutStatus.COMPLETED)
+        return
+    ids = list(policy.tokenizer(obs.text, add_special_tokens=False)["input_ids"]) if obs.text else []
+    if len(e.tokens) + len(ids) >= max_tokens:  # no room for the environment's turn and one more model token
+        e.end(RolloutStatus.TRUNCATED, f"token budget of {max_tokens} spent after model turn {k}")
+        return
+    if ids:
+        e.add_environment_turn(ids, obs.text, version)
+
+
+def _guarded(stage: Any, e: Episode, where: str, call: Callable[[], Any], ended: bool = False) -> Any:
+    """``call()``, or, when the environment raises, the episode ends by ``on_env_error``."""
+    if not (e.live or ended):
+        return None
+    try:
+        return call()
+    except Exception as exc:  # an environment is user code: any exception ends its trajectory only
+        cfg = stage.config
+        message = (f"environment `{cfg.environment.use}` raised in {where} of trajectory {e.rid}: "
+                   f"{type(exc).__name__}: {exc}")
+        if cfg.on_env_error == "fail":
+            raise EnvironmentFailed(message, "fix the environment, or set `on_env_error: drop` on the stage to "
+                                             "drop the trajectories it fails on and go on") from exc
+        e.error = message
+        e.end(RolloutStatus.FAILED, message)
+        return None
+
+
+def _groups(allocation: Allocation, episodes: list[Episode], decode: Callable[[Any], str]) -> RolloutGroups:
+    groups: dict[str, RolloutGroup] = {}
+    for e in episodes:
+        g = groups.get(e.gid)
+        if g is None:
+            g = groups[e.gid] = RolloutGroup(e.gid, e.entry.prompt_id, allocation.step, e.entry.n_rollouts,
+                                             sample_weight=e.entry.sample_weight)
+        g.rollouts.append(_rollout(e, allocation.step, decode))
+        if e.error is not None:
+            g.remove(e.rid, e.error)
+    return RolloutGroups(list(groups.values()))
+
+
+def _rollout(e: Episode, step: int, decode: Callable[[Any], str]) -> Rollout:
+    meta = e.last.metadata if e.last is not None else {}
+    done = e.status == RolloutStatus.COMPLETED
+    # an episode the environment ended scores what it gave (None when it gave nothing: filter.verify's
+    # to score); one a budget ended scores what it was given so far, 0 if nothing
+    reward = sum(e.rewards) if e.rewards else (None if done or e.error is not None else 0.0)
+    correct = meta.get("correct") if done else (False if e.error is None else None)
+    reason = e.stop_reason if not done else str(meta.get("reason", ""))
+    components = {"environment": float(sum(e.rewards)), "turns": float(e.model_turns),
+                  "tool_calls": float(e.tool_calls)}
+    return Rollout(e.rid, e.gid, e.entry.prompt_id, list(e.tokens), list(e.segments), status=e.status,
+                   finish_reason="stop" if done else ("" if e.error else "length"), stop_reason=e.stop_reason,
+                   created_step=step, text=decode(e.tokens), replica=e.replica, ray_node=e.ray_node,
+                   reward=reward, correct=None if correct is None else bool(correct), reward_reason=reason,
+                   reward_components=components, turns=list(e.turns))
+
+
+def _decoder(policy: Any) -> Callable[[Any], str]:
+    decode = getattr(policy, "decode", None)
+    if callable(decode):
+        return lambda ids: decode(list(ids))
+    return lambda ids: policy.tokenizer.decode(list(ids), skip_special_tokens=True)

@@ -1,0 +1,193 @@
+"""generate.multi_turn on the tiny-arith policy and the transformers engine: the tokenisation
+test (issue 41, Must show 1), budgets, and environments that raise."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gfcr.engines import TransformersEngine, load_policy
+from gfcr.errors import GfcrError
+from gfcr.records import (
+    Allocation, AllocationEntry, Prompt, PromptPool, RolloutStatus, SegmentOrigin, StepContext, TurnRole, VerifierSpec,
+)
+from gfcr.spec import PolicySpec
+from gfcr.stages.engine import ScoreRequest
+from gfcr.stages.environments import EnvironmentFailed
+from gfcr.stages.generate.multi_turn import MultiTurn
+from gfcr.stages.resources import Resources
+from gfcr.stages.update.grpo import GRPOUpdate
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return load_policy(PolicySpec(model="tiny-arith"))
+
+
+class Recording:
+    """The transformers engine, recording every request's context and every completion's ids."""
+
+    def __init__(self, engine: TransformersEngine):
+        self.engine, self.calls = engine, {}
+
+    @property
+    def policy_version(self) -> int:
+        return self.engine.policy_version
+
+    def generate(self, requests, controller=None, max_in_flight=None):
+        out = self.engine.generate(requests, controller, max_in_flight)
+        for request, (completion,) in zip(requests, out):
+            self.calls[request.request_id] = (request.context, completion.token_ids)
+        return out
+
+    def score(self, requests):
+        return self.engine.score(requests)
+
+    def sync_weights(self, version):
+        return 0
+
+
+def prompts(n: int) -> list[Prompt]:
+    return [Prompt(f"a:{i}", text=f"What is {10 + i} + {20 + 3 * i}? Answer:",
+                   verifier=VerifierSpec("arithmetic", str(30 + 4 * i))) for i in range(n)]
+
+
+def run(policy, config: dict, n_prompts: int = 10, n: int = 5, engine=None, step: int = 0):
+    stage = MultiTurn(MultiTurn.Config.model_validate(config))
+    engine = engine or TransformersEngine(policy)
+    stage.setup(Resources(policy, engine))
+    pool = prompts(n_prompts)
+    groups = stage.run(Allocation(step, tuple(AllocationEntry(p, n) for p in pool)), StepContext("run", step, 0, 0))
+    return stage, groups, PromptPool(pool)
+
+
+CALCULATOR = {"environment": {"use": "calculator", "with": {"max_tool_calls": 3}}, "tool_parser": "calc",
+              "stop": ["?"], "temperature": 3.0, "max_turns": 4, "max_turn_tokens": 6, "max_tokens": 48}
+ECHO = {"environment": {"use": "testing.echo", "with": {"turns": 3, "reply": " 7 Answer:"}}, "temperature": 1.0,
+        "max_turns": 4, "max_turn_tokens": 5, "max_tokens": 64}
+
+
+@pytest.mark.parametrize("config", [CALCULATOR, ECHO], ids=["calculator", "testing.echo"])
+def test_ids_trained_are_the_ids_generated_and_the_environment_turns(policy, config):
+    """Over 50 trajectories: each rollout's ids are, turn by turn, the engine's completion ids and
+    the environment's text tokenised on its own; each turn's request continued exactly the ids
+    so far; the update trains on exactly those ids with environment tokens weighted 0; and the
+    policy's log-probs of the model tokens, scored over the whole trajectory, are the behaviour ones."""
+    engine = Recording(TransformersEngine(policy))
+    stage, groups, pool = run(policy, config, engine=engine)
+    rollouts = list(groups.rollouts())
+    assert len(rollouts) == 50
+    tok = policy.tokenizer
+    multi = 0
+    for r in rollouts:
+        prompt_ids = pool.get(r.prompt_id).prompt_token_ids
+        expected, k = [], 0
+        for turn in r.turns:
+            if turn.role == TurnRole.MODEL:
+                context, ids = engine.calls[f"{r.rollout_id}~t{k}"]
+                assert list(context) == prompt_ids + expected  # the engine continued these very ids
+                expected += list(ids)
+                k += 1
+            else:
+                expected += tok(turn.text, add_special_tokens=False)["input_ids"]
+            assert len(expected) == turn.end
+        assert r.response_token_ids == expected
+        multi += k > 1
+        env_positions = [i for t in r.turns if t.role == TurnRole.ENVIRONMENT for i in range(t.start, t.end)]
+        assert all(s.origin != SegmentOrigin.ENVIRONMENT or not s.behavior_logprobs.any() for s in r.segments)
+        mask = r.trained_mask()
+        assert (mask is None) == (not env_positions)
+        if mask is not None:
+            assert np.flatnonzero(~mask).tolist() == env_positions
+    if config is ECHO:
+        assert multi == 50
+    for r in rollouts:  # no drift: the policy scores the model's tokens in their context as it sampled them
+        scored = engine.score([ScoreRequest(tuple(pool.get(r.prompt_id).prompt_token_ids),
+                                            tuple(r.response_token_ids), config["temperature"])])[0]
+        model = r.trained_mask() if r.trained_mask() is not None else np.ones(len(r), bool)
+        np.testing.assert_allclose(scored.logprobs[model], r.behavior_logprobs[model], atol=2e-5)
+    update = GRPOUpdate(GRPOUpdate.Config(lr=1e-4))
+    update.setup(Resources(policy, engine.engine))
+    items, _, _ = update._batch(groups, pool)
+    for item in items:
+        r = item.rollout
+        assert list(item.prompt_ids) == pool.get(r.prompt_id).prompt_token_ids
+        if r.environment_tokens:
+            assert item.weights is not None and (item.weights[~r.trained_mask()] == 0).all()
+            assert (item.weights[r.trained_mask()] == 1).all()
+
+
+def test_calculator_turns_and_rewards(policy):
+    _, groups, _ = run(policy, CALCULATOR)
+    for r in groups.rollouts():
+        assert r.status in (RolloutStatus.COMPLETED, RolloutStatus.TRUNCATED)
+        assert r.reward in (0.0, 1.0) and r.reward_components["turns"] == sum(t.role == "model" for t in r.turns)
+        for model, env in zip(r.turns[::2], r.turns[1::2]):  # every environment turn answers a calculator call
+            assert model.tool_call is not None and model.tool_call["name"] == "calc"
+            assert env.text.endswith(" Answer:")
+        if r.status == RolloutStatus.COMPLETED:
+            assert r.turns[-1].role == TurnRole.MODEL and r.turns[-1].reward == r.reward
+
+
+def test_budgets_end_trajectories_as_truncated_and_say_why(policy):
+    _, groups, _ = run(policy, {**ECHO, "max_turns": 2}, n_prompts=2, n=2)
+    assert {(r.status, r.stop_reason) for r in groups.rollouts()} == {
+        (RolloutStatus.TRUNCATED, "turn budget: 2 model turns")}
+    assert all(r.reward == 1.0 for r in groups.rollouts())  # the two turns' 0.5 each, given before the budget
+    _, groups, _ = run(policy, {**ECHO, "max_tokens": 8, "max_turn_tokens": 4}, n_prompts=2, n=2)
+    for r in groups.rollouts():
+        assert r.status == RolloutStatus.TRUNCATED and "token budget of 8 spent" in r.stop_reason and len(r) <= 8
+    _, groups, _ = run(policy, {**ECHO, "max_wall_s": 1e-9}, n_prompts=1, n=2)
+    assert all(r.stop_reason.startswith("wall budget") and len(r) == 0 for r in groups.rollouts())
+
+
+def test_an_environment_that_raises_drops_its_trajectory_only(policy):
+    config = {**ECHO, "environment": {"use": "testing.raising", "with": {"at": 2, "every": 2}}}
+    stage, groups, _ = run(policy, config)
+    removed = [m for g in groups for m in g.removed]
+    kept = list(groups.rollouts())
+    assert removed and kept and len(removed) + len(kept) == 50
+    for m in removed:
+        assert m.rollout.status == RolloutStatus.FAILED
+        assert m.reason == (f"environment `testing.raising` raised in step (model turn 2) of trajectory "
+                            f"{m.rollout.rollout_id}: RuntimeError: tool server unreachable at turn 2")
+    assert all(r.status == RolloutStatus.COMPLETED and len(r.turns) == 5 for r in kept)
+    assert stage.step_metrics()["environment_errors"] == len(removed)
+
+
+def test_an_environment_that_raises_fails_the_step_when_declared(policy):
+    config = {**ECHO, "environment": {"use": "testing.raising", "with": {"at": 1, "every": 1}}, "on_env_error": "fail"}
+    with pytest.raises(EnvironmentFailed) as err:
+        run(policy, config, n_prompts=1, n=1)
+    assert str(err.value) == ("environment `testing.raising` raised in step (model turn 1) of trajectory a:0@s0/0: "
+                              "RuntimeError: tool server unreachable at turn 1\n"
+                              "    fix: fix the environment, or set `on_env_error: drop` on the stage to drop the "
+                              "trajectories it fails on and go on")
+
+
+def test_sampling_is_seeded(policy):
+    a = [r.response_token_ids for r in run(policy, CALCULATOR, n_prompts=3, n=2)[1].rollouts()]
+    b = [r.response_token_ids for r in run(policy, CALCULATOR, n_prompts=3, n=2)[1].rollouts()]
+    assert a == b
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    ({"environment": {"use": "calculatr"}}, "unknown environment `calculatr`"),
+    ({"environment": {"use": "calculator", "with": {"max_calls": 2}}}, "does not take these arguments"),
+    ({"environment": {"use": "calculator"}, "tool_parser": "json"}, "unknown tool parser `json`"),
+    ({"environment": "calculator"}, "the environment is a mapping"),
+])
+def test_config_errors_name_the_mistake(config, message):
+    with pytest.raises(ValueError, match=message):
+        MultiTurn.Config.model_validate(config)
+
+
+def test_an_environment_by_import_path():
+    config = MultiTurn.Config.model_validate({"environment": {"use": "gfcr.stages.environments.calculator:Calculator"}})
+    assert MultiTurn(config).make().max_tool_calls == 3
+
+
+def test_a_chat_template_policy_is_refused_at_setup(policy, monkeypatch):
+    monkeypatch.setattr(policy.tokenizer, "chat_template", "{{ messages }}")
+    with pytest.raises(GfcrError, match="has a chat template"):
+        MultiTurn(MultiTurn.Config.model_validate(ECHO)).setup(Resources(policy, TransformersEngine(policy)))
