@@ -219,6 +219,8 @@ class LocalRunner:
                 state.rollout_ids.update(r.rollout_id for r in g.generated)
                 if not g.verdict.included:  # dropped by the stage that produced it
                     self._dropped(sid, state, g)
+                for removal in g.removed:  # taken out by the stage that produced it (a failed trajectory)
+                    removal.removed_by = removal.removed_by or sid
             elif g is not state.groups[g.group_id]:
                 touched[g.group_id].append(g)  # a copy of a group seen before
         for gid, copies in touched.items():

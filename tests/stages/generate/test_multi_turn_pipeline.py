@@ -1,0 +1,50 @@
+"""The shipped multi-turn pipeline runs 3 steps on the transformers engine (issue 41, Must show 2),
+its lineage holds every trajectory, and an environment that raises is handled as declared."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gfcr.errors import StageError
+from gfcr.graph import load_pipeline
+from gfcr.runtime.session import Run
+from gfcr.runtime.lineage import read_lineage
+
+REPO = Path(__file__).resolve().parents[3]
+PIPELINE = REPO / "pipelines" / "examples" / "multi_turn_calc_arith.yaml"
+QUICK = ["run.steps=3", "tracking.mlflow=null", "run.checkpoint_every=null", "executor.kind=local",
+         "stages.pick.with.batch_size=4"]
+
+
+def test_the_calculator_pipeline_runs_three_steps(tmp_path):
+    Run.start(load_pipeline(PIPELINE, QUICK), tmp_path / "run").train()
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1, 2]
+    for r in records:
+        assert r["rollouts_generated"] == 16 and r["stages"]["rollout"]["trajectories"] == 16
+        assert 0.0 <= r["reward_mean"] <= 1.0 and r["stages"]["rollout"]["environment_errors"] == 0
+    assert records[-1]["policy_version"] >= 1  # at least one update ran
+    rows = read_lineage(tmp_path / "run" / "lineage").to_pylist()
+    assert len(rows) == 48 and all(row["reward"] in (0.0, 1.0) for row in rows)
+
+
+def test_an_environment_that_raises_is_dropped_and_the_run_goes_on(tmp_path):
+    raising = ["stages.rollout.with.environment={use: testing.raising, with: {at: 1, every: 2}}",
+               "stages.rollout.with.tool_parser=null"]
+    Run.start(load_pipeline(PIPELINE, QUICK + raising + ["run.steps=1"]), tmp_path / "run").train()
+    rows = read_lineage(tmp_path / "run" / "lineage").to_pylist()
+    dropped = [row for row in rows if row["dropped_by"] == "rollout"]
+    assert dropped and len(dropped) < len(rows) == 16
+    assert all(row["status"] == "failed" and "raised in step (model turn 1)" in row["drop_reason"]
+               and not row["in_update"] for row in dropped)
+
+
+def test_an_environment_that_raises_fails_the_step_when_declared(tmp_path):
+    failing = ["stages.rollout.with.environment={use: testing.raising, with: {at: 1, every: 1}}",
+               "stages.rollout.with.on_env_error=fail", "run.steps=1"]
+    with pytest.raises(StageError, match=r"stage `rollout` failed at step 0 .*EnvironmentFailed: environment "
+                                         r"`testing.raising` raised in step \(model turn 1\) of trajectory"):
+        Run.start(load_pipeline(PIPELINE, QUICK + failing), tmp_path / "run").train()
