@@ -197,6 +197,16 @@ def _bad_rows(tmp_path: Path) -> Path:
                       f"source: jsonl, with: {{path: {tmp_path / 'rows.jsonl'}, verifier: arithmetic}}")
 
 
+def _failing_environment(tmp_path: Path) -> Path:
+    """The multi-turn calculator pipeline, one step, on an environment that raises, declared to fail."""
+    text = (Path(__file__).resolve().parents[2] / "pipelines" / "examples" / "multi_turn_calc_arith.yaml").read_text()
+    text = text.replace("environment: {use: calculator, with: {max_tool_calls: 2}}, tool_parser: calc",
+                        "environment: {use: testing.raising, with: {at: 1, every: 1}}, on_env_error: fail")
+    text = text.replace("run: {steps: 100, seed: 0, checkpoint_every: 50}", "run: {steps: 1, seed: 0}\ntracking: {mlflow: null}")
+    (tmp_path / "spec.yaml").write_text(text.replace("batch_size: 8", "batch_size: 1"))
+    return tmp_path / "spec.yaml"
+
+
 RUN_CASES = [
     ("missing model", lambda tmp: _spec_with(tmp, "data:", "policy: {model: tiny-arithmetic}\ndata:"),
      ["policy.model `tiny-arithmetic` is neither a model alias nor a local Hugging Face folder",
@@ -208,6 +218,9 @@ RUN_CASES = [
     ("eval without a policy", _eval_without_policy, ["`eval` needs a policy to evaluate"], "remove `eval`"),
 
     ("bad data rows", _bad_rows, ["rows.jsonl:1: missing field `answer`"], ""),
+    ("an environment that raises, declared to fail the step", _failing_environment,
+     ["stage `rollout` failed at step 0", "environment `testing.raising` raised in step (model turn 1) of trajectory",
+      "RuntimeError: tool server unreachable at turn 1"], "set `on_env_error: drop` on the stage"),
 ]
 
 

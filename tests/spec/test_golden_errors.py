@@ -73,6 +73,7 @@ TREE_VLLM = edit((REPO / "pipelines" / "tree_arith.yaml").read_text(), "engine: 
 FINITE_FIX = "write a finite number here: `.inf`, `-.inf` and `.nan` cannot run"
 SEED_FIX = "write 0 or a positive integer"
 HUMANEVAL_FROM = 'data: {source: arithmetic, with: {n: 4000, seed: 0, digits: 2, operators: ["+", "-"]}}'
+MULTI_TURN = (REPO / "pipelines" / "examples" / "multi_turn_calc_arith.yaml").read_text()  # generate.multi_turn
 
 CASES = [
     Case("near-miss stage name", edit(BASE, "control.uniform", "control.unifrom"),
@@ -493,6 +494,22 @@ CASES = [
          edit(QUICK, HUMANEVAL_FROM, "data: {source: humaneval, with: {sandbox: docker}}"),
          "sandbox: docker", "data.with.sandbox", "`docker` is not one of `auto`, `bwrap`, `guard`",
          "use one of `auto`, `bwrap`, `guard`"),
+    Case("a multi-turn environment misspelt", edit(MULTI_TURN, "use: calculator,", "use: calculatr,"),
+         "calculatr", "stages.rollout.with.environment.use", "unknown environment `calculatr`",
+         "did you mean `calculator`? Or, name a class as `package.module:Class`, or register it under the "
+         "`gfcr.environments` entry point group"),
+    Case("a multi-turn environment given an argument it does not take",
+         edit(MULTI_TURN, "max_tool_calls: 2", "max_calls: 2"), "environment:", "stages.rollout.with.environment",
+         "environment `calculator` does not take these arguments: got an unexpected keyword argument 'max_calls'",
+         "give `with` only arguments of Calculator: `max_tool_calls`"),
+    Case("an unknown tool parser", edit(MULTI_TURN, "tool_parser: calc", "tool_parser: json"),
+         "tool_parser: json", "stages.rollout.with.tool_parser", "unknown tool parser `json`", "use one of: calc"),
+    Case("multi-turn trajectories on the vLLM engine", edit(MULTI_TURN, "engine: hf}", "engine: vllm}"),
+         "rollout:", "stages.rollout",
+         "`rollout` (generate.multi_turn) needs continuation from token ids across a trajectory's turns, tested by "
+         "the tokenisation test, which `policy.engine: vllm` cannot give: the vLLM engine has not been through the "
+         "multi-turn tokenisation test (ids trained == ids generated + the environment's tokenised turns), so it "
+         "is not offered yet", "use `policy.engine: hf` (the transformers engine) for `rollout`"),
 ]
 
 

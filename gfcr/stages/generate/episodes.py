@@ -59,12 +59,15 @@ class EnvironmentRef(BaseModel):
     def _arguments_fit(self) -> "EnvironmentRef":
         factory = environment_factory(self.use)
         try:
-            inspect.signature(factory).bind(**self.with_)
-        except TypeError as exc:
-            raise fixable(f"environment `{self.use}` does not take these arguments: {exc}",
-                          f"give `with` the keyword arguments of {getattr(factory, '__name__', self.use)}") from None
+            signature = inspect.signature(factory)
         except ValueError:  # no signature to read (a builtin): the arguments are checked when it is built
-            pass
+            return self
+        try:
+            signature.bind(**self.with_)
+        except TypeError as exc:
+            names = ", ".join(f"`{p}`" for p in signature.parameters if p not in ("args", "kwargs")) or "none"
+            raise fixable(f"environment `{self.use}` does not take these arguments: {exc}",
+                          f"give `with` only arguments of {getattr(factory, '__name__', self.use)}: {names}") from None
         return self
 
 
