@@ -27,6 +27,7 @@ from gfcr.stages.engine import Completion, ResponsePrefix, SamplingParams, row_s
 from gfcr.stages.environments import (
     TOOL_PARSERS, Action, EnvironmentFailed, Observation, environment_factory,
 )
+from gfcr.stages.generate.turn_tokens import TurnBoundary
 from gfcr.stages.resources import GenerationRequest, prompt_tokens
 
 
@@ -124,12 +125,15 @@ class Episode:
         self.turns.append(turn)
         return turn
 
-    def add_environment_turn(self, ids: list[int], text: str, version: int) -> None:
+    def add_environment_turn(self, ids: list[int], text: str, version: int, observation: str) -> None:
+        """``ids`` tokenised from ``text`` (the observation, within the chat template's boundary when
+        the policy has one: then the observation's own text is kept in the turn's ``info``)."""
         start = len(self.tokens)
         self.tokens += ids
         self.segments.append(Segment(start, len(self.tokens), version, np.zeros(len(ids), np.float32),
                                      SegmentOrigin.ENVIRONMENT))
-        self.turns.append(Turn(TurnRole.ENVIRONMENT, start, len(self.tokens), text))
+        info = {} if text == observation else {"observation": observation}
+        self.turns.append(Turn(TurnRole.ENVIRONMENT, start, len(self.tokens), text, info=info))
 
 
 def run_episodes(stage: Any, allocation: Allocation, round_: int, params: SamplingParams,
@@ -140,6 +144,7 @@ def run_episodes(stage: Any, allocation: Allocation, round_: int, params: Sampli
     assert policy is not None and engine is not None
     parser = TOOL_PARSERS[cfg.tool_parser] if cfg.tool_parser else None
     decode = _decoder(policy)
+    boundary = TurnBoundary(policy, cfg.observation_role)
     episodes: list[Episode] = []
     for entry in allocation.active():
         gid = group_id(entry.prompt_id, allocation.step, round_)
@@ -170,7 +175,7 @@ def run_episodes(stage: Any, allocation: Allocation, round_: int, params: Sampli
             turn.tool_call = call.state() if call is not None else None
             obs = _guarded(stage, e, f"step (model turn {k + 1})", lambda e=e, a=Action(text, call): e.env.step(a))
             if obs is not None:
-                _observe(e, turn, obs, policy, version, cfg.max_tokens, k + 1)
+                _observe(e, turn, obs, boundary, version, cfg.max_tokens, k + 1)
     for e in episodes:
         if e.live:
             e.end(RolloutStatus.TRUNCATED, f"turn budget: {cfg.max_turns} model turns")
@@ -185,7 +190,8 @@ def _reset(stage: Any, ep: Episode, seed: int) -> None:
     ep.env.reset(ep.entry.prompt, row_seed(seed, ep.rid, 0))
 
 
-def _observe(e: Episode, turn: Turn, obs: Observation, policy: Any, version: int, max_tokens: int, k: int) -> None:
+def _observe(e: Episode, turn: Turn, obs: Observation, boundary: TurnBoundary, version: int, max_tokens: int,
+             k: int) -> None:
     """Write the environment's answer to model turn ``k``: its reward, the end, or its turn."""
     e.last = obs
     turn.info = dict(obs.metadata)
@@ -195,12 +201,12 @@ def _observe(e: Episode, turn: Turn, obs: Observation, policy: Any, version: int
     if obs.done:
         e.end(RolloutStatus.COMPLETED)
         return
-    ids = list(policy.tokenizer(obs.text, add_special_tokens=False)["input_ids"]) if obs.text else []
+    ids, text = boundary.ids(obs.text, e.tokens[turn.start:turn.end]) if obs.text or boundary.template else ([], "")
     if len(e.tokens) + len(ids) >= max_tokens:  # no room for the environment's turn and one more model token
         e.end(RolloutStatus.TRUNCATED, f"token budget of {max_tokens} spent after model turn {k}")
         return
     if ids:
-        e.add_environment_turn(ids, obs.text, version)
+        e.add_environment_turn(ids, text, version, obs.text)
 
 
 def _guarded(stage: Any, e: Episode, where: str, call: Callable[[], Any], ended: bool = False) -> Any:

@@ -11,8 +11,12 @@ fresh environment object per trajectory, ``reset`` on the prompt. Then, turn by 
 2. the turn's text goes through the declared ``tool_parser`` (``calc``; none: no tool calls) and,
    as an ``Action``, to the environment's ``step``;
 3. the ``Observation`` says whether the episode is done, this turn's reward and, when it goes
-   on, the text the model reads next: tokenised on its own (the policy's tokenizer, no special
-   tokens) and appended as an environment turn (segment origin ``environment``: never trained).
+   on, the text the model reads next: tokenised on its own and appended as an environment turn
+   (segment origin ``environment``: never trained). With no chat template the text is tokenised
+   as it is; with one, inside the template's own turn boundary (the end of the model's turn,
+   the observation as an ``observation_role`` message, the generation prompt:
+   ``gfcr.stages.generate.turn_tokens``), so the ids are those the template gives the whole
+   conversation.
 
 A trajectory ends when the environment says done (status ``completed``), after ``max_turns``
 model turns, when its next turn would not fit in ``max_tokens`` (prompt excluded), or when the
@@ -33,11 +37,9 @@ seed is ``row_seed(seed, <rollout id>, 0)``. Both depend only on (seed, step, ro
 
 Engines: the transformers engine. The vLLM engine is refused by ``gfcr validate``
 (``engine_needs: multi_turn``): its continuation from ids across turns has not been through the
-tokenisation test yet. A policy with a chat template is refused at set-up: environment turns are
-tokenised as plain text, and the chat template's turn boundaries are not written yet.
+tokenisation test yet.
 
-Deviations: from verl's agent loop and verifiers' ``MultiTurnEnv``: environment turns are
-tokenised as plain text (no chat template yet); a turn's tool call is read by one declared
+Deviations: from verl's agent loop and verifiers' ``MultiTurnEnv``: a turn's tool call is read by one declared
 parser, not by the environment; the budgets are per trajectory (turns, tokens) and per call
 (wall-clock), checked between turns, not inside one; the trajectory's reward is the sum of the
 environment's per-turn rewards (no discounting, no separate rubric).
@@ -86,6 +88,7 @@ from gfcr.stages.common.seeds import step_seed
 from gfcr.stages.engine import SamplingParams
 from gfcr.stages.environments import TOOL_PARSERS, environment_factory
 from gfcr.stages.generate.episodes import Episode, EnvironmentRef, run_episodes
+from gfcr.stages.generate.turn_tokens import TurnBoundary
 from gfcr.stages.resources import Engine, Policy, Resources
 
 
@@ -106,6 +109,8 @@ class MultiTurn:
         max_wall_s: Annotated[float | None, Field(gt=0.0, description=(
             "wall-clock seconds for the call, checked between turns; none: no limit"))] = None
         stop: list[str] = Field(default_factory=list, description="strings that end a model turn (kept); not empty")
+        observation_role: Annotated[str, Field(min_length=1, description=(
+            "the chat role an observation is rendered as, with a chat-template policy (`user`, `tool`)"))] = "user"
         on_env_error: Literal["drop", "fail"] = Field("drop", description=(
             "an environment that raises: `drop` takes its trajectory out of the group, `fail` fails the step"))
         seed: Seed | None = Field(None, description="sampling seed; default: the run's seed")
@@ -141,11 +146,11 @@ class MultiTurn:
     def setup(self, resources: Resources) -> None:
         self.policy = resources.require_policy("generate.multi_turn")
         self.engine = resources.require_engine("generate.multi_turn")
-        if getattr(self.policy.tokenizer, "chat_template", None) is not None:
-            raise ModelError(
-                f"generate.multi_turn: policy `{self.policy.name}` has a chat template, and environment turns "
-                "are tokenised as plain text: the template's turn boundaries are not written yet",
-                "use a policy without a chat template (`tiny-arith`), or single-turn generation")
+        try:
+            TurnBoundary(self.policy, self.config.observation_role)
+        except ValueError as exc:
+            raise ModelError(f"generate.multi_turn: policy `{self.policy.name}`: {exc}",
+                             "use a policy whose chat template renders each message as written") from None
 
     def run(self, allocation: Allocation, ctx: StepContext | None = None) -> RolloutGroups:
         if self.engine is None or self.policy is None:

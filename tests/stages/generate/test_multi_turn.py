@@ -15,6 +15,7 @@ from gfcr.spec import PolicySpec
 from gfcr.stages.engine import ScoreRequest
 from gfcr.stages.environments import EnvironmentFailed
 from gfcr.stages.generate.multi_turn import MultiTurn
+from gfcr.stages.generate.turn_tokens import TurnBoundary
 from gfcr.stages.resources import Resources
 from gfcr.stages.update.grpo import GRPOUpdate
 
@@ -75,10 +76,15 @@ def test_ids_trained_are_the_ids_generated_and_the_environment_turns(policy, con
     policy's log-probs of the model tokens, scored over the whole trajectory, are the behaviour ones."""
     engine = Recording(TransformersEngine(policy))
     stage, groups, pool = run(policy, config, engine=engine)
-    rollouts = list(groups.rollouts())
-    assert len(rollouts) == 50
-    tok = policy.tokenizer
-    multi = 0
+    assert len(list(groups.rollouts())) == 50
+    multi = check_ids(policy, engine, groups, pool, config["temperature"])
+    if config is ECHO:
+        assert multi == 50
+
+
+def check_ids(policy, engine, groups, pool, temperature) -> int:
+    """The tokenisation test's checks (above) on every rollout of ``groups``; the multi-turn count."""
+    rollouts, tok, multi = list(groups.rollouts()), policy.tokenizer, 0
     for r in rollouts:
         prompt_ids = pool.get(r.prompt_id).prompt_token_ids
         expected, k = [], 0
@@ -99,11 +105,9 @@ def test_ids_trained_are_the_ids_generated_and_the_environment_turns(policy, con
         assert (mask is None) == (not env_positions)
         if mask is not None:
             assert np.flatnonzero(~mask).tolist() == env_positions
-    if config is ECHO:
-        assert multi == 50
     for r in rollouts:  # no drift: the policy scores the model's tokens in their context as it sampled them
         scored = engine.score([ScoreRequest(tuple(pool.get(r.prompt_id).prompt_token_ids),
-                                            tuple(r.response_token_ids), config["temperature"])])[0]
+                                            tuple(r.response_token_ids), temperature)])[0]
         model = r.trained_mask() if r.trained_mask() is not None else np.ones(len(r), bool)
         np.testing.assert_allclose(scored.logprobs[model], r.behavior_logprobs[model], atol=2e-5)
     update = GRPOUpdate(GRPOUpdate.Config(lr=1e-4))
@@ -115,6 +119,7 @@ def test_ids_trained_are_the_ids_generated_and_the_environment_turns(policy, con
         if r.environment_tokens:
             assert item.weights is not None and (item.weights[~r.trained_mask()] == 0).all()
             assert (item.weights[r.trained_mask()] == 1).all()
+    return multi
 
 
 def test_calculator_turns_and_rewards(policy):
@@ -187,7 +192,50 @@ def test_an_environment_by_import_path():
     assert MultiTurn(config).make().max_tool_calls == 3
 
 
-def test_a_chat_template_policy_is_refused_at_setup(policy, monkeypatch):
-    monkeypatch.setattr(policy.tokenizer, "chat_template", "{{ messages }}")
-    with pytest.raises(GfcrError, match="has a chat template"):
+def test_a_chat_template_that_rewrites_messages_is_refused_at_setup(policy, monkeypatch):
+    monkeypatch.setattr(policy.tokenizer, "chat_template", "{% for m in messages %}{{ m.role }}{% endfor %}")
+    with pytest.raises(GfcrError, match="does not render an assistant message as written"):
         MultiTurn(MultiTurn.Config.model_validate(ECHO)).setup(Resources(policy, TransformersEngine(policy)))
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from gfcr.engines.models import resolve_model
+
+    try:
+        resolve_model("smollm2-135m-instruct")
+    except GfcrError as exc:
+        pytest.skip(f"SmolLM2 is not here: {exc}")
+    return load_policy(PolicySpec(model="smollm2-135m-instruct"))
+
+
+@pytest.mark.parametrize("closed", [True, False], ids=["model-closed-its-turn", "stopped-by-a-stop-string"])
+def test_chat_template_turns_are_the_templates_own_ids(smollm2, closed):
+    """Prompt ids + the model's ids + the environment turn + the next model turn are, id for id, what
+    SmolLM2's chat template gives the whole conversation, whether the model closed its turn itself
+    (end-of-sequence) or a stop string ended it (the environment turn then closes it)."""
+    tok, eos = smollm2.tokenizer, smollm2.eos_token_id
+    boundary = TurnBoundary(smollm2)
+    messages = [{"role": "user", "content": "What is 2 + 3?"}, {"role": "assistant", "content": "Let me check: 2 + 3?"},
+                {"role": "user", "content": "5"}, {"role": "assistant", "content": "The answer is 5."}]
+    prompt = smollm2.encode(Prompt("q:0", messages=messages[:1]))
+    first = tok(messages[1]["content"], add_special_tokens=False)["input_ids"] + ([eos] if closed else [])
+    env, _ = boundary.ids(messages[2]["content"], first)
+    second = tok(messages[3]["content"], add_special_tokens=False)["input_ids"] + [eos]
+    whole = list(tok.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"])
+    ours = prompt + first + env + second
+    assert ours == whole[:len(ours)] and whole[len(ours):] == tok("\n", add_special_tokens=False)["input_ids"]
+    assert (env[0] == eos) != closed  # the environment turn closes the model's turn only when it did not
+
+
+@pytest.mark.slow
+def test_smollm2_trajectories_keep_their_ids(smollm2):
+    """The tokenisation test on a chat-template policy: SmolLM2, 4 trajectories of 3 model turns."""
+    engine = Recording(TransformersEngine(smollm2))
+    config = {**ECHO, "max_turn_tokens": 6, "max_tokens": 128, "environment": {"use": "testing.echo",
+                                                                               "with": {"turns": 3, "reply": "7"}}}
+    _, groups, pool = run(smollm2, config, n_prompts=2, n=2, engine=engine)
+    assert check_ids(smollm2, engine, groups, pool, 1.0) == 4
+    r = next(groups.rollouts())
+    assert r.turns[1].text.endswith("<|im_start|>user\n7<|im_end|>\n<|im_start|>assistant\n")
+    assert r.turns[1].info == {"observation": "7"}
