@@ -250,6 +250,7 @@ def _links(chain: Any) -> list[tuple[str, str]]:
         ("generated", _generated(chain)),
         *[("resumed from" if prev.get("resumed_from") else "reused from", _original(row))
           for prev, row in zip((row, *chain.reused_from), chain.reused_from)],
+        *([("turns", _turns(row["turns"]))] if row.get("turns") else []),
         ("scored", _scored(row)),
         ("group", f"{row['group_id']}: {chain.group.size} rollouts, {chain.group.correct} correct, mean reward "
                   + _num(chain.group.reward_mean)),
@@ -258,6 +259,21 @@ def _links(chain: Any) -> list[tuple[str, str]]:
         ("advantage", _num(row["advantage"]) if row["advantage"] is not None else "none (not computed)"),
         ("update", _update(chain)),
     ]
+
+
+def _turns(turns: list[dict[str, Any]]) -> str:
+    """A trajectory turn by turn: who said what, which tokens trained, the reward of each turn."""
+    lines, k = [], 0
+    for t in turns:
+        if t["role"] == "model":
+            k += 1
+            head = f"model turn {k}: {t['n_tokens']} tokens, trained"
+        else:
+            head = f"environment: {t['n_tokens']} tokens, not trained"
+        call = f", calls {t['tool_call']}" if t.get("tool_call") else ""
+        reward = f", reward {_num(t['reward'])}" if t.get("reward") is not None else ""
+        lines.append(f"{head}{call}{reward}: {t['text']!r}")
+    return "\n".join(lines)
 
 
 def _data_row(chain: Any) -> str:

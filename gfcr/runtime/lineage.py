@@ -27,7 +27,11 @@ A row follows a rollout from its prompt to the update:
   tokens for per-token estimators), ``dropped_by`` (the id of the stage that dropped its group
   or removed the rollout from it, or null) with ``drop_reason``, ``changed_by`` (the ids of the
   stages that changed its group's rewards, advantages, loss masks, sample weights, rollouts or
-  verdict, in order) and ``in_update`` (it reached the update stage in its group).
+  verdict, in order) and ``in_update`` (it reached the update stage in its group);
+- for a trajectory (``generate.multi_turn``), ``turns``: one entry per turn, in order, with its
+  ``role`` (``model`` turns are trained on, ``environment`` turns never), ``n_tokens``, the
+  first 200 characters of its ``text``, the environment's ``reward`` for a model turn and the
+  parsed ``tool_call`` (JSON); null for a single-turn rollout.
 
 The runtime, not the stages, records ``created_by``, ``dropped_by`` and ``changed_by``.
 
@@ -52,6 +56,7 @@ tables on ``(step, prompt_id)``.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +81,10 @@ SCHEMA = pa.schema([
     ("reward", pa.float64()), ("correct", pa.bool_()), ("reward_reason", pa.string()),
     ("advantage", pa.float64()), ("created_by", pa.string()), ("dropped_by", pa.string()),
     ("drop_reason", pa.string()), ("in_update", pa.bool_()), ("changed_by", pa.list_(pa.string())),
+    ("turns", pa.list_(pa.struct([("role", pa.string()), ("n_tokens", pa.int64()), ("text", pa.string()),
+                                  ("reward", pa.float64()), ("tool_call", pa.string())]))),
 ])
+TURN_TEXT = 200  # characters of a turn's text the lineage keeps
 
 
 def lineage_rows(report: StepReport) -> list[dict[str, Any]]:
@@ -112,6 +120,10 @@ def _row(report: StepReport, group: RolloutGroup, r: Rollout) -> dict[str, Any]:
         "dropped_by": dropped_by, "drop_reason": group.verdict.reason if dropped_by is not None else None,
         "in_update": group.group_id in report.update_group_ids,
         "changed_by": list(report.changed_by.get(group.group_id, ())),
+        "turns": None if r.turns is None else [
+            {"role": str(t.role), "n_tokens": len(t), "text": t.text[:TURN_TEXT], "reward": t.reward,
+             "tool_call": None if t.tool_call is None else json.dumps(t.tool_call, sort_keys=True)}
+            for t in r.turns],
     }
 
 

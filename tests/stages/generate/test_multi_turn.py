@@ -239,3 +239,32 @@ def test_smollm2_trajectories_keep_their_ids(smollm2):
     r = next(groups.rollouts())
     assert r.turns[1].text.endswith("<|im_start|>user\n7<|im_end|>\n<|im_start|>assistant\n")
     assert r.turns[1].info == {"observation": "7"}
+
+
+def test_the_update_never_trains_on_environment_tokens():
+    """One GRPO step on trajectories: its loss and the weights it leaves are the same whatever the
+    environment tokens' log-probs say (they weigh 0), and it trains (non-zero loss, weights move)."""
+    import copy
+
+    import torch
+
+    def step(rewrite_environment: bool):
+        policy = load_policy(PolicySpec(model="tiny-arith"))
+        _, groups, pool = run(policy, ECHO, n_prompts=2, n=4)
+        for g in groups:
+            for i, r in enumerate(g.rollouts):
+                r.reward = float(i % 2)  # a spread of rewards, so the advantages are not zero
+                for s in r.segments:
+                    if rewrite_environment and s.origin == SegmentOrigin.ENVIRONMENT:
+                        s.behavior_logprobs = np.full(len(s), -0.7, np.float32)
+        before = copy.deepcopy(policy.model.state_dict())
+        update = GRPOUpdate(GRPOUpdate.Config(lr=1e-3))
+        update.setup(Resources(policy, TransformersEngine(policy)))
+        report = update.run(groups, pool)
+        return report, before, policy.model.state_dict()
+
+    plain, before, after = step(False)
+    rewritten, _, after_rewritten = step(True)
+    assert not plain.skipped and plain.loss != 0 and plain.loss == rewritten.loss
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert all(torch.equal(after[k], after_rewritten[k]) for k in after)

@@ -48,3 +48,23 @@ def test_an_environment_that_raises_fails_the_step_when_declared(tmp_path):
     with pytest.raises(StageError, match=r"stage `rollout` failed at step 0 .*EnvironmentFailed: environment "
                                          r"`testing.raising` raised in step \(model turn 1\) of trajectory"):
         Run.start(load_pipeline(PIPELINE, QUICK + failing), tmp_path / "run").train()
+
+
+def test_the_lineage_shows_a_trajectory_turn_by_turn(tmp_path):
+    from typer.testing import CliRunner
+
+    from gfcr.cli.main import app
+
+    echo = ["stages.rollout.with.environment={use: testing.echo, with: {turns: 2}}", "run.steps=1",
+            "stages.pick.with.batch_size=1"]
+    Run.start(load_pipeline(PIPELINE, QUICK + echo), tmp_path / "run").train()
+    rows = read_lineage(tmp_path / "run" / "lineage").to_pylist()
+    assert [[t["role"] for t in row["turns"]] for row in rows] == [["model", "environment", "model"]] * 4
+    row = rows[0]
+    assert row["turns"][1]["text"] == " 1 Answer:" and row["turns"][0]["reward"] == 0.5
+    assert sum(t["n_tokens"] for t in row["turns"]) == row["n_tokens"]
+    result = CliRunner().invoke(app, ["lineage", str(tmp_path / "run"), row["rollout_id"]], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    n_env = row["turns"][1]["n_tokens"]
+    assert "model turn 1:" in result.output and f"environment: {n_env} tokens, not trained: ' 1 Answer:'" in result.output
+    assert "model turn 2:" in result.output
