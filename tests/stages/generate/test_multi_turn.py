@@ -105,9 +105,10 @@ def check_ids(policy, engine, groups, pool, temperature) -> int:
         assert (mask is None) == (not env_positions)
         if mask is not None:
             assert np.flatnonzero(~mask).tolist() == env_positions
-    for r in rollouts:  # no drift: the policy scores the model's tokens in their context as it sampled them
-        scored = engine.score([ScoreRequest(tuple(pool.get(r.prompt_id).prompt_token_ids),
-                                            tuple(r.response_token_ids), temperature)])[0]
+    # no drift: the policy scores the model's tokens in their context as it sampled them
+    scores = engine.score([ScoreRequest(tuple(pool.get(r.prompt_id).prompt_token_ids), tuple(r.response_token_ids),
+                                        temperature) for r in rollouts])
+    for r, scored in zip(rollouts, scores):
         model = r.trained_mask() if r.trained_mask() is not None else np.ones(len(r), bool)
         np.testing.assert_allclose(scored.logprobs[model], r.behavior_logprobs[model], atol=2e-5)
     update = GRPOUpdate(GRPOUpdate.Config(lr=1e-4))
