@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from gfcr.errors import CheckpointError, EvalError, RunDirError
 from gfcr.graph import CompiledPipeline, load_pipeline
 from gfcr.records import StepReport
@@ -57,7 +59,19 @@ def build_resources(spec: PipelineSpec) -> Resources:
         engine = VLLMEngine(policy, spec.policy.vllm_settings(), seed=spec.run.seed)
         return Resources(policy, engine, closers=[engine.close])
     policy = load_policy(spec.policy)
+    if spec.lifecycle.mode == "pipelined":  # generation samples a second copy, `lag` steps behind
+        return Resources(policy, TransformersEngine(load_policy(spec.policy), score_path=spec.policy.score_path))
     return Resources(policy, TransformersEngine(policy, score_path=spec.policy.score_path))
+
+
+def build_schedule(spec: PipelineSpec, resources: Resources) -> Any:
+    """The pipelined lifecycle's schedule over the trained policy and the engine's copy; None
+    under ``sync`` (the checks of ``gfcr.runtime.inputs`` refuse what cannot run)."""
+    if spec.lifecycle.mode != "pipelined" or resources.policy is None or resources.engine is None:
+        return None
+    from gfcr.runtime.lifecycle import PipelinedSchedule
+
+    return PipelinedSchedule(spec.lifecycle.staleness_bound(), resources.policy, resources.engine.policy)
 
 
 class Run:
@@ -72,7 +86,8 @@ class Run:
         runner_cls = LocalRunner
         if self.spec.executor.kind != "local":
             from gfcr.runtime.prefect_runner import PrefectRunner as runner_cls  # type: ignore[assignment]
-        self.runner = runner_cls(pipeline, pool=self.pool, run_id=run_dir.path.name, resources=self.resources)
+        self.runner = runner_cls(pipeline, pool=self.pool, run_id=run_dir.path.name, resources=self.resources,
+                                 schedule=build_schedule(self.spec, self.resources))
         self.last_checkpoint: Path | None = None
         self.skipped_checkpoints: list[CheckpointError] = []
         self.restarted = False  # resumed from step 0: killed before its first checkpoint
@@ -161,6 +176,8 @@ class Run:
             t0 = time.perf_counter()
             report = self.runner.run_step()
             record = step_record(report, result, time.perf_counter() - t0)
+            if self.runner.schedule is not None:  # how stale the batch was (sync runs keep their keys)
+                record["staleness"] = staleness_counts(report)
             record.update({key: take() for key, take in self.resources.runtime_metrics.items()})
             self._record(step, record, report)
             spent["rollouts"] += record["rollouts_generated"]
@@ -211,6 +228,10 @@ class Run:
     def _evaluate(self, step: int) -> EvalResult:
         assert self.eval_pool is not None and self.spec.eval is not None
         policy, engine = self.resources.policy, self.resources.engine
+        if self.runner.schedule is not None and policy is not None:  # the trained policy, not the lagging copy
+            from gfcr.engines import TransformersEngine
+
+            engine = TransformersEngine(policy, score_path=self.spec.policy.score_path if self.spec.policy else "forward")
         if policy is None or engine is None:
             raise EvalError("`eval` needs a policy to evaluate", "add `policy: {model: ...}` or remove `eval`")
         self._hook("before_eval", step)
@@ -287,6 +308,21 @@ def step_record(report: StepReport, result: EvalResult | None, seconds: float) -
         record["eval_n"] = result.n
         record["time"]["eval_s"] = result.seconds
     return _finite(record)
+
+
+def staleness_counts(report: StepReport) -> dict[str, int]:
+    """Tokens of the step's update batch by staleness (versions between the token's sampling and
+    the update that trained on it), as ``{"0": n0, "2": n2, ...}``."""
+    update = report.update
+    trained_on = report.policy_version - (1 if update is not None and not update.skipped else 0)
+    counts: dict[int, int] = {}
+    for group in report.groups:
+        if group.group_id not in report.update_group_ids or not group.verdict.included:
+            continue
+        for rollout in group.rollouts:
+            for age, n in zip(*np.unique(rollout.staleness(trained_on), return_counts=True)):
+                counts[int(age)] = counts.get(int(age), 0) + int(n)
+    return {str(age): counts[age] for age in sorted(counts)}
 
 
 def _finite(value: Any) -> Any:
