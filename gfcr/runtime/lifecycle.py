@@ -21,6 +21,8 @@ generation of later steps overlaps an update gives the same steps as this sequen
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,29 +58,57 @@ class WeightHistory:
 
 
 class PipelinedSchedule:
-    """Generation on ``generation`` (a second copy of ``trained``), lagging ``lag`` steps behind."""
+    """Generation on ``generation`` (a second copy of ``trained``), lagging ``lag`` steps behind.
+
+    Two sides, which may run in two threads: the trainer records the trained weights at the
+    start of each step (``record_start``, after the previous step's update); the producer waits
+    for the record of ``step - lag`` and loads it into the generation copy (``generation_for``).
+    ``lag + 2`` records are kept, so the producer, at most ``lag`` steps ahead, always finds its.
+
+    A pipelined run, overlapped or not, runs torch with one intra-op thread per side
+    (``gfcr.runtime.session.one_torch_thread``): a matrix product's float sums depend on the
+    threads it gets, and two threads of one process share torch's pool unevenly."""
 
     def __init__(self, lag: int, trained: Any, generation: Any):
         self.lag, self.trained, self.generation = lag, trained, generation
-        self.history = WeightHistory(lag + 1)
+        self.history = WeightHistory(lag + 2)
         self.loaded_step: int | None = None  # the step whose weights ``generation`` holds
+        self._changed = threading.Condition()
+        self.stopped = False  # set by a side that failed: the other stops waiting
+        self.waited_s = 0.0  # how long the last ``generation_for`` waited for the trainer
 
-    def start_step(self, step: int) -> int:
-        """Record the trained weights as the start of ``step``, load those of ``step - lag`` into
-        the generation copy, and return the version generation samples with."""
-        if step not in self.history.records:
-            self.history.record(step, self.trained.version, self.trained.model)
+    def record_start(self, step: int) -> None:
+        """The trainer's side: the trained weights as they are at the start of ``step``."""
+        with self._changed:
+            if step not in self.history.records:
+                self.history.record(step, self.trained.version, self.trained.model)
+            self._changed.notify_all()
+
+    def generation_for(self, step: int) -> int:
+        """The producer's side: load the weights of the start of step ``step - lag`` into the
+        generation copy (waiting for the trainer to record them) and return their version."""
         source = max(0, step - self.lag)
-        version, weights = self.history.at(source)
+        waited = time.perf_counter()
+        with self._changed:
+            self._changed.wait_for(lambda: source in self.history.records or self.stopped)
+            self.waited_s = time.perf_counter() - waited
+            if self.stopped:
+                raise RuntimeError("the pipelined run stopped while generation waited for weights")
+            version, weights = self.history.at(source)
         if self.loaded_step != source:
             self.generation.model.load_state_dict(weights)
             self.loaded_step = source
         self.generation.version = version
         return version
 
+    def stop(self) -> None:
+        with self._changed:
+            self.stopped = True
+            self._changed.notify_all()
+
     def state_dict(self) -> dict[str, Any]:
         return {"history": self.history.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.history.load_state_dict(state["history"])
-        self.loaded_step = None  # the next start_step loads the generation copy from the history
+        self.loaded_step = None  # the next generation_for loads the generation copy from the history

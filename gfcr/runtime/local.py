@@ -114,6 +114,17 @@ class _Taken:
     tokens_scored: int
 
 
+@dataclass
+class Produced:
+    """A step of the pipelined schedule whose stages have run, waiting for its update; ``report``
+    is what its stages observed (no update yet)."""
+
+    state: _StepState
+    taken: _Taken
+    report: StepReport
+    waited_s: float = 0.0  # how long its producer waited (for a checkpoint, for weights) before it ran
+
+
 class LocalRunner:
     """Runs a compiled pipeline in this process.
 
@@ -156,27 +167,47 @@ class LocalRunner:
 
     def run_step(self) -> StepReport:
         """One step: the plan's items in order, then ``observe`` (synchronous lifecycle). Under a
-        pipelined schedule, generation samples with the weights of ``lag`` steps before, and the
-        stages observe the step's report before its update (``gfcr.runtime.lifecycle``)."""
-        version = self.policy_version if self.schedule is None else self.schedule.start_step(self.step)
-        ctx = StepContext(self.run_id, self.step, self.pipeline.spec.run.seed, version)
-        state = _StepState(ctx)
+        pipelined schedule, the step's two halves in turn (``produce_step``, ``train_step``)."""
+        if self.schedule is not None:  # the sequential twin of the pipelined schedule
+            self.schedule.record_start(self.step)  # the start of a run or a resume; else recorded already
+            return self.train_step(self.produce_step(self.step))
+        state = self._begin(self.step, self.policy_version)
+        self._run_items(self.pipeline.plan, state)
+        report = self._report(state, self._take(state))
+        self._observe(report)
+        return self._end(report)
+
+    def produce_step(self, step: int) -> Produced:
+        """The pipelined schedule's first half of ``step``: its stages but the update, on the
+        weights of ``lag`` steps before, then ``observe`` of the report without its update
+        (``gfcr.runtime.lifecycle``). May run ahead of ``train_step``, in another thread."""
+        state = self._begin(step, self.schedule.generation_for(step))
+        *produce, update = self.pipeline.plan  # the update is the sink: last in every plan
+        assert update == UPDATE_ID, self.pipeline.plan
+        self._run_items(produce, state)
+        taken = self._take(state)
+        report = self._report(state, taken)  # update None, the generation's version
+        self._observe(report)
+        return Produced(state, taken, report)
+
+    def train_step(self, produced: Produced) -> StepReport:
+        """The second half: the update on the step's batch, the step's report, and the record of
+        the trained weights at the start of the next step."""
+        assert produced.state.ctx.step == self.step, (produced.state.ctx.step, self.step)
+        self._run_items([UPDATE_ID], produced.state)
+        report = self._end(self._report(produced.state, produced.taken))
+        self.schedule.record_start(self.step)
+        return report
+
+    def _begin(self, step: int, version: int) -> _StepState:
+        ctx = StepContext(self.run_id, step, self.pipeline.spec.run.seed, version)
         self._hook("before_step", ctx)
         for sid, stage in self.stages.items():
             if isinstance(stage, BeforeStep):
                 self._call(sid, ctx, stage.before_step, ctx)
-        if self.schedule is None:
-            self._run_items(self.pipeline.plan, state)
-            report = self._report(state, self._take(state))
-            self._observe(report)
-        else:
-            *produce, update = self.pipeline.plan  # the update is the sink: last in every plan
-            assert update == UPDATE_ID, self.pipeline.plan
-            self._run_items(produce, state)
-            taken = self._take(state)
-            self._observe(self._report(state, taken))  # before the update: update None, the generation's version
-            self._run_items([update], state)
-            report = self._report(state, taken)
+        return _StepState(ctx)
+
+    def _end(self, report: StepReport) -> StepReport:
         self._hook("after_step", report)
         self.policy_version = report.policy_version
         self.step += 1
@@ -190,7 +221,7 @@ class LocalRunner:
                 self._run_stage(self.pipeline.nodes[item], state)
 
     def _observe(self, report: StepReport) -> None:
-        ctx = StepContext(self.run_id, report.step, self.pipeline.spec.run.seed, self.policy_version)
+        ctx = StepContext(self.run_id, report.step, self.pipeline.spec.run.seed, report.policy_version)
         for sid, stage in self.stages.items():
             if isinstance(stage, Observes):
                 self._call(sid, ctx, stage.observe, report)

@@ -312,6 +312,9 @@ class LifecycleSpec(StrictModel):
         "or `async` (generation runs ahead, at most `max_staleness` versions)"))
     lag: Annotated[int, Field(ge=1, description=(
         "`pipelined` only: generation for step t samples with the weights of step t - lag (default 1)"))] | None = None
+    overlap: bool | None = Field(None, description=(
+        "`pipelined` only: generate later steps while the update trains (default `true`); `false` runs the "
+        "schedule's sequential twin, the same steps one after the other (a reference, and for debugging)"))
     max_staleness: Annotated[int, Field(ge=0, description=(
         "`async` only, and required there: no rollout starts more than this many policy versions ahead of the "
         "trainer (0 is the synchronous schedule)"))] | None = None
@@ -322,6 +325,9 @@ class LifecycleSpec(StrictModel):
             raise fixable(f"`lifecycle.lag` is the pipelined lifecycle's, but `lifecycle.mode` is `{self.mode}`",
                           "set `mode: pipelined`, or remove `lag`"
                           + (" (the asynchronous bound is `max_staleness`)" if self.mode == "async" else ""))
+        if self.overlap is not None and self.mode != "pipelined":
+            raise fixable(f"`lifecycle.overlap` is the pipelined lifecycle's, but `lifecycle.mode` is `{self.mode}`",
+                          "set `mode: pipelined`, or remove `overlap`")
         if self.max_staleness is not None and self.mode != "async":
             raise fixable(f"`lifecycle.max_staleness` is the asynchronous lifecycle's bound, but `lifecycle.mode` "
                           f"is `{self.mode}`", "set `mode: async`, or remove `max_staleness`"
@@ -341,6 +347,10 @@ class LifecycleSpec(StrictModel):
         if self.mode == "async":
             return self.max_staleness or 0
         return 0
+
+    def overlaps(self) -> bool:
+        """Whether generation runs while the update trains (``pipelined``, unless ``overlap: false``)."""
+        return self.mode == "pipelined" and self.overlap is not False
 
     def describe(self) -> str:
         """The lifecycle as a user writes it: ``pipelined, lag 1``."""
