@@ -85,17 +85,18 @@ def under_lifecycles(info: Any) -> tuple[str, str]:
         return refused, refused
     if info.family == "update":
         return ("trains step t's batch (sampled by version t - lag); stale tokens go to its declared correction",
-                "trains each batch as it fills; tokens up to max_staleness versions old go to its declared correction")
+                "trains the steps in order as they are produced; tokens up to max_staleness versions old go to its "
+                "declared correction")
     if info.family == "generate":
         return ("samples step t with version t - lag's weights; each token's segment records that version",
-                "starts a row only while it is at most max_staleness versions ahead of the trainer; each token "
-                "keeps the version it was sampled under")
+                "starts step t once the trainer has finished step t - max_staleness - 1, on the newest weights; "
+                "each token keeps the version it was sampled under")
     if info.in_flight:
         return ("steers the rows of one step's generation, as under sync", "steers the rows of the call it is "
                 "attached to, as under sync")
     if info.observes:
-        return ("acts on step t with what it observed of steps up to t - lag - 1: `lag` steps less history than "
-                "under sync", "acts when a step is scheduled, with the reports observed by then")
+        return ("observes each step before its update (the report without it), in step order",
+                "observes each step before its update (the report without it), in step order")
     if info.family == "replay":
         return ("ingests and replays per step; a replayed rollout keeps its segments' versions",
                 "ingests and replays per step; a replayed rollout keeps its segments' versions")

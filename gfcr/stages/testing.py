@@ -364,6 +364,8 @@ class FakeUpdate:
 
     class Config(StageConfig):
         skip_empty: bool = Field(True, description="an empty batch skips the update (no version bump)")
+        latency_s: Annotated[float, Field(ge=0.0, description=(
+            "seconds each update sleeps, standing in for a trainer's step time (lifecycle tests)"))] = 0.0
 
         def declared_correction(self) -> str | None:
             """``none``: the fake update has no loss, so stale tokens change nothing it does."""
@@ -374,6 +376,7 @@ class FakeUpdate:
         self.version = 0
 
     def run(self, groups: RolloutGroups) -> UpdateReport:
+        time.sleep(self.config.latency_s)
         rollouts = list(groups.rollouts())
         if not rollouts and self.config.skip_empty:
             return UpdateReport(self.version, skipped=True, skip_reason="empty batch")

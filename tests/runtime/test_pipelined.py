@@ -1,9 +1,10 @@
-"""The pipelined lifecycle (``lifecycle: {mode: pipelined, lag: K}``, gfcr.runtime.lifecycle):
+"""The stale lifecycles (gfcr.runtime.lifecycle). Pipelined (``lifecycle: {mode: pipelined, lag: K}``):
 generation for step t samples with the weights of the start of step t - K, every fresh token of
 step t's batch is exactly K versions old when it is trained (no update skipped), the stages observe
 a step before its update, and a resumed run equals the uninterrupted one (the weights of the last
-K + 1 steps travel in the checkpoint). Real overlap of generation and update is not built yet
-(docs/async.md, "Status")."""
+K + 2 steps travel in the checkpoint), and an overlapped run (a producer thread) equals its
+sequential twin. Async (``{mode: async, max_staleness: K}``): no rollout starts more than K
+versions ahead of the update that trains it."""
 
 from __future__ import annotations
 
@@ -113,3 +114,44 @@ def test_an_overlapped_run_resumes_as_if_uninterrupted(write_spec, tmp_path):
     _start(write_spec, part, ["run.steps=3", "run.checkpoint_every=2"]).train()
     Run.resume(part, steps=6).train()
     assert _metrics(full) == _metrics(part)
+
+
+ASYNC_FAKE = textwrap.dedent("""\
+    name: async-fake
+    data: {source: arithmetic, with: {n: 200}}
+    stages:
+      pick:    {use: control.uniform, with: {batch_size: 4}}
+      budget:  {use: control.fixed_n, from: pick, with: {n: 4}}
+      rollout: {use: generate.fake, from: budget, with: {latency_s: 0.0}}
+    update: {use: update.fake, from: rollout, with: {latency_s: 0.0}}
+    lifecycle: {mode: async, max_staleness: 2}
+    run: {steps: 10}
+    executor: {kind: local}
+    tracking: {mlflow: null}
+    """)
+
+
+@pytest.mark.parametrize(("generation_s", "update_s"), [(0.0, 0.1), (0.1, 0.0)], ids=["fast engine", "slow engine"])
+def test_async_never_starts_a_rollout_more_than_max_staleness_ahead(write_spec, tmp_path, generation_s, update_s):
+    """The labelled fake engine and fake update, one made slow: every rollout was sampled at most
+    K = 2 versions before the update that trained it (read from the lineage); with a fast engine
+    generation runs ahead until the bound holds it back, with a slow one it never gets there."""
+    text = ASYNC_FAKE.replace("from: budget, with: {latency_s: 0.0}", f"from: budget, with: {{latency_s: {generation_s}}}")
+    text = text.replace("from: rollout, with: {latency_s: 0.0}", f"from: rollout, with: {{latency_s: {update_s}}}")
+    assert text.count("latency_s: 0.1") == 1
+    run_dir = tmp_path / "run"
+    Run.start(load_pipeline(write_spec(text)), run_dir).train()
+    ages = []
+    for r in _metrics(run_dir):
+        trained_on = r["policy_version"] - (0 if r["update_skipped"] else 1)
+        rows = pq.read_table(run_dir / "lineage" / f"step-{r['step']:06d}.parquet").to_pylist()
+        ages += [trained_on - row["policy_version_min"] for row in rows]
+        assert all(int(age) <= 2 for age in r["staleness"]), r
+    assert max(ages) <= 2
+    waits = [(r["time"]["producer_wait_s"], r["time"]["trainer_wait_s"])
+             for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())]
+    if generation_s == 0.0:
+        assert max(ages) == 2  # the bound, not the engine's speed, held generation back
+        assert sum(p for p, _ in waits) > sum(t for _, t in waits)  # generation waited for the trainer
+    else:
+        assert sum(t for _, t in waits) > sum(p for p, _ in waits)  # the trainer waited for generation
