@@ -173,7 +173,7 @@ class Run:
                            lambda: getattr(self.runner, "task_runs", 0))
 
     def _train(self) -> dict[str, Any]:
-        start = time.perf_counter()
+        start = self._line_written = time.perf_counter()
         self._hook("before_run", self)
         spent = self._spent()
         if self.runner.schedule is not None:
@@ -208,7 +208,10 @@ class Run:
         t0 = time.perf_counter() if since is None else since
         report = run_step()
         evaluated = result.seconds if result is not None and since is not None else 0.0  # eval_s has it
-        record = step_record(report, result, time.perf_counter() - t0 - evaluated)
+        now = time.perf_counter()
+        record = step_record(report, result, now - t0 - evaluated)
+        record["time"]["wall_s"] = now - self._line_written  # since the last line: what a step costs the run
+        self._line_written = now
         if self.runner.schedule is not None:  # how stale the batch was (sync runs keep their keys)
             record["staleness"] = staleness_counts(report)
             record["time"].update(waits or {})
