@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from typer.testing import CliRunner
+
+from gfcr.cli.main import app
 
 from gfcr.graph import load_pipeline
 from gfcr.runtime.session import Run
@@ -155,3 +158,22 @@ def test_async_never_starts_a_rollout_more_than_max_staleness_ahead(write_spec, 
         assert sum(p for p, _ in waits) > sum(t for _, t in waits)  # generation waited for the trainer
     else:
         assert sum(t for _, t in waits) > sum(p for p, _ in waits)  # the trainer waited for generation
+
+
+@pytest.mark.parametrize(("correction", "says"), [
+    ("{use: tis}", "trained 2 version(s) stale, corrected by `tis`"),
+    ("{use: staleness, with: {max_staleness: 1}}", "tokens past max_staleness=1 masked by `staleness`"),
+])
+def test_lineage_lists_the_stale_rollouts_and_what_the_correction_did(write_spec, tmp_path, correction, says):
+    run_dir = tmp_path / "run"
+    text = PIPELINED.replace("correction: {use: tis}", f"correction: {correction}")
+    Run.start(load_pipeline(write_spec(text), ["run.steps=3"]), run_dir).train()
+    rows = [r for step in _lineage(run_dir) for r in step]
+    assert {r["staleness"] for r in rows if r["in_update"]} == {0, 1, 2}  # steps 0, 1, 2 at lag 2
+    result = CliRunner().invoke(app, ["lineage", str(run_dir), "--stale", "--step", "2"])
+    stale = sum(1 for r in rows if r["step"] == 2 and r["in_update"])
+    assert result.exit_code == 0 and f"{stale} rollouts matching --stale --step 2" in result.output, result.output
+    listed = json.loads(CliRunner().invoke(app, ["lineage", str(run_dir), "--stale", "--step", "2", "--json"]).output)
+    assert len(listed["rollouts"]) == stale and all(says in r["stale_fate"] for r in listed["rollouts"])
+    result = CliRunner().invoke(app, ["lineage", str(run_dir), "--stale", "--step", "0"])
+    assert result.exit_code == 0 and "no rollout" in result.output, result.output
