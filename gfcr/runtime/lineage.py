@@ -27,7 +27,9 @@ A row follows a rollout from its prompt to the update:
   tokens for per-token estimators), ``dropped_by`` (the id of the stage that dropped its group
   or removed the rollout from it, or null) with ``drop_reason``, ``changed_by`` (the ids of the
   stages that changed its group's rewards, advantages, loss masks, sample weights, rollouts or
-  verdict, in order) and ``in_update`` (it reached the update stage in its group);
+  verdict, in order), ``in_update`` (it reached the update stage in its group) and, for those,
+  ``staleness``: how many versions older than the update that trained it its oldest token was
+  (0 under ``sync`` for fresh rollouts; ``lag`` under ``pipelined``; replayed ones older);
 - for a trajectory (``generate.multi_turn``), ``turns``: one entry per turn, in order, with its
   ``role`` (``model`` turns are trained on, ``environment`` turns never), ``n_tokens``, the
   first 200 characters of its ``text``, the environment's ``reward`` for a model turn and the
@@ -83,6 +85,7 @@ SCHEMA = pa.schema([
     ("drop_reason", pa.string()), ("in_update", pa.bool_()), ("changed_by", pa.list_(pa.string())),
     ("turns", pa.list_(pa.struct([("role", pa.string()), ("n_tokens", pa.int64()), ("text", pa.string()),
                                   ("reward", pa.float64()), ("tool_call", pa.string())]))),
+    ("staleness", pa.int64()),
 ])
 TURN_TEXT = 200  # characters of a turn's text the lineage keeps
 
@@ -96,7 +99,7 @@ def _group_rows(report: StepReport, group: RolloutGroup) -> list[dict[str, Any]]
     rows = [_row(report, group, r) for r in group.rollouts]
     for removal in group.removed:  # removed before anything later happened to its group
         rows.append({**_row(report, group, removal.rollout), "dropped_by": removal.removed_by,
-                     "drop_reason": removal.reason, "in_update": False})
+                     "drop_reason": removal.reason, "in_update": False, "staleness": None})
     return rows
 
 
@@ -124,7 +127,16 @@ def _row(report: StepReport, group: RolloutGroup, r: Rollout) -> dict[str, Any]:
             {"role": str(t.role), "n_tokens": len(t), "text": t.text[:TURN_TEXT], "reward": t.reward,
              "tool_call": None if t.tool_call is None else json.dumps(t.tool_call, sort_keys=True)}
             for t in r.turns],
+        "staleness": _staleness(report, r, versions) if group.group_id in report.update_group_ids else None,
     }
+
+
+def _staleness(report: StepReport, r: Rollout, versions: np.ndarray) -> int | None:
+    """How many versions older than the update that trained it the rollout's oldest token is
+    (None for an empty rollout)."""
+    update = report.update
+    trained_on = report.policy_version - (1 if update is not None and not update.skipped else 0)
+    return int(trained_on - versions.min()) if len(versions) else None
 
 
 def _scalar_advantage(advantage: float | np.ndarray | None) -> float | None:

@@ -104,6 +104,27 @@ class _StepState:
                            {g: tuple(s) for g, s in self.changed_by.items()})
 
 
+@dataclass(frozen=True)
+class _Taken:
+    """A step's reads that may happen once: the stages' metrics and the runtime's counters."""
+
+    metrics: dict[str, dict[str, Any]]
+    rollouts_charged: int
+    tokens_charged: int
+    tokens_scored: int
+
+
+@dataclass
+class Produced:
+    """A step of the pipelined schedule whose stages have run, waiting for its update; ``report``
+    is what its stages observed (no update yet)."""
+
+    state: _StepState
+    taken: _Taken
+    report: StepReport
+    waited_s: float = 0.0  # how long its producer waited (for a checkpoint, for weights) before it ran
+
+
 class LocalRunner:
     """Runs a compiled pipeline in this process.
 
@@ -113,8 +134,9 @@ class LocalRunner:
 
     def __init__(self, pipeline: CompiledPipeline, *, pool: PromptPool | None = None,
                  stages: dict[str, Any] | None = None, run_id: str | None = None,
-                 hooks: tuple[Any, ...] = (), resources: Resources | None = None):
+                 hooks: tuple[Any, ...] = (), resources: Resources | None = None, schedule: Any = None):
         self.pipeline = pipeline
+        self.schedule = schedule  # a PipelinedSchedule (gfcr.runtime.lifecycle), or None: the synchronous lifecycle
         self.pool = pool if pool is not None else pipeline.data.load()
         self.run_id = run_id or pipeline.spec.name
         self.hooks = hooks
@@ -144,25 +166,65 @@ class LocalRunner:
         return [self.run_step() for _ in range(total)]
 
     def run_step(self) -> StepReport:
-        ctx = StepContext(self.run_id, self.step, self.pipeline.spec.run.seed, self.policy_version)
-        state = _StepState(ctx)
+        """One step: the plan's items in order, then ``observe`` (synchronous lifecycle). Under a
+        pipelined schedule, the step's two halves in turn (``produce_step``, ``train_step``)."""
+        if self.schedule is not None:  # the sequential twin of the pipelined schedule
+            self.schedule.record_start(self.step, self.policy_version)  # a run's or a resume's start; else recorded
+            return self.train_step(self.produce_step(self.step))
+        state = self._begin(self.step, self.policy_version)
+        self._run_items(self.pipeline.plan, state)
+        report = self._report(state, self._take(state))
+        self._observe(report)
+        return self._end(report)
+
+    def produce_step(self, step: int) -> Produced:
+        """The pipelined schedule's first half of ``step``: its stages but the update, on the
+        weights of ``lag`` steps before, then ``observe`` of the report without its update
+        (``gfcr.runtime.lifecycle``). May run ahead of ``train_step``, in another thread."""
+        state = self._begin(step, self.schedule.generation_for(step))
+        *produce, update = self.pipeline.plan  # the update is the sink: last in every plan
+        assert update == UPDATE_ID, self.pipeline.plan
+        self._run_items(produce, state)
+        taken = self._take(state)
+        report = self._report(state, taken)  # update None, the generation's version
+        self._observe(report)
+        return Produced(state, taken, report)
+
+    def train_step(self, produced: Produced) -> StepReport:
+        """The second half: the update on the step's batch, the step's report, and the record of
+        the trained weights at the start of the next step."""
+        assert produced.state.ctx.step == self.step, (produced.state.ctx.step, self.step)
+        self._run_items([UPDATE_ID], produced.state)
+        report = self._end(self._report(produced.state, produced.taken))
+        self.schedule.record_start(self.step, self.policy_version)
+        return report
+
+    def _begin(self, step: int, version: int) -> _StepState:
+        ctx = StepContext(self.run_id, step, self.pipeline.spec.run.seed, version)
         self._hook("before_step", ctx)
         for sid, stage in self.stages.items():
             if isinstance(stage, BeforeStep):
                 self._call(sid, ctx, stage.before_step, ctx)
-        for item in self.pipeline.plan:
-            if isinstance(item, LoopBlock):
-                self._run_loop(item, state)
-            else:
-                self._run_stage(self.pipeline.nodes[item], state)
-        report = self._report(state)
-        for sid, stage in self.stages.items():
-            if isinstance(stage, Observes):
-                self._call(sid, ctx, stage.observe, report)
+        return _StepState(ctx)
+
+    def _end(self, report: StepReport) -> StepReport:
         self._hook("after_step", report)
         self.policy_version = report.policy_version
         self.step += 1
         return report
+
+    def _run_items(self, items: Any, state: _StepState) -> None:
+        for item in items:
+            if isinstance(item, LoopBlock):
+                self._run_loop(item, state)
+            else:
+                self._run_stage(self.pipeline.nodes[item], state)
+
+    def _observe(self, report: StepReport) -> None:
+        ctx = StepContext(self.run_id, report.step, self.pipeline.spec.run.seed, report.policy_version)
+        for sid, stage in self.stages.items():
+            if isinstance(stage, Observes):
+                self._call(sid, ctx, stage.observe, report)
 
     def _run_loop(self, loop: LoopBlock, state: _StepState) -> None:
         until = self.stages[loop.until]
@@ -264,25 +326,29 @@ class LocalRunner:
         except Exception as exc:
             raise StageError(sid, ctx.step, ctx.run_id, exc, ctx.round) from exc
 
-    def _report(self, state: _StepState) -> StepReport:
+    def _take(self, state: _StepState) -> _Taken:
+        """What is read once a step: the stages' ``step_metrics()`` and the runtime's counters."""
+        metrics = {sid: dict(self._call(sid, state.ctx, stage.step_metrics)) for sid, stage in self.stages.items()
+                   if isinstance(stage, ReportsMetrics)}
+        rollouts_charged, tokens_charged = self.resources.take_generation_charge()
+        return _Taken(metrics, rollouts_charged, tokens_charged, self.resources.take_tokens_scored())
+
+    def _report(self, state: _StepState, taken: _Taken) -> StepReport:
         update = state.outputs.get(UPDATE_ID)
-        version = update.policy_version if isinstance(update, UpdateReport) else self.policy_version
+        version = update.policy_version if isinstance(update, UpdateReport) else state.ctx.policy_version
         update_node = self.pipeline.nodes[UPDATE_ID]
         fed = [state.outputs.get(b.source) for b in update_node.bindings]
         in_update = {g.group_id for out in fed if isinstance(out, RolloutGroups) for g in out if g.verdict.included}
         controls = {sid: dict(out.controller_state) for sid, out in state.outputs.items()
                     if isinstance(out, Allocation) and out.controller_state}
-        metrics = {sid: dict(self._call(sid, state.ctx, stage.step_metrics)) for sid, stage in self.stages.items()
-                   if isinstance(stage, ReportsMetrics)}
-        rollouts_charged, tokens_charged = self.resources.take_generation_charge()
         return StepReport(
-            run_id=self.run_id, step=state.ctx.step, policy_version=version, metrics=metrics,
+            run_id=self.run_id, step=state.ctx.step, policy_version=version, metrics=dict(taken.metrics),
             groups=tuple(state.groups.values()), update=update, stage_seconds=dict(state.seconds),
             loop_rounds=dict(state.rounds), created_by=dict(state.created_by), dropped_by=dict(state.dropped_by),
             changed_by={gid: tuple(s) for gid, s in state.changed_by.items()},
             update_group_ids=frozenset(in_update), controller_state=controls,
-            tokens_scored=self.resources.take_tokens_scored(), added_by=dict(state.added_by),
-            rollouts_charged=rollouts_charged, tokens_charged=tokens_charged,
+            tokens_scored=taken.tokens_scored, added_by=dict(state.added_by),
+            rollouts_charged=taken.rollouts_charged, tokens_charged=taken.tokens_charged,
             control_decisions=tuple(state.decisions),
         )
 

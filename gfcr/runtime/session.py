@@ -13,15 +13,21 @@ first checkpoint). ``train`` then runs the remaining steps:
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import math
 import os
 import platform
+import queue
 import shutil
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
+
+import numpy as np
 
 from gfcr.errors import CheckpointError, EvalError, RunDirError
 from gfcr.graph import CompiledPipeline, load_pipeline
@@ -57,7 +63,22 @@ def build_resources(spec: PipelineSpec) -> Resources:
         engine = VLLMEngine(policy, spec.policy.vllm_settings(), seed=spec.run.seed)
         return Resources(policy, engine, closers=[engine.close])
     policy = load_policy(spec.policy)
+    if spec.lifecycle.mode != "sync":  # generation samples a second copy, which lags the trained one
+        return Resources(policy, TransformersEngine(load_policy(spec.policy), score_path=spec.policy.score_path))
     return Resources(policy, TransformersEngine(policy, score_path=spec.policy.score_path))
+
+
+def build_schedule(spec: PipelineSpec, resources: Resources) -> Any:
+    """The stale lifecycle's schedule over the trained policy and the engine's copy (neither in a
+    pipeline without a policy: versions only); None under ``sync``."""
+    if spec.lifecycle.mode == "sync":
+        return None
+    from gfcr.runtime.lifecycle import AsyncSchedule, PipelinedSchedule
+
+    kind = AsyncSchedule if spec.lifecycle.mode == "async" else PipelinedSchedule
+    if resources.policy is None or resources.engine is None:
+        return kind(spec.lifecycle.staleness_bound())
+    return kind(spec.lifecycle.staleness_bound(), resources.policy, resources.engine.policy)
 
 
 class Run:
@@ -72,7 +93,8 @@ class Run:
         runner_cls = LocalRunner
         if self.spec.executor.kind != "local":
             from gfcr.runtime.prefect_runner import PrefectRunner as runner_cls  # type: ignore[assignment]
-        self.runner = runner_cls(pipeline, pool=self.pool, run_id=run_dir.path.name, resources=self.resources)
+        self.runner = runner_cls(pipeline, pool=self.pool, run_id=run_dir.path.name, resources=self.resources,
+                                 schedule=build_schedule(self.spec, self.resources))
         self.last_checkpoint: Path | None = None
         self.skipped_checkpoints: list[CheckpointError] = []
         self.restarted = False  # resumed from step 0: killed before its first checkpoint
@@ -151,23 +173,19 @@ class Run:
                            lambda: getattr(self.runner, "task_runs", 0))
 
     def _train(self) -> dict[str, Any]:
-        total, every = self.spec.run.steps, self.spec.run.checkpoint_every
-        start = time.perf_counter()
+        start = self._line_written = time.perf_counter()
         self._hook("before_run", self)
         spent = self._spent()
-        while self.runner.step < total and not self._budget_spent(spent):
-            step = self.runner.step
-            result = self._evaluate(step) if self._eval_due(step) else None
-            t0 = time.perf_counter()
-            report = self.runner.run_step()
-            record = step_record(report, result, time.perf_counter() - t0)
-            record.update({key: take() for key, take in self.resources.runtime_metrics.items()})
-            self._record(step, record, report)
-            spent["rollouts"] += record["rollouts_generated"]
-            spent["tokens"] += record["tokens_generated"]
-            self._hook("after_step", record)
-            if every is not None and self.runner.step % every == 0:
-                self._checkpoint()
+        if self.runner.schedule is not None:
+            with one_torch_thread():  # the same float sums overlapped or not (PipelinedSchedule's docstring)
+                if self.spec.lifecycle.overlaps():
+                    self._train_overlapped(spent)
+                else:
+                    while self.runner.step < self.spec.run.steps and not self._budget_spent(spent):
+                        self._step(self.runner.run_step, spent)
+        else:
+            while self.runner.step < self.spec.run.steps and not self._budget_spent(spent):
+                self._step(self.runner.run_step, spent)
         final = self._evaluate(self.runner.step) if self.eval_pool is not None else None
         if self.last_checkpoint is None or self.last_checkpoint != self.dir.checkpoint(self.runner.step):
             self._checkpoint()
@@ -179,6 +197,79 @@ class Run:
         self.resources.close()  # engine actors, a Ray cluster gfcr started
         release_run_dir(self.dir.path)  # finished: `gfcr resume --steps N` may go on from here
         return summary
+
+    def _step(self, run_step: Callable[[], StepReport], spent: dict[str, int], since: float | None = None,
+              waits: dict[str, float] | None = None) -> None:
+        """One step as the run records it: evaluation when due, ``run_step``, its metrics line and
+        lineage, and a checkpoint when due. ``since``: when the step's wall time starts (an
+        overlapped run: the previous step's end); ``waits``: seconds each side waited, for ``time``."""
+        step = self.runner.step
+        result = self._evaluate(step) if self._eval_due(step) else None
+        t0 = time.perf_counter() if since is None else since
+        report = run_step()
+        evaluated = result.seconds if result is not None and since is not None else 0.0  # eval_s has it
+        now = time.perf_counter()
+        record = step_record(report, result, now - t0 - evaluated)
+        record["time"]["wall_s"] = now - self._line_written  # since the last line: what a step costs the run
+        self._line_written = now
+        if self.runner.schedule is not None:  # how stale the batch was (sync runs keep their keys)
+            record["staleness"] = staleness_counts(report)
+            record["time"].update(waits or {})
+        record.update({key: take() for key, take in self.resources.runtime_metrics.items()})
+        self._record(step, record, report)
+        spent["rollouts"] += record["rollouts_generated"]
+        spent["tokens"] += record["tokens_generated"]
+        self._hook("after_step", record)
+        every = self.spec.run.checkpoint_every
+        if every is not None and self.runner.step % every == 0:
+            self._checkpoint()
+
+    def _train_overlapped(self, spent: dict[str, int]) -> None:
+        """The pipelined schedule with generation overlapping the update: a producer thread runs
+        each step's stages (``produce_step``) as soon as the weights of ``lag`` steps before are
+        recorded, while this thread trains the produced steps in order (``train_step``). The
+        producer stops at the run's steps or budget, as the sequential run would, and waits
+        before a step the trainer is to checkpoint before, so every checkpoint is the state the
+        sequential run would have (``gfcr.runtime.lifecycle``)."""
+        runner, schedule = self.runner, self.runner.schedule
+        gate = StepGate(self.spec.run.checkpoint_every, runner.step)
+        produced: queue.Queue = queue.Queue()
+        schedule.record_start(runner.step, runner.policy_version)
+
+        def produce() -> None:
+            budget = dict(spent)
+            try:
+                for step in range(runner.step, self.spec.run.steps):
+                    waited = time.perf_counter()
+                    gate.wait(step)
+                    waited = time.perf_counter() - waited
+                    item = runner.produce_step(step)
+                    item.waited_s = waited + schedule.waited_s  # for a checkpoint, then for weights
+                    produced.put(item)
+                    budget["rollouts"] += item.report.rollouts_generated
+                    budget["tokens"] += item.report.tokens_generated
+                    if self._budget_spent(budget):
+                        break
+            except BaseException as exc:  # noqa: BLE001  (handed to the trainer, which raises it)
+                produced.put(exc)
+            produced.put(None)
+
+        producer = threading.Thread(target=contextvars.copy_context().run, args=(produce,),
+                                    name="gfcr-producer", daemon=True)
+        producer.start()
+        try:
+            since = time.perf_counter()
+            while (item := produced.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                waits = {"trainer_wait_s": time.perf_counter() - since, "producer_wait_s": item.waited_s}
+                self._step(lambda: runner.train_step(item), spent, since, waits)
+                since = time.perf_counter()
+                gate.checkpointed(runner.step if self.last_checkpoint == self.dir.checkpoint(runner.step) else None)
+        finally:
+            schedule.stop()
+            gate.stop()
+            producer.join()
 
     def _record(self, step: int, record: dict[str, Any], report: StepReport) -> None:
         """Write a step's metrics line and lineage files; on a full disk, a ``DiskFullError``
@@ -211,6 +302,10 @@ class Run:
     def _evaluate(self, step: int) -> EvalResult:
         assert self.eval_pool is not None and self.spec.eval is not None
         policy, engine = self.resources.policy, self.resources.engine
+        if self.runner.schedule is not None and policy is not None:  # the trained policy, not the lagging copy
+            from gfcr.engines import TransformersEngine
+
+            engine = TransformersEngine(policy, score_path=self.spec.policy.score_path if self.spec.policy else "forward")
         if policy is None or engine is None:
             raise EvalError("`eval` needs a policy to evaluate", "add `policy: {model: ...}` or remove `eval`")
         self._hook("before_eval", step)
@@ -245,6 +340,51 @@ class Run:
             "metrics": str(self.dir.metrics), "lineage": str(self.dir.lineage_dir),
             "checkpoint": None if self.last_checkpoint is None else str(self.last_checkpoint),
         }
+
+
+@contextlib.contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """torch's intra-op threads set to 1 for a while. A matrix product sums in an order that
+    depends on how many threads it gets, and two threads of one process (the producer and the
+    trainer of an overlapped run) get a varying share of torch's pool; with one each, every sum
+    is the sequential run's, bit for bit."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+class StepGate:
+    """Keeps the producer of an overlapped run from starting a step the trainer is to checkpoint
+    before (every ``every`` steps) until that checkpoint is written."""
+
+    def __init__(self, every: int | None, step: int):
+        self.every, self._open = every, threading.Condition()
+        self.allowed = math.inf if every is None else (step // every + 1) * every  # steps below may start
+        self.stopped = False
+
+    def wait(self, step: int) -> None:
+        with self._open:
+            self._open.wait_for(lambda: step < self.allowed or self.stopped)
+            if self.stopped:
+                raise RuntimeError("the run stopped while generation waited for a checkpoint")
+
+    def checkpointed(self, step: int | None) -> None:
+        """The trainer wrote the checkpoint of ``step`` (None: none this step)."""
+        if step is None or self.every is None:
+            return
+        with self._open:
+            self.allowed = max(self.allowed, step + self.every)
+            self._open.notify_all()
+
+    def stop(self) -> None:
+        with self._open:
+            self.stopped = True
+            self._open.notify_all()
 
 
 def step_record(report: StepReport, result: EvalResult | None, seconds: float) -> dict[str, Any]:
@@ -287,6 +427,21 @@ def step_record(report: StepReport, result: EvalResult | None, seconds: float) -
         record["eval_n"] = result.n
         record["time"]["eval_s"] = result.seconds
     return _finite(record)
+
+
+def staleness_counts(report: StepReport) -> dict[str, int]:
+    """Tokens of the step's update batch by staleness (versions between the token's sampling and
+    the update that trained on it), as ``{"0": n0, "2": n2, ...}``."""
+    update = report.update
+    trained_on = report.policy_version - (1 if update is not None and not update.skipped else 0)
+    counts: dict[int, int] = {}
+    for group in report.groups:
+        if group.group_id not in report.update_group_ids or not group.verdict.included:
+            continue
+        for rollout in group.rollouts:
+            for age, n in zip(*np.unique(rollout.staleness(trained_on), return_counts=True)):
+                counts[int(age)] = counts.get(int(age), 0) + int(n)
+    return {str(age): counts[age] for age in sorted(counts)}
 
 
 def _finite(value: Any) -> Any:

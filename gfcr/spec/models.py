@@ -293,6 +293,79 @@ class ExecutorSpec(StrictModel):
         "stops the run (exit 1) with the `gfcr resume` that continues it"))] = 2
 
 
+LIFECYCLE_MODES = ("sync", "pipelined", "async")
+
+
+class LifecycleSpec(StrictModel):
+    """How generation and the update relate in time (DESIGN.md section 12, docs/async.md).
+
+    - ``sync`` (the default): each step generates, filters and updates on one policy version;
+      nothing is stale except what a Replay stage brings back.
+    - ``pipelined`` with ``lag: K``: generation for step t samples with the weights of version
+      t - K, so it can run while the updates of steps t - K .. t - 1 train; deterministic, so a
+      run equals its sequential twin (verl's one-step-off-policy is K = 1).
+    - ``async`` with ``max_staleness: K``: generation runs ahead as fast as it can, but no rollout
+      is *started* more than K versions ahead of the trainer (AReaL's bound, enforced when a
+      rollout is scheduled); tokens that still arrive older go to the update's correction.
+
+    Whenever staleness can be above 0, ``gfcr validate`` requires the update to declare its
+    off-policy correction (``correction: {use: tis}``, ..., or ``{use: none}`` to opt out).
+    """
+
+    mode: Literal["sync", "pipelined", "async"] = Field("sync", description=(
+        "`sync` (generate and update on one version), `pipelined` (generation for step t uses version t - lag) "
+        "or `async` (generation runs ahead, at most `max_staleness` versions)"))
+    lag: Annotated[int, Field(ge=1, description=(
+        "`pipelined` only: generation for step t samples with the weights of step t - lag (default 1)"))] | None = None
+    overlap: bool | None = Field(None, description=(
+        "`pipelined` only: generate later steps while the update trains (default `true`); `false` runs the "
+        "schedule's sequential twin, the same steps one after the other (a reference, and for debugging)"))
+    max_staleness: Annotated[int, Field(ge=0, description=(
+        "`async` only, and required there: no rollout starts more than this many policy versions ahead of the "
+        "trainer (0 is the synchronous schedule)"))] | None = None
+
+    @model_validator(mode="after")
+    def _settings_fit_the_mode(self) -> "LifecycleSpec":
+        if self.lag is not None and self.mode != "pipelined":
+            raise fixable(f"`lifecycle.lag` is the pipelined lifecycle's, but `lifecycle.mode` is `{self.mode}`",
+                          "set `mode: pipelined`, or remove `lag`"
+                          + (" (the asynchronous bound is `max_staleness`)" if self.mode == "async" else ""))
+        if self.overlap is not None and self.mode != "pipelined":
+            raise fixable(f"`lifecycle.overlap` is the pipelined lifecycle's, but `lifecycle.mode` is `{self.mode}`",
+                          "set `mode: pipelined`, or remove `overlap`")
+        if self.max_staleness is not None and self.mode != "async":
+            raise fixable(f"`lifecycle.max_staleness` is the asynchronous lifecycle's bound, but `lifecycle.mode` "
+                          f"is `{self.mode}`", "set `mode: async`, or remove `max_staleness`"
+                          + (" (the pipelined lifecycle's is `lag`)" if self.mode == "pipelined" else ""))
+        if self.mode == "async" and self.max_staleness is None:
+            raise fixable("`lifecycle: {mode: async}` needs its bound: how many policy versions generation may run "
+                          "ahead of the trainer", "add `max_staleness: K`, e.g. `lifecycle: {mode: async, "
+                          "max_staleness: 2}` (--set lifecycle.max_staleness=2)")
+        return self
+
+    def staleness_bound(self) -> int:
+        """How many versions older than the trainer's a freshly generated token may be: 0 under
+        ``sync``, ``lag`` under ``pipelined``, ``max_staleness`` under ``async`` (Replay stages
+        may bring older ones; their own declarations cover those)."""
+        if self.mode == "pipelined":
+            return self.lag if self.lag is not None else 1
+        if self.mode == "async":
+            return self.max_staleness or 0
+        return 0
+
+    def overlaps(self) -> bool:
+        """Whether generation runs while the update trains (``async``; ``pipelined`` unless ``overlap: false``)."""
+        return self.mode == "async" or (self.mode == "pipelined" and self.overlap is not False)
+
+    def describe(self) -> str:
+        """The lifecycle as a user writes it: ``pipelined, lag 1``."""
+        if self.mode == "pipelined":
+            return f"pipelined, lag {self.staleness_bound()}"
+        if self.mode == "async":
+            return f"async, max_staleness {self.staleness_bound()}"
+        return "sync"
+
+
 class MlflowSpec(StrictModel):
     """Where a run is tracked in MLflow (DESIGN.md section 7)."""
 
@@ -323,6 +396,9 @@ class PipelineSpec(StrictModel):
     update: StageSpec
     run: RunSpec = Field(default_factory=RunSpec)
     executor: ExecutorSpec = Field(default_factory=ExecutorSpec)
+    lifecycle: LifecycleSpec = Field(default_factory=LifecycleSpec, description=(
+        "how generation and the update relate in time: `{mode: sync}` (default), `{mode: pipelined, lag: K}` or "
+        "`{mode: async, max_staleness: K}` (docs/async.md)"))
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
 
     _source: SourceMap = PrivateAttr(default_factory=SourceMap)

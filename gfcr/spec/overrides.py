@@ -71,5 +71,8 @@ def apply_overrides(root_type: Any, data: dict, source: SourceMap, overrides: li
             continue
         container, last = found
         container[last] = value
-        source.replace_subtree(tuple(key.split(".")), where)
+        path = tuple(key.split("."))
+        source.replace_subtree(path, where)
+        for depth in range(1, len(path)):  # a mapping the override created points at it too
+            source.spans.setdefault(path[:depth], where)
     return problems

@@ -364,12 +364,19 @@ class FakeUpdate:
 
     class Config(StageConfig):
         skip_empty: bool = Field(True, description="an empty batch skips the update (no version bump)")
+        latency_s: Annotated[float, Field(ge=0.0, description=(
+            "seconds each update sleeps, standing in for a trainer's step time (lifecycle tests)"))] = 0.0
+
+        def declared_correction(self) -> str | None:
+            """``none``: the fake update has no loss, so stale tokens change nothing it does."""
+            return "none"
 
     def __init__(self, config: Config):
         self.config = config
         self.version = 0
 
     def run(self, groups: RolloutGroups) -> UpdateReport:
+        time.sleep(self.config.latency_s)
         rollouts = list(groups.rollouts())
         if not rollouts and self.config.skip_empty:
             return UpdateReport(self.version, skipped=True, skip_reason="empty batch")

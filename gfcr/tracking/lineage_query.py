@@ -29,6 +29,7 @@ from typing import Any
 from gfcr.errors import GfcrError
 from gfcr.runtime.lineage import read_lineage
 from gfcr.runtime.rundir import RunDir
+from gfcr.spec import load_spec
 from gfcr.tracking.lineage_chain import open_run_dir, stage_aliases
 
 
@@ -76,17 +77,38 @@ class RolloutQuery:
     step: int | None = None
     stage: str | None = None
     reason: str | None = None
+    stale: bool = False  # trained on with tokens older than the update's version
 
     @property
     def given(self) -> bool:
-        return self.dropped or self.step is not None or self.stage is not None or self.reason is not None
+        return (self.dropped or self.stale or self.step is not None or self.stage is not None
+                or self.reason is not None)
 
     def matches(self, row: dict[str, Any], aliases: dict[str, str]) -> bool:
         by = row["dropped_by"]
         return ((by is not None or not (self.dropped or self.stage or self.reason))
+                and (not self.stale or (row["staleness"] or 0) > 0)
                 and (self.step is None or row["step"] == self.step)
                 and (self.stage is None or self.stage in (by, aliases.get(by)))
                 and (self.reason is None or self.reason.lower() in (row["drop_reason"] or "").lower()))
+
+
+@dataclass(frozen=True)
+class StaleHandling:
+    """What the run's update does with a stale token: its off-policy correction (None: the update
+    has none, or the spec no longer compiles) and the staleness past which it masks tokens."""
+
+    correction: str | None = None
+    max_staleness: int | None = None
+
+    def fate(self, staleness: int) -> str:
+        """What became of a rollout trained ``staleness`` versions stale, in words."""
+        trained = f"trained {staleness} version(s) stale"
+        if self.max_staleness is not None and staleness > self.max_staleness:
+            return f"{trained}: its tokens past max_staleness={self.max_staleness} masked by `{self.correction}`"
+        if self.correction in (None, "none"):
+            return f"{trained}, with no off-policy correction (`correction: none`)"
+        return f"{trained}, corrected by `{self.correction}`"
 
 
 @dataclass(frozen=True)
@@ -97,6 +119,7 @@ class RolloutMatches:
     aliases: dict[str, str]  # stage id -> alias
     reasons: tuple[str, ...]  # every drop reason of the run: what ``--reason`` can match
     notes: tuple[str, ...] = ()
+    stale: StaleHandling = StaleHandling()
 
 
 def summarise_lineage(run_dir: Path) -> LineageSummary:
@@ -119,7 +142,21 @@ def find_rollouts(run_dir: Path, query: RolloutQuery) -> RolloutMatches:
     _check_stage(run_dir, query.stage, rows, aliases)
     reasons = tuple(dict.fromkeys(r["drop_reason"] for r in rows if r["drop_reason"]))
     found = tuple(r for r in rows if query.matches(r, aliases))
-    return RolloutMatches(rd.path, query, found, aliases, reasons, tuple(notes))
+    return RolloutMatches(rd.path, query, found, aliases, reasons, tuple(notes), stale_handling(rd, notes))
+
+
+def stale_handling(rd: RunDir, notes: list[str]) -> StaleHandling:
+    """The run's update's correction, as its spec writes it (``update.with.correction``; the
+    default ``none`` where an update with components leaves it out)."""
+    try:
+        spec = load_spec(rd.spec)
+    except GfcrError:
+        return StaleHandling()  # stage_aliases has noted why the spec does not load
+    if spec.update.use != "update.grpo":
+        return StaleHandling()
+    correction = spec.update.with_.get("correction") or {}
+    settings = correction.get("with") or {}
+    return StaleHandling(correction.get("use", "none"), settings.get("max_staleness"))
 
 
 def _rows(run_dir: Path) -> tuple[RunDir, list[dict[str, Any]]]:

@@ -252,7 +252,8 @@ SET_CASES = [
      "update.with.correction.use: unknown off-policy correction `tsi`", "did you mean `tis`?"),
     ("near-miss loss alias", "update.with.loss.use=ppo_clpi", "--set update.with.loss.use=ppo_clpi:",
      "update.with.loss.use: unknown loss `ppo_clpi`", "did you mean `ppo_clip`?"),
-    ("aggregation without its required constant", "update.with.aggregation.use=seq_mean_token_sum", UPDATE_LINE,
+    ("aggregation without its required constant", "update.with.aggregation.use=seq_mean_token_sum",
+     "--set update.with.aggregation.use=seq_mean_token_sum:",  # the --set made the `aggregation` block
      "update.with.aggregation.with: aggregation `seq_mean_token_sum`: `constant` is required",
      "write `aggregation: {use: seq_mean_token_sum, with: {constant: ...}}` "
      "(--set update.with.aggregation.with.constant=...)"),

@@ -30,6 +30,13 @@ import numpy as np
 
 BATCH = 32  # rows per forward pass
 
+# Why a stage that runs these needs the synchronous lifecycle (its Config's ``sync_only``,
+# ``gfcr.registry.NeedsSyncLifecycle``): the forward pass reads ``policy.model`` between the
+# engine's calls, and under ``pipelined`` or ``async`` the trainer is stepping that model then.
+FORWARDS_POLICY = ("forwards the trained policy itself (hidden states, outside the engine), and under an "
+                   "overlapped lifecycle the trainer is stepping that model at the same time, so the features "
+                   "would belong to no one policy version")
+
 
 def fingerprints(model: Any, rows: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int,
                  layers: Sequence[int] | None = None) -> np.ndarray:  # [len(rows), L * d] float32

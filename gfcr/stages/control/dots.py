@@ -142,7 +142,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 from pathlib import Path
-from typing import Annotated, Any, Sequence
+from typing import Annotated, Any, ClassVar, Sequence
 
 import numpy as np
 import torch
@@ -152,7 +152,7 @@ from safetensors.torch import load_file, save_file
 from gfcr.records import Allocation, AllocationEntry, ControlReason, Prompt, PromptPool, StepContext
 from gfcr.registry import PipelineProblem, ReplaysFresh, StageConfig
 from gfcr.spec.problems import fixable
-from gfcr.stages.common.fingerprints import fingerprints
+from gfcr.stages.common.fingerprints import FORWARDS_POLICY, fingerprints
 from gfcr.stages.common.run_context import RunContext
 from gfcr.stages.common.seeds import step_seed
 from gfcr.stages.control.dots_predictor import DifficultyPredictor, predict, train_predictor
@@ -205,6 +205,7 @@ class Dots:
     """DOTS: a reference set rolled out every mu steps, a trained predictor of difficulty, prompts near 0.5."""
 
     class Config(StageConfig):
+        sync_only: ClassVar[str] = FORWARDS_POLICY  # the prompt embeddings (gfcr.registry.NeedsSyncLifecycle)
         batch_size: Annotated[int, Field(ge=1, description=(
             "B: the update batch of the pipeline; a call dispatches sigma * B prompts (B in the first round)"))]
         interval: Annotated[int, Field(ge=1, description=(

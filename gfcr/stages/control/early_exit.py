@@ -76,14 +76,14 @@ YAML:
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Sequence
+from typing import Annotated, Any, ClassVar, Sequence
 
 import numpy as np
 from pydantic import Field
 
 from gfcr.records import StepReport
 from gfcr.registry import DropsFinishes, FixesGroupSize, PipelineProblem, StageConfig
-from gfcr.stages.common.fingerprints import fingerprints
+from gfcr.stages.common.fingerprints import FORWARDS_POLICY, fingerprints
 from gfcr.stages.control.success_predictor import LogisticSuccess
 from gfcr.stages.engine import InFlightView, LiveRow, Steer
 from gfcr.stages.resources import Policy, Resources
@@ -97,6 +97,7 @@ class EarlyExit:
     every: int = 1  # decode steps between steer calls (the in-flight controller role)
 
     class Config(StageConfig):
+        sync_only: ClassVar[str] = FORWARDS_POLICY  # the partials' features (gfcr.registry.NeedsSyncLifecycle)
         at_tokens: Annotated[int, Field(ge=1, description="the checkpoint: new tokens a row has when it is checked")]
         keep: Annotated[int, Field(ge=1, description="rows kept per group (the allocation oversamples above it)")]
         target_ratio: Annotated[float, Field(ge=0.0, le=1.0, description=(

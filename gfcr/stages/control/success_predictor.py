@@ -42,14 +42,14 @@ from __future__ import annotations
 
 from collections import deque
 from pathlib import Path
-from typing import Annotated, Any, Sequence
+from typing import Annotated, Any, ClassVar, Sequence
 
 import numpy as np
 from pydantic import Field
 
 from gfcr.records import Prompt, PromptStats, RolloutGroup
 from gfcr.registry import StageConfig
-from gfcr.stages.common.fingerprints import fingerprints
+from gfcr.stages.common.fingerprints import FORWARDS_POLICY, fingerprints
 from gfcr.stages.common.prompt_stats import beta_update, observe_group, stats_from_state, stats_to_state, \
     stats_with_prior
 from gfcr.stages.resources import Policy, Resources, prompt_tokens
@@ -172,6 +172,8 @@ class PromptEmbeddings:
 
 class PredictorConfig(StageConfig):
     """The Config fields of the shared predictor (``control.gps`` and ``control.depo`` extend it)."""
+
+    sync_only: ClassVar[str] = FORWARDS_POLICY  # the prompts' embeddings (gfcr.registry.NeedsSyncLifecycle)
 
     prior_strength: Annotated[float, Field(gt=0.0, description=(
         "kappa: pseudo-trials the model's prediction counts for against a prompt's own evidence"))] = 4.0

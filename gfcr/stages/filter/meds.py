@@ -105,14 +105,14 @@ YAML:
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field
 
 from gfcr.records import PromptPool, Rollout, RolloutGroup, RolloutGroups, StepContext
 from gfcr.registry import MarksCorrect, PipelineProblem, StageConfig
-from gfcr.stages.common.fingerprints import answer_logits, boxed_anchor, check_layers, fingerprints, first_token_anchor
+from gfcr.stages.common.fingerprints import FORWARDS_POLICY, answer_logits, boxed_anchor, check_layers, fingerprints, first_token_anchor
 from gfcr.stages.filter.error_memory import ErrorMemory, Key
 from gfcr.stages.resources import Policy, Resources, prompt_tokens
 
@@ -149,6 +149,7 @@ class MEDS:
     """Shape rollouts in recurring clusters: wrong ``r - p``, right (target both/right) ``r / (1 + p)``."""
 
     class Config(StageConfig):
+        sync_only: ClassVar[str] = FORWARDS_POLICY  # the fingerprints (gfcr.registry.NeedsSyncLifecycle)
         alpha: Annotated[float, Field(ge=0.0, description="scale of the penalty alpha * ln(|C| + 1) (penalty_coef)")] = 0.1
         beta: Annotated[float, Field(ge=0.0, description=(
             "the largest penalty (the cap of min(..., beta)); the reference caps ln(|C| + 1) at 2, so alpha * 2"))] = 0.2

@@ -209,6 +209,11 @@ class GRPOUpdate:
                               "flips the moment estimates")
             return betas
 
+        def declared_correction(self) -> str | None:
+            """The correction the author wrote (``correction: {use: ...}``), None when left to the default
+            (``gfcr.registry.DeclaresCorrection``: a stale lifecycle needs one declared)."""
+            return self.correction.use if "correction" in self.model_fields_set else None
+
     @staticmethod
     def check_pipeline(config: "GRPOUpdate.Config", view: Any) -> list[PipelineProblem]:
         """The components' pairings with each other and with the pipeline, and what the upstream

@@ -1,0 +1,135 @@
+"""The lifecycles side by side: wall time per step and generated tokens per second of
+``sync``, the pipelined schedule run step after step (``overlap: false``) and overlapped
+(``overlap: true``, a producer thread beside the trainer), each a fresh ``gfcr run`` process on
+the transformers engine, cells interleaved round by round so that the host's load drifts over
+all alike.
+
+    .venv/bin/python benchmarks/async.py [--rounds 2] [--pipelines fake-gpu-ratio quickstart grpo_arith_smollm2]
+
+``fake-gpu-ratio`` is the labelled fake engine and fake update with fixed sleeps (generation
+0.35 s, update 0.15 s a step: a GPU-like split, where generation dominates): what the schedule
+itself achieves, free of the host. ``quickstart`` (tiny-arith) and ``grpo_arith_smollm2`` are
+real models on the transformers engine, generation and update sharing 2 CPU cores.
+
+Per cell: the median over steps 1.. of ``time.wall_s`` (the seconds between two metrics lines,
+so under overlap too every second of the run is in some step; step 0 pays for start-up), generated
+tokens per second over those steps, and under the pipelined schedule the median idle seconds
+of each side (``producer_wait_s``, ``trainer_wait_s``). From the sync cells, the split of a step
+into the producer's side (every stage but the update, ``time.stages_s``) and the trainer's (the
+rest of the wall: the update and the step's records) gives the overlap limit, ``sync wall /
+max(producer side, trainer side)``: the most a perfect overlap of the two could gain; each
+overlapped cell's speed-up over sync is reported as a fraction of it.
+
+Sync runs torch with its default threads (2 here); a pipelined run, overlapped or not, with one
+per side (gfcr.runtime.session.one_torch_thread), so the twin column separates what the thread
+count costs from what the overlap gains.
+
+Writes ``benchmarks/results/async.json`` and prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+GFCR = [sys.executable, "-m", "gfcr.cli.main"]
+COMMON = ["executor.kind=local", "tracking.mlflow=null", "eval=null", "policy.engine=hf", "update.with.correction.use=tis"]
+CELLS = {
+    "sync": [],
+    "pipelined twin, lag 1": ["lifecycle.mode=pipelined", "lifecycle.lag=1", "lifecycle.overlap=false"],
+    "pipelined overlap, lag 1": ["lifecycle.mode=pipelined", "lifecycle.lag=1"],
+    "async, max_staleness 2": ["lifecycle.mode=async", "lifecycle.max_staleness=2"],
+}
+STEPS = {"fake-gpu-ratio": 12, "quickstart": 8, "grpo_arith_smollm2": 4}
+# The labelled fake engine and fake update with fixed latencies, generation 70% of a sync step: the
+# split of a GPU step (generation dominates; the peers report 60-80%), a load the host barely moves
+FAKE = """\
+name: fake-gpu-ratio
+data: {source: arithmetic, with: {n: 400}}
+stages:
+  pick:    {use: control.uniform, with: {batch_size: 8}}
+  budget:  {use: control.fixed_n, from: pick, with: {n: 8}}
+  rollout: {use: generate.fake, from: budget, with: {latency_s: 0.35}}
+update: {use: update.fake, from: rollout, with: {latency_s: 0.15}}
+"""
+FAKE_COMMON = ["executor.kind=local", "tracking.mlflow=null"]
+
+
+def load_average() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def run_cell(pipeline: str, overrides: list[str], steps: int) -> list[dict[str, Any]]:
+    with tempfile.TemporaryDirectory() as tmp:
+        path, common = REPO / "pipelines" / f"{pipeline}.yaml", COMMON
+        if pipeline == "fake-gpu-ratio":
+            path, common = Path(tmp) / "fake.yaml", FAKE_COMMON
+            path.write_text(FAKE)
+        run_dir = Path(tmp) / "run"
+        args = [a for o in common + overrides + [f"run.steps={steps}"] for a in ("--set", o)]
+        done = subprocess.run([*GFCR, "run", str(path), "--run-dir", str(run_dir), *args], capture_output=True,
+                              text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, cwd=tmp)
+        if done.returncode != 0:
+            raise SystemExit(f"{pipeline} {overrides} failed:\n{done.stdout}\n{done.stderr}")
+        return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
+    steady = records[1:]
+    wall = [r["time"]["wall_s"] for r in steady]  # between two metrics lines: generation, update, bookkeeping
+    generation = [sum(s for sid, s in r["time"]["stages_s"].items() if sid != "update") for r in steady]
+    out = {"step_s": statistics.median(wall), "tokens_per_s": sum(r["tokens_generated"] for r in steady) / sum(wall),
+           "generation_s": statistics.median(generation),  # the producer's side: every stage but the update
+           "update_s": statistics.median(w - g for w, g in zip(wall, generation))}  # the trainer's: update, records
+    for key in ("producer_wait_s", "trainer_wait_s"):
+        if key in steady[0]["time"]:
+            out[key] = statistics.median(r["time"][key] for r in steady)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--pipelines", nargs="+", default=list(STEPS))
+    args = parser.parse_args()
+    results: dict[str, Any] = {"load_before": load_average(), "pipelines": {}}
+    for pipeline in args.pipelines:
+        cells: dict[str, list[dict[str, Any]]] = {name: [] for name in CELLS}
+        for round_ in range(args.rounds):
+            order = list(CELLS) if round_ % 2 == 0 else list(reversed(CELLS))
+            for name in order:
+                cells[name].append(summarize(run_cell(pipeline, CELLS[name], STEPS[pipeline])))
+                print(f"{pipeline} round {round_} {name}: {cells[name][-1]} (load {load_average()})", flush=True)
+        results["pipelines"][pipeline] = {name: {k: statistics.median(c[k] for c in runs) for k in runs[0]}
+                                          for name, runs in cells.items()}
+    results["load_after"] = load_average()
+    out = REPO / "benchmarks" / "results" / "async.json"
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(table(results))
+
+
+def table(results: dict[str, Any]) -> str:
+    lines = ["| pipeline | lifecycle | wall per step (s) | tokens/s | producer idle (s) | trainer idle (s) | "
+             "speed-up over sync | fraction of the overlap limit |", "|---|---|---|---|---|---|---|---|"]
+    for pipeline, cells in results["pipelines"].items():
+        sync = cells["sync"]
+        limit = sync["step_s"] / max(sync["generation_s"], sync["update_s"])
+        for name, c in cells.items():
+            speedup = sync["step_s"] / c["step_s"]
+            fraction = f"{speedup / limit:.2f} (limit {limit:.2f}x)" if name not in ("sync",) and "twin" not in name else ""
+            lines.append(f"| {pipeline} | {name} | {c['step_s']:.2f} | {c['tokens_per_s']:.0f} | "
+                         f"{c.get('producer_wait_s', float('nan')):.2f} | {c.get('trainer_wait_s', float('nan')):.2f} | "
+                         f"{speedup:.2f}x | {fraction} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

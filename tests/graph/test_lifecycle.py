@@ -1,0 +1,105 @@
+"""The declared lifecycle (``lifecycle:``, gfcr.graph.lifecycle): how stale a pipeline may be is
+written in the spec and checked by ``gfcr validate``. The golden cases (file, line, message, fix)
+are in tests/spec/test_golden_errors.py; this file holds what is accepted, and docs/async.md's table."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from typer.testing import CliRunner
+
+from gfcr.cli.main import app
+from gfcr.errors import GraphError
+from gfcr.graph import load_pipeline
+from gfcr.graph.lifecycle import lifecycle_table, under_lifecycles
+from gfcr.registry import STAGES, NeedsSyncLifecycle, declares, stage_info
+from gfcr.spec import LifecycleSpec, load_spec_text
+from tests.conftest import BASE, REPO
+
+QUICK = REPO / "pipelines" / "quickstart.yaml"
+MEDS = REPO / "pipelines" / "meds_arith.yaml"
+
+
+def test_sync_is_the_default_and_each_mode_has_its_bound():
+    assert load_spec_text(BASE).lifecycle == LifecycleSpec()
+    assert LifecycleSpec().staleness_bound() == 0
+    assert LifecycleSpec(mode="pipelined").staleness_bound() == 1  # verl's one-step-off-policy
+    assert LifecycleSpec(mode="pipelined", lag=3).staleness_bound() == 3
+    assert LifecycleSpec(mode="async", max_staleness=2).staleness_bound() == 2
+    assert LifecycleSpec(mode="async", max_staleness=2).describe() == "async, max_staleness 2"
+
+
+def test_a_lifecycle_round_trips_through_yaml():
+    spec = load_spec_text(BASE + "lifecycle: {mode: pipelined, lag: 2}\n")
+    assert spec.lifecycle == LifecycleSpec(mode="pipelined", lag=2)
+    assert load_spec_text(spec.to_yaml()) == spec
+    assert "lifecycle" not in load_spec_text(BASE).to_data()  # the default is not written back
+
+
+@pytest.mark.parametrize("overrides", [
+    ["lifecycle.mode=pipelined", "update.with.correction.use=tis"],
+    ["lifecycle.mode=pipelined", "lifecycle.lag=2", "update.with.correction.use=decoupled_clip"],
+    ["lifecycle.mode=async", "lifecycle.max_staleness=8", "update.with.correction.use=none"],  # opting out, declared
+    ["lifecycle.mode=async", "lifecycle.max_staleness=0"],  # AReaL's eta = 0: nothing stale, nothing to correct
+])
+def test_a_stale_lifecycle_with_a_declared_correction_compiles(overrides):
+    pipeline = load_pipeline(QUICK, overrides)
+    assert pipeline.spec.lifecycle.mode == overrides[0].split("=")[1]
+
+
+def test_the_default_correction_is_not_a_declaration():
+    with pytest.raises(GraphError) as info:
+        load_pipeline(QUICK, ["lifecycle.mode=pipelined"])
+    assert [p.path for p in info.value.problems] == ["lifecycle.mode"]
+    with pytest.raises(GraphError):  # `none` by default is not `none` written out
+        load_pipeline(QUICK, ["lifecycle.mode=async", "lifecycle.max_staleness=1", "update.with.lr=1.0e-4"])
+
+
+def test_a_sync_only_stage_runs_under_sync_and_is_refused_under_the_others():
+    load_pipeline(MEDS)
+    for overrides in (["lifecycle.mode=pipelined"], ["lifecycle.mode=async", "lifecycle.max_staleness=1"]):
+        with pytest.raises(GraphError) as info:
+            load_pipeline(MEDS, overrides + ["update.with.correction.use=tis"])
+        assert [p.path for p in info.value.problems] == ["stages.meds.use"]
+
+
+def test_the_stages_that_forward_the_trained_policy_declare_it():
+    declared = {alias for alias in STAGES.names() if declares(STAGES.get(alias).Config, NeedsSyncLifecycle)}
+    assert declared == {"control.depo", "control.dots", "control.early_exit", "control.gps", "filter.meds"}
+
+
+def test_every_stage_says_what_it_does_under_each_lifecycle():
+    for alias in STAGES.names():
+        pipelined, asynchronous = under_lifecycles(stage_info(alias))
+        assert pipelined and asynchronous, alias
+
+
+def test_validate_and_run_refuse_what_the_runtime_cannot_run_yet(tmp_path):
+    stale = ["--set", "lifecycle.mode=async", "--set", "lifecycle.max_staleness=1",
+             "--set", "update.with.correction.use=tis"]
+    assert CliRunner().invoke(app, ["validate", str(QUICK), *stale]).exit_code == 0
+    for where in (["--set", "executor.kind=ray"], ["--set", "policy.engine=vllm", "--set", "policy.device=cpu"]):
+        result = CliRunner().invoke(app, ["validate", str(QUICK), *stale, *where])
+        assert result.exit_code == 2 and "runs on the transformers engine" in result.output, result.output
+    result = CliRunner().invoke(app, ["validate", "--no-inputs", str(QUICK), *stale, "--set", "executor.kind=ray"])
+    assert result.exit_code == 0, result.output  # the spec itself is sound
+    result = CliRunner().invoke(app, ["run", str(QUICK), "--run-dir", str(tmp_path / "run"), *stale,
+                                      "--set", "executor.kind=ray"])
+    assert result.exit_code == 2 and "runs on the transformers engine" in result.output, result.output
+    assert not (tmp_path / "run").exists()
+
+
+BEGIN, END = "<!-- lifecycle table: begin -->\n", "<!-- lifecycle table: end -->\n"
+
+
+def test_the_docs_table_is_the_rendered_one():
+    docs = REPO / "docs" / "async.md"
+    head, rest = docs.read_text().split(BEGIN, 1)
+    table, tail = rest.split(END, 1)
+    expected = lifecycle_table([stage_info(alias) for alias in STAGES.names()])
+    if os.environ.get("GFCR_WRITE_DOCS"):
+        docs.write_text(head + BEGIN + expected + END + tail)
+        return
+    assert table == expected, ("docs/async.md's table is out of date; rewrite it with "
+                               "GFCR_WRITE_DOCS=1 pytest tests/graph/test_lifecycle.py -k docs_table\n" + expected)
