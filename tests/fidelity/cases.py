@@ -81,6 +81,15 @@ def check(method: str, case: dict[str, Any], run: Callable[[dict[str, Any]], Any
         f"{method}/{case['id']}: gfcr gives {actual!r}, the recorded deviation {deviation['gfcr']!r}")
 
 
+def check_setting(method: str, case: dict[str, Any], run: Callable[[dict[str, Any]], Any]) -> None:
+    """gfcr's output for ``case`` under a reference-compatible setting (``run`` applies it)
+    equals the reference's, deviation or not: the setting a listed deviation names works."""
+    actual = run(case["input"])
+    tol = load(method).get("tolerance", {"rel": REL, "abs": ABS})
+    assert close(actual, case["expected"], tol["rel"], tol["abs"]), (
+        f"{method}/{case['id']} with the reference's setting: gfcr gives {actual!r}, the reference {case['expected']!r}")
+
+
 def unit_module_doc(unit: str) -> str:
     """The module docstring of a case file's gfcr unit: ``family.name`` of a stage, or
     ``advantage.name`` / ``loss.name`` / ``aggregation.name`` of an update component."""
@@ -174,6 +183,11 @@ EXPECTED = {
     "token_mean": "DAPO's token-level aggregation (verl: agg_loss token-mean)",
     "seq_mean_token_mean": "GRPO's aggregation (verl: agg_loss seq-mean-token-mean)",
     "seq_mean_token_sum": "Dr.GRPO's aggregation (verl: agg_loss seq-mean-token-sum, seq-mean-token-sum-norm)",
+    "token_mean_micro": "token-mean in micro-batches (verl: agg_loss with the engine workers' global_batch_info)",
+    "seq_mean_token_mean_micro": "seq-mean-token-mean in micro-batches (verl: agg_loss, global_batch_info)",
+    "seq_mean_token_sum_micro": "seq-mean-token-sum(-norm) in micro-batches (verl: agg_loss, global_batch_info)",
+    "gspo_cap": "GSPO's log-ratio cap (verl: compute_policy_loss_gspo)",
+    "gspo_token_cap": "GSPO-token's log-ratio cap (verl: compute_policy_loss_gspo)",
     "overlong": "DAPO's overlong penalty (OpenRLHF: apply_overlong_penalty)",
     "finish_reason": "DAPO's overlong filtering (SkyRL: apply_overlong_filtering)",
 }

@@ -78,3 +78,24 @@ def aggregated(method: str) -> Any:
                                torch.tensor(inp["mask"]), rows(inp)))
 
     return reduce
+
+
+def aggregated_with(method: str, verl: str | None = None) -> Any:
+    """Like ``aggregated``, in micro-batches of the case's ``micro_batch`` responses (2 where it
+    gives none), with the settings that reproduce verl: ``verl="batch"`` for ``agg_loss`` on one
+    batch, ``"engine"`` for its engine workers' ``global_batch_info``; None for the defaults."""
+    def reduce(inp: dict[str, Any]) -> float:
+        config: dict[str, Any] = {}
+        if method == "seq_mean_token_sum":
+            config["constant"] = inp.get("constant", 1)
+        if verl and method != "token_mean":
+            config["responses"] = "with_tokens" if verl == "batch" else "all"
+        if verl and inp["mode"] == "seq-mean-token-sum-norm":
+            config["per_response"] = False
+        aggregation, all_rows = build(AGGREGATIONS, method, **config), rows(inp)
+        per_token, weight = torch.tensor(inp["loss_mat"]), torch.tensor(inp["mask"])
+        plan, size = aggregation.plan(all_rows), inp.get("micro_batch", MICRO_BATCH)
+        return float(sum(aggregation.reduce(per_token[s:s + size], weight[s:s + size], all_rows[s:s + size], plan)
+                         for s in range(0, len(all_rows), size)))
+
+    return reduce

@@ -47,7 +47,8 @@ def test_every_builtin_component_is_described_once():
 def test_the_description_reads_the_docstring_and_the_config():
     (token_sum,) = [i for i in component_infos()[0] if i.alias == "seq_mean_token_sum"]
     assert token_sum.row() == ("aggregation", "seq_mean_token_sum", "2503.20783",
-                               "Dr.GRPO's length-unbiased aggregation", "constant (required)", "-")
+                               "Dr.GRPO's length-unbiased aggregation",
+                               'constant (required), responses="counted", per_response=true', "-")
     (ppo,) = [i for i in component_infos()[0] if i.alias == "ppo_clip"]
     assert ppo.defaults == "clip=[0.2, 0.2], dual_clip=null"  # YAML values, as --set takes them
 
