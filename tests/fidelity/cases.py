@@ -177,6 +177,7 @@ EXPECTED = {
     "rloo": "RLOO (verl: compute_rloo_outcome_advantage)",
     "reinforce_pp": "REINFORCE++ with baseline (OpenRLHF: compute_advantages_and_returns, reinforce_baseline)",
     "reinforce_pp_plain": "REINFORCE++ (OpenRLHF: compute_advantages_and_returns, reinforce)",
+    "reinforce_pp_plain_verl": "REINFORCE++ (verl: compute_reinforce_plus_plus_outcome_advantage)",
     "ppo_clip": "PPO clip, DAPO's clip-higher, dual clip (verl: compute_policy_loss_vanilla)",
     "gspo": "GSPO (verl: compute_policy_loss_gspo)", "gspo_token": "GSPO-token (verl: compute_policy_loss_gspo)",
     "cispo": "CISPO (verl: compute_policy_loss_cispo)",

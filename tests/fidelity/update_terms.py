@@ -59,11 +59,12 @@ def loss_terms(inp: dict[str, Any], loss: str, aggregation: str, aggregation_con
 AGGREGATION_OF_MODE = {"token-mean": "token_mean", "seq-mean-token-mean": "seq_mean_token_mean"}
 
 
-def group_advantages(estimator: str) -> Any:
-    """A case's one group through the advantage ``estimator`` (default config): its advantages."""
+def group_advantages(estimator: str, **config: Any) -> Any:
+    """A case's one group through the advantage ``estimator`` (its ``config``, default if none):
+    its advantages."""
     def advantages(inp: dict[str, Any]) -> list[float]:
         cls = ADVANTAGE_ESTIMATORS.get(estimator)
-        return [float(a) for a in cls(cls.Config()).estimate(scored_group("p", inp["rewards"])).values]
+        return [float(a) for a in cls(cls.Config(**config)).estimate(scored_group("p", inp["rewards"])).values]
 
     return advantages
 
