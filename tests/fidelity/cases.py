@@ -87,7 +87,8 @@ def check_setting(method: str, case: dict[str, Any], run: Callable[[dict[str, An
     actual = run(case["input"])
     tol = load(method).get("tolerance", {"rel": REL, "abs": ABS})
     assert close(actual, case["expected"], tol["rel"], tol["abs"]), (
-        f"{method}/{case['id']} with the reference's setting: gfcr gives {actual!r}, the reference {case['expected']!r}")
+        f"{method}/{case['id']} with the reference's setting: gfcr gives {actual!r}, "
+        f"the reference {case['expected']!r}")
 
 
 def unit_module_doc(unit: str) -> str:
@@ -179,6 +180,7 @@ EXPECTED = {
     "reinforce_pp_plain": "REINFORCE++ (OpenRLHF: compute_advantages_and_returns, reinforce)",
     "reinforce_pp_plain_verl": "REINFORCE++ (verl: compute_reinforce_plus_plus_outcome_advantage)",
     "ppo_clip": "PPO clip, DAPO's clip-higher, dual clip (verl: compute_policy_loss_vanilla)",
+    "ppo_clip_edges": "PPO clip on its bounds and past the log-ratio clamp (verl: compute_policy_loss_vanilla)",
     "gspo": "GSPO (verl: compute_policy_loss_gspo)", "gspo_token": "GSPO-token (verl: compute_policy_loss_gspo)",
     "cispo": "CISPO (verl: compute_policy_loss_cispo)",
     "token_mean": "DAPO's token-level aggregation (verl: agg_loss token-mean)",

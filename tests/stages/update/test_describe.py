@@ -54,7 +54,7 @@ def test_the_description_reads_the_docstring_and_the_config():
                                "checked against huggingface/trl@f2cd577: 10/12 cases, 2 documented deviations")
     assert "`per_response: false` gives verl's" in token_sum.deviations
     (ppo,) = [i for i in component_infos()[0] if i.alias == "ppo_clip"]
-    assert ppo.defaults == "clip=[0.2, 0.2], dual_clip=null"  # YAML values, as --set takes them
+    assert ppo.defaults == "clip=[0.2, 0.2], dual_clip=null, log_ratio_clamp=null"  # YAML values, as --set takes them
 
 
 # every setting that gives verl's behaviour where gfcr's default differs (issue 39): named in the
@@ -63,7 +63,8 @@ VERL_SETTINGS = {"mean_std": ("single_rollout: verl", "precision: float32"), "me
                  "dr_grpo": ("single_rollout: verl",), "rloo": ("single_rollout: verl",),
                  "reinforce_pp": ("variance: unbiased", "single_rollout: verl"),
                  "reinforce_pp_plain": ("variance: unbiased",), "gspo": ("log_ratio_cap: 10.0",),
-                 "gspo_token": ("log_ratio_cap: 10.0",), "seq_mean_token_mean": ("responses: with_tokens", "responses: all"),
+                 "gspo_token": ("log_ratio_cap: 10.0",), "ppo_clip": ("log_ratio_clamp: 20.0", "dual_clip: 3.0"),
+                 "seq_mean_token_mean": ("responses: with_tokens", "responses: all"),
                  "seq_mean_token_sum": ("per_response: false", "responses: with_tokens", "responses: all")}
 
 
