@@ -183,6 +183,7 @@ EXPECTED = {
     "ppo_clip_edges": "PPO clip on its bounds and past the log-ratio clamp (verl: compute_policy_loss_vanilla)",
     "gspo": "GSPO (verl: compute_policy_loss_gspo)", "gspo_token": "GSPO-token (verl: compute_policy_loss_gspo)",
     "cispo": "CISPO (verl: compute_policy_loss_cispo)",
+    "m2po": "M2PO (Infini-AI-Lab/M2PO: compute_m2po_policy_loss, kpo_clip_harmful_tokens)",
     "token_mean": "DAPO's token-level aggregation (verl: agg_loss token-mean)",
     "seq_mean_token_mean": "GRPO's aggregation (verl: agg_loss seq-mean-token-mean)",
     "seq_mean_token_sum": "Dr.GRPO's aggregation (verl: agg_loss seq-mean-token-sum, seq-mean-token-sum-norm)",
