@@ -112,7 +112,10 @@ def main() -> None:
                                           for name, runs in cells.items()}
     results["load_after"] = load_average()
     out = REPO / "benchmarks" / "results" / "async.json"
-    out.write_text(json.dumps(results, indent=2) + "\n")
+    kept = json.loads(out.read_text()) if out.is_file() else {}  # the pipelines not run this time stay
+    merged = {**kept.get("runs", {}), **{p: {**cells, "load": [results["load_before"], results["load_after"]]}
+                                         for p, cells in results["pipelines"].items()}}
+    out.write_text(json.dumps({"runs": merged}, indent=2) + "\n")
     print(table(results))
 
 

@@ -74,8 +74,12 @@ gfcr validate pipelines/quickstart.yaml --set update.with.correction.use=tis \\
 `gfcr stages --components` prints this table for the installed registries, plugins included
 (entry-point groups `gfcr.advantages`, `gfcr.losses`, `gfcr.aggregations`,
 `gfcr.corrections`). The table below lists the built-ins: `paper` is the first arXiv id of the
-component's docstring, `what it changes` its first sentence, `defaults` its Config. After
-adding a component, regenerate this page with `{COMMAND}`.
+component's docstring, `what it changes` its first sentence, `defaults` its Config, `fidelity`
+each status its docstring states (`checked against <repo>@<commit>: N/M cases`, one per file
+of reference cases in [fidelity.md](fidelity.md), or `from the abstract`). Below the table,
+each component's `Deviations:` paragraph: where it differs from its paper or its reference
+code (verl for most of the built-ins), and the setting that gives the reference's behaviour
+where there is one. After adding a component, regenerate this page with `{COMMAND}`.
 
 """
 

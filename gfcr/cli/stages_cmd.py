@@ -191,6 +191,10 @@ def _list_components(family: str | None, as_json: bool, fmt: ListFormat) -> None
         for info in infos:
             table.add_row(*(escape(cell) for cell in info.row()))
         out.print(table)
+        out.print("\nDeviations (each component's docstring: where it differs from its paper or reference code, "
+                  "and the setting that gives the reference's behaviour)")
+        for info in infos:
+            out.print(f"\n{info.kind} {info.alias}:\n" + escape(info.deviations or "not stated"), soft_wrap=True)
     if broken:
         raise typer.Exit(2) from None
 

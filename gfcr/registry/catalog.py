@@ -92,6 +92,7 @@ BUILTIN_LOSSES = {
     "cispo": "gfcr.stages.components.loss.cispo:CISPO",
     "tic_grpo": "gfcr.stages.components.loss.tic_grpo:TICGRPO",
     "tr_grpo": "gfcr.stages.components.loss.tr_grpo:TRGRPO",
+    "m2po": "gfcr.stages.components.loss.m2po:M2PO",
 }
 
 BUILTIN_AGGREGATIONS = {

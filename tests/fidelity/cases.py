@@ -81,6 +81,16 @@ def check(method: str, case: dict[str, Any], run: Callable[[dict[str, Any]], Any
         f"{method}/{case['id']}: gfcr gives {actual!r}, the recorded deviation {deviation['gfcr']!r}")
 
 
+def check_setting(method: str, case: dict[str, Any], run: Callable[[dict[str, Any]], Any]) -> None:
+    """gfcr's output for ``case`` under a reference-compatible setting (``run`` applies it)
+    equals the reference's, deviation or not: the setting a listed deviation names works."""
+    actual = run(case["input"])
+    tol = load(method).get("tolerance", {"rel": REL, "abs": ABS})
+    assert close(actual, case["expected"], tol["rel"], tol["abs"]), (
+        f"{method}/{case['id']} with the reference's setting: gfcr gives {actual!r}, "
+        f"the reference {case['expected']!r}")
+
+
 def unit_module_doc(unit: str) -> str:
     """The module docstring of a case file's gfcr unit: ``family.name`` of a stage, or
     ``advantage.name`` / ``loss.name`` / ``aggregation.name`` of an update component."""
@@ -168,12 +178,22 @@ EXPECTED = {
     "rloo": "RLOO (verl: compute_rloo_outcome_advantage)",
     "reinforce_pp": "REINFORCE++ with baseline (OpenRLHF: compute_advantages_and_returns, reinforce_baseline)",
     "reinforce_pp_plain": "REINFORCE++ (OpenRLHF: compute_advantages_and_returns, reinforce)",
+    "reinforce_pp_plain_verl": "REINFORCE++ (verl: compute_reinforce_plus_plus_outcome_advantage)",
     "ppo_clip": "PPO clip, DAPO's clip-higher, dual clip (verl: compute_policy_loss_vanilla)",
+    "ppo_clip_edges": "PPO clip on its bounds and past the log-ratio clamp (verl: compute_policy_loss_vanilla)",
     "gspo": "GSPO (verl: compute_policy_loss_gspo)", "gspo_token": "GSPO-token (verl: compute_policy_loss_gspo)",
     "cispo": "CISPO (verl: compute_policy_loss_cispo)",
+    "m2po": "M2PO (Infini-AI-Lab/M2PO: compute_m2po_policy_loss, kpo_clip_harmful_tokens)",
+    "vcpo": ("VCPO (mit-han-lab/vcpo: compute_ess_info and the ESS learning-rate rule of "
+             "_optimizer_step_with_buffer; compute_opob_baseline)"),
     "token_mean": "DAPO's token-level aggregation (verl: agg_loss token-mean)",
     "seq_mean_token_mean": "GRPO's aggregation (verl: agg_loss seq-mean-token-mean)",
     "seq_mean_token_sum": "Dr.GRPO's aggregation (verl: agg_loss seq-mean-token-sum, seq-mean-token-sum-norm)",
+    "token_mean_micro": "token-mean in micro-batches (verl: agg_loss with the engine workers' global_batch_info)",
+    "seq_mean_token_mean_micro": "seq-mean-token-mean in micro-batches (verl: agg_loss, global_batch_info)",
+    "seq_mean_token_sum_micro": "seq-mean-token-sum(-norm) in micro-batches (verl: agg_loss, global_batch_info)",
+    "gspo_cap": "GSPO's log-ratio cap (verl: compute_policy_loss_gspo)",
+    "gspo_token_cap": "GSPO-token's log-ratio cap (verl: compute_policy_loss_gspo)",
     "overlong": "DAPO's overlong penalty (OpenRLHF: apply_overlong_penalty)",
     "finish_reason": "DAPO's overlong filtering (SkyRL: apply_overlong_filtering)",
 }

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fidelity.cases import case_ids, cases, check
+from tests.fidelity.cases import case_ids, cases, check, check_setting
 from tests.fidelity.update_terms import group_advantages
 
 METHOD = "dr_grpo"
@@ -15,3 +15,8 @@ METHOD = "dr_grpo"
 @pytest.mark.parametrize("case", cases(METHOD), ids=case_ids(METHOD))
 def test_dr_grpo_matches_the_reference(case):
     check(METHOD, case, group_advantages(METHOD))
+
+
+@pytest.mark.parametrize("case", cases(METHOD), ids=case_ids(METHOD))
+def test_dr_grpo_with_verls_settings_matches_every_case(case):
+    check_setting(METHOD, case, group_advantages(METHOD, single_rollout="verl"))

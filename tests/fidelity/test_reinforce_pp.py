@@ -13,7 +13,7 @@ import pytest
 
 from gfcr.records import Rollout, RolloutGroup, Segment
 from gfcr.registry.catalog import ADVANTAGE_ESTIMATORS
-from tests.fidelity.cases import case_ids, cases, check
+from tests.fidelity.cases import case_ids, cases, check, check_setting
 
 METHOD = "reinforce_pp"
 
@@ -32,9 +32,9 @@ def _groups(inp: dict[str, Any]) -> list[RolloutGroup]:
     return groups
 
 
-def advantages(inp: dict[str, Any], alias: str = "reinforce_pp") -> list[list[float]]:
+def advantages(inp: dict[str, Any], alias: str = "reinforce_pp", **config: Any) -> list[list[float]]:
     cls = ADVANTAGE_ESTIMATORS.get(alias)
-    out = cls(cls.Config(std_norm=inp["std_norm"])).estimate_batch(_groups(inp), None)
+    out = cls(cls.Config(std_norm=inp["std_norm"], **config)).estimate_batch(_groups(inp), None)
     return [[float(a) for a in group.values] for group in out]
 
 
@@ -55,3 +55,18 @@ def advantages_plain(inp: dict[str, Any]) -> list[list[float]]:
 @pytest.mark.parametrize("case", cases("reinforce_pp_plain"), ids=case_ids("reinforce_pp_plain"))
 def test_reinforce_pp_plain_matches_the_reference(case):
     check("reinforce_pp_plain", case, advantages_plain)
+
+
+@pytest.mark.parametrize("case", cases("reinforce_pp_verl"), ids=case_ids("reinforce_pp_verl"))
+def test_reinforce_pp_with_verls_settings_matches_every_case(case):
+    check_setting("reinforce_pp_verl", case, lambda inp: advantages(inp, variance="unbiased", single_rollout="verl"))
+
+
+@pytest.mark.parametrize("case", cases("reinforce_pp_plain_verl"), ids=case_ids("reinforce_pp_plain_verl"))
+def test_reinforce_pp_plain_against_verl_differs_only_as_documented(case):
+    check("reinforce_pp_plain_verl", case, advantages_plain)
+
+
+@pytest.mark.parametrize("case", cases("reinforce_pp_plain_verl"), ids=case_ids("reinforce_pp_plain_verl"))
+def test_reinforce_pp_plain_with_verls_setting_matches_every_case(case):
+    check_setting("reinforce_pp_plain_verl", case, lambda inp: advantages(inp, "reinforce_pp_plain", variance="unbiased"))

@@ -59,11 +59,12 @@ def loss_terms(inp: dict[str, Any], loss: str, aggregation: str, aggregation_con
 AGGREGATION_OF_MODE = {"token-mean": "token_mean", "seq-mean-token-mean": "seq_mean_token_mean"}
 
 
-def group_advantages(estimator: str) -> Any:
-    """A case's one group through the advantage ``estimator`` (default config): its advantages."""
+def group_advantages(estimator: str, **config: Any) -> Any:
+    """A case's one group through the advantage ``estimator`` (its ``config``, default if none):
+    its advantages."""
     def advantages(inp: dict[str, Any]) -> list[float]:
         cls = ADVANTAGE_ESTIMATORS.get(estimator)
-        return [float(a) for a in cls(cls.Config()).estimate(scored_group("p", inp["rewards"])).values]
+        return [float(a) for a in cls(cls.Config(**config)).estimate(scored_group("p", inp["rewards"])).values]
 
     return advantages
 
@@ -76,5 +77,26 @@ def aggregated(method: str) -> Any:
         config = {"constant": inp["constant"]} if method == "seq_mean_token_sum" else {}
         return float(aggregate(build(AGGREGATIONS, method, **config), torch.tensor(inp["loss_mat"]),
                                torch.tensor(inp["mask"]), rows(inp)))
+
+    return reduce
+
+
+def aggregated_with(method: str, verl: str | None = None) -> Any:
+    """Like ``aggregated``, in micro-batches of the case's ``micro_batch`` responses (2 where it
+    gives none), with the settings that reproduce verl: ``verl="batch"`` for ``agg_loss`` on one
+    batch, ``"engine"`` for its engine workers' ``global_batch_info``; None for the defaults."""
+    def reduce(inp: dict[str, Any]) -> float:
+        config: dict[str, Any] = {}
+        if method == "seq_mean_token_sum":
+            config["constant"] = inp.get("constant", 1)
+        if verl and method != "token_mean":
+            config["responses"] = "with_tokens" if verl == "batch" else "all"
+        if verl and inp["mode"] == "seq-mean-token-sum-norm":
+            config["per_response"] = False
+        aggregation, all_rows = build(AGGREGATIONS, method, **config), rows(inp)
+        per_token, weight = torch.tensor(inp["loss_mat"]), torch.tensor(inp["mask"])
+        plan, size = aggregation.plan(all_rows), inp.get("micro_batch", MICRO_BATCH)
+        return float(sum(aggregation.reduce(per_token[s:s + size], weight[s:s + size], all_rows[s:s + size], plan)
+                         for s in range(0, len(all_rows), size)))
 
     return reduce

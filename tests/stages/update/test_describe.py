@@ -47,9 +47,36 @@ def test_every_builtin_component_is_described_once():
 def test_the_description_reads_the_docstring_and_the_config():
     (token_sum,) = [i for i in component_infos()[0] if i.alias == "seq_mean_token_sum"]
     assert token_sum.row() == ("aggregation", "seq_mean_token_sum", "2503.20783",
-                               "Dr.GRPO's length-unbiased aggregation", "constant (required)", "-")
+                               "Dr.GRPO's length-unbiased aggregation",
+                               'constant (required), responses="counted", per_response=true', "-",
+                               "checked against volcengine/verl@b178a3c: 12/30 cases, 18 documented deviations; "
+                               "checked against volcengine/verl@b178a3c: 3/27 cases, 24 documented deviations; "
+                               "checked against huggingface/trl@f2cd577: 10/12 cases, 2 documented deviations")
+    assert "`per_response: false` gives verl's" in token_sum.deviations
     (ppo,) = [i for i in component_infos()[0] if i.alias == "ppo_clip"]
-    assert ppo.defaults == "clip=[0.2, 0.2], dual_clip=null"  # YAML values, as --set takes them
+    assert ppo.defaults == "clip=[0.2, 0.2], dual_clip=null, log_ratio_clamp=null"  # YAML values, as --set takes them
+
+
+# every setting that gives verl's behaviour where gfcr's default differs (issue 39): named in the
+# component's Deviations, which `gfcr stages --components` and docs/update-catalog.md print
+VERL_SETTINGS = {"mean_std": ("single_rollout: verl", "precision: float32"), "mean": ("single_rollout: verl",),
+                 "dr_grpo": ("single_rollout: verl",), "rloo": ("single_rollout: verl",),
+                 "reinforce_pp": ("variance: unbiased", "single_rollout: verl"),
+                 "reinforce_pp_plain": ("variance: unbiased",), "gspo": ("log_ratio_cap: 10.0",),
+                 "gspo_token": ("log_ratio_cap: 10.0",), "ppo_clip": ("log_ratio_clamp: 20.0", "dual_clip: 3.0"),
+                 "seq_mean_token_mean": ("responses: with_tokens", "responses: all"),
+                 "seq_mean_token_sum": ("per_response: false", "responses: with_tokens", "responses: all")}
+
+
+def test_the_listing_shows_each_components_fidelity_and_its_deviations():
+    infos = {i.alias: i for i in component_infos()[0]}
+    result = cli.invoke(app, ["stages", "--components"], env={"COLUMNS": "400"})
+    flat = " ".join(result.output.split())
+    for alias, settings in VERL_SETTINGS.items():
+        assert "checked against volcengine/verl@b178a3c" in infos[alias].fidelity
+        assert all(f"`{s}` gives" in infos[alias].deviations for s in settings), alias
+        assert " ".join(infos[alias].deviations.split()) in flat, alias
+    assert infos["tic_grpo"].fidelity.startswith("from the abstract: no public code")
 
 
 def test_first_sentence_drops_the_alias_and_arxiv_citations_but_not_abbreviations():

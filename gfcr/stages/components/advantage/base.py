@@ -30,7 +30,7 @@ unknown advantage estimator `medain`; did you mean `median` or `mean`?
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol, Sequence
+from typing import Any, ClassVar, Literal, Protocol, Sequence
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -78,6 +78,18 @@ def checked_rewards(group: RolloutGroup) -> np.ndarray:
             "(unscored rollouts); put a verifier stage (filter.verify) between generation and the update, "
             "or drop the unscored rollouts")
     return rewards
+
+
+# a group of one rollout: gfcr gives it no advantage (no baseline); verl's estimators use mean 0
+# (and std 1), so its raw reward enters
+SingleRollout = Literal["zero", "verl"]
+SINGLE_ROLLOUT_HELP = ("a group of one rollout: `zero` (it has no baseline), `verl` (verl's mean 0 and std 1: "
+                       "its raw reward enters)")
+
+
+def lone_reward(rewards: np.ndarray, single_rollout: SingleRollout) -> bool:
+    """The group is one rollout whose reward, as verl takes it, is its advantage's numerator."""
+    return len(rewards) == 1 and single_rollout == "verl"
 
 
 def has_no_baseline(rewards: np.ndarray) -> bool:

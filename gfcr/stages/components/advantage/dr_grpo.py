@@ -13,11 +13,13 @@ pairing, for ablations that combine it with another aggregation.
 
 Fidelity: checked against volcengine/verl@b178a3c: 33/36 cases, 3 documented deviations
 (``tests/fidelity/dr_grpo.json``; ``compute_grpo_outcome_advantage`` with
-``norm_adv_by_std_in_grpo=False``, verl's Dr.GRPO setting).
+``norm_adv_by_std_in_grpo=False``, verl's Dr.GRPO setting); with ``single_rollout: verl`` all
+36 agree.
 
 Deviations:
 - a group of one rollout gets exactly 0.0: a lone rollout has no baseline here; verl gives it
-  its raw reward ``r`` (mean 0) (3 reference cases: rewards 1, 0.5 and -2; a reward of 0 agrees);
+  its raw reward ``r`` (mean 0) (3 reference cases: rewards 1, 0.5 and -2; a reward of 0 agrees):
+  ``single_rollout: verl`` gives verl's;
 - a group whose rewards are all equal gets exactly 0.0, as in verl (the mean's rounding would
   otherwise leave tiny non-zero values for non-binary rewards);
 - unscored rollouts (NaN rewards) raise ValueError naming the group.
@@ -42,8 +44,11 @@ YAML (``constant`` is the generation's ``max_new_tokens``):
 
 from __future__ import annotations
 
+from pydantic import Field
+
 from gfcr.records import RolloutGroup
-from gfcr.stages.components.advantage.base import Advantages, EstimatorConfig, checked_rewards, has_no_baseline
+from gfcr.stages.components.advantage.base import (SINGLE_ROLLOUT_HELP, Advantages, EstimatorConfig, SingleRollout,
+                                                   checked_rewards, has_no_baseline, lone_reward)
 from gfcr.stages.components.base import Requirement
 
 
@@ -56,11 +61,13 @@ class DrGRPO:
         "summed token losses by a constant, not by the response's length"),)
 
     class Config(EstimatorConfig):
-        pass
+        single_rollout: SingleRollout = Field("zero", description=SINGLE_ROLLOUT_HELP)
 
     def __init__(self, config: Config):
         self.config = config
 
     def estimate(self, group: RolloutGroup) -> Advantages:
         r = checked_rewards(group)  # [G]
+        if lone_reward(r, self.config.single_rollout):
+            return Advantages.scalars(r.copy())
         return Advantages.scalars(r * 0.0 if has_no_baseline(r) else r - r.mean())

@@ -34,11 +34,12 @@ def counted_tokens(rollout: Rollout) -> int:
     return len(rollout) if rollout.loss_mask is None else int(np.count_nonzero(rollout.loss_mask))
 
 
-def token_whitened(c: np.ndarray, n: np.ndarray, std_norm: bool) -> np.ndarray:
+def token_whitened(c: np.ndarray, n: np.ndarray, std_norm: bool, unbiased: bool = False) -> np.ndarray:
     """``[B*G]``: each response's value ``c_i`` whitened over the batch's tokens, a response
     weighing its ``n_i`` counted tokens (OpenRLHF's masked whitening with ``gamma = 1``):
     ``(c_i - mu) / sqrt(max(var, 1e-8))`` with the token mean ``mu`` and population variance
-    ``var``; ``c - mu`` when not ``std_norm``; 0.0 when no token counts."""
+    ``var``; ``c - mu`` when not ``std_norm``; 0.0 when no token counts. ``unbiased``: verl's
+    ``masked_whiten``, ``(c_i - mu) / sqrt(var * N / (N - 1) + 1e-8)``."""
     total = n.sum()
     if total == 0:
         return c * 0.0
@@ -46,14 +47,17 @@ def token_whitened(c: np.ndarray, n: np.ndarray, std_norm: bool) -> np.ndarray:
     if not std_norm:
         return c - mu
     var = float((n * (c - mu) ** 2).sum() / total)
+    if unbiased:  # verl's Bessel correction over the N counted tokens, the 1e-8 added, not a floor
+        return (c - mu) / np.sqrt(var * total / max(total - 1, 1) + VAR_FLOOR)
     return (c - mu) / np.sqrt(max(var, VAR_FLOOR))
 
 
-def batch_whitened(groups: Sequence[RolloutGroup], values: list[np.ndarray], std_norm: bool) -> list[Advantages]:
+def batch_whitened(groups: Sequence[RolloutGroup], values: list[np.ndarray], std_norm: bool,
+                   unbiased: bool = False) -> list[Advantages]:
     """Per group, its rollouts' ``values`` whitened over the tokens of the whole batch."""
     c = np.concatenate(values) if values else np.zeros(0)  # [B*G]
     n = np.array([counted_tokens(r) for g in groups for r in g.rollouts], dtype=np.float64)  # [B*G]
-    a = token_whitened(c, n, std_norm)
+    a = token_whitened(c, n, std_norm, unbiased)
     bounds = np.cumsum([len(x) for x in values])[:-1]
     return [Advantages.scalars(part) for part in np.split(a, bounds)]
 

@@ -29,9 +29,16 @@ documented deviations (``tests/fidelity/reinforce_pp_verl.json``;
 ``masked_whiten`` divides by the unbiased token variance (times ``N / (N - 1)``, ``N`` the
 batch's counted tokens), so its advantages are ``sqrt((N - 1) / N)`` times these (18 cases),
 and it gives a group of one rollout its raw reward before the whitening (1 case). gfcr
-follows OpenRLHF, the trainer of REINFORCE++'s authors.
+follows OpenRLHF, the trainer of REINFORCE++'s authors; with ``variance: unbiased`` and
+``single_rollout: verl`` all 20 verl cases agree.
 
 Deviations:
+- verl's ``masked_whiten`` divides by the unbiased token variance plus 1e-8 (OpenRLHF: the
+  population variance, floored at 1e-8), so verl's advantages are ``sqrt((N - 1) / N)`` times
+  these (18 verl reference cases): ``variance: unbiased`` gives verl's;
+- verl gives a group of one rollout its raw reward (mean 0) before the whitening, which also
+  moves the batch's mean and variance (1 verl reference case): ``single_rollout: verl`` gives
+  verl's;
 - the KL is not in the reward: OpenRLHF's REINFORCE++ folds ``-kl_coef * KL_t`` into each
   token's reward (so the per-token returns differ) unless ``--use_kl_loss``; in gfcr the KL is
   a term of the loss (``update.with.kl_coef``), so every token of a response has the same
@@ -59,28 +66,41 @@ YAML:
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
 import numpy as np
 from pydantic import Field
 
 from gfcr.records import RolloutGroup
-from gfcr.stages.components.advantage.base import Advantages, EstimatorConfig, checked_rewards, has_no_baseline
+from gfcr.stages.components.advantage.base import (SINGLE_ROLLOUT_HELP, Advantages, EstimatorConfig, SingleRollout,
+                                                   checked_rewards, has_no_baseline, lone_reward)
 from gfcr.stages.components.advantage.group_stats import batch_whitened
 
 
-def group_centred(group: RolloutGroup) -> np.ndarray:
-    """``r - mean(r)`` ``[G]``; exactly 0 for a group with no baseline."""
+def group_centred(group: RolloutGroup, single_rollout: SingleRollout = "zero") -> np.ndarray:
+    """``r - mean(r)`` ``[G]``; exactly 0 for a group with no baseline (``r`` for a lone rollout
+    under ``single_rollout: verl``)."""
     r = checked_rewards(group)
+    if lone_reward(r, single_rollout):
+        return r.copy()
     return r * 0.0 if has_no_baseline(r) else r - r.mean()
+
+
+class WhiteningConfig(EstimatorConfig):
+    """The batch whitening's settings, shared with ``reinforce_pp_plain``."""
+
+    std_norm: bool = Field(True, description="divide by the batch's token std (OpenRLHF's default; "
+                                             "false: --no_advantage_std_norm)")
+    variance: Literal["population", "unbiased"] = Field(
+        "population", description="the token variance: OpenRLHF's population one, floored at 1e-8; `unbiased`: "
+                                  "verl's masked_whiten (times N / (N - 1), plus 1e-8)")
 
 
 class ReinforcePP:
     """Group-mean baseline, then token-weighted whitening across the update's batch."""
 
-    class Config(EstimatorConfig):
-        std_norm: bool = Field(True, description="divide by the batch's token std (OpenRLHF's default; "
-                                                 "false: --no_advantage_std_norm)")
+    class Config(WhiteningConfig):
+        single_rollout: SingleRollout = Field("zero", description=SINGLE_ROLLOUT_HELP)
 
     def __init__(self, config: Config):
         self.config = config
@@ -89,4 +109,5 @@ class ReinforcePP:
         return self.estimate_batch([group], None)[0]
 
     def estimate_batch(self, groups: Sequence[RolloutGroup], pool: Any) -> list[Advantages]:
-        return batch_whitened(groups, [group_centred(g) for g in groups], self.config.std_norm)
+        centred = [group_centred(g, self.config.single_rollout) for g in groups]
+        return batch_whitened(groups, centred, self.config.std_norm, self.config.variance == "unbiased")

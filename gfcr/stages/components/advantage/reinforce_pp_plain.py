@@ -20,9 +20,20 @@ group.
 Fidelity: checked against OpenRLHF/OpenRLHF@3c3be62: 38/38 cases
 (``tests/fidelity/reinforce_pp_plain.json``; ``compute_advantages_and_returns``,
 estimator ``reinforce``, gamma 1, with and without ``--no_advantage_std_norm``, single-rollout
-groups and masked tokens included).
+groups and masked tokens included); checked against volcengine/verl@b178a3c: 0/18 cases, 18
+documented deviations (``tests/fidelity/reinforce_pp_plain_verl.json``;
+``compute_reinforce_plus_plus_outcome_advantage``, the ``std_norm`` cases); with ``variance:
+unbiased`` all 18 agree.
 
 Deviations:
+- verl's ``masked_whiten`` divides by the unbiased token variance plus 1e-8 (OpenRLHF: the
+  population variance, floored at 1e-8), so verl's advantages are ``sqrt((N - 1) / N)`` times
+  these (18 verl reference cases): ``variance: unbiased`` gives verl's. verl always whitens
+  (no ``std_norm: false``);
+- verl resets its return at every token its response mask leaves out (its loop is written for
+  the end of the response), so with a loss mask that has holes verl's tokens before a hole get
+  return 0 and another advantage; here every counted token gets the response's (as in
+  OpenRLHF). No setting gives verl's; the 2 such inputs are not verl reference cases;
 - the KL is not in the reward: OpenRLHF folds ``-kl_coef * KL_t`` into each token's reward
   unless ``--use_kl_loss``; in gfcr the KL is a term of the loss (``update.with.kl_coef``), so
   every token of a response has the same advantage;
@@ -55,12 +66,16 @@ from typing import Any, Sequence
 from gfcr.records import RolloutGroup
 from gfcr.stages.components.advantage.base import Advantages, checked_rewards
 from gfcr.stages.components.advantage.group_stats import batch_whitened
-from gfcr.stages.components.advantage.reinforce_pp import ReinforcePP
+from gfcr.stages.components.advantage.reinforce_pp import ReinforcePP, WhiteningConfig
 
 
 class ReinforcePPPlain(ReinforcePP):
     """Rewards whitened over the tokens of the update's batch; no group baseline (``reinforce_pp``
-    without its ``group_centred`` step: same Config, same whitening)."""
+    without its ``group_centred`` step: the same whitening and its settings)."""
+
+    class Config(WhiteningConfig):
+        pass
 
     def estimate_batch(self, groups: Sequence[RolloutGroup], pool: Any) -> list[Advantages]:
-        return batch_whitened(groups, [checked_rewards(g) for g in groups], self.config.std_norm)
+        return batch_whitened(groups, [checked_rewards(g) for g in groups], self.config.std_norm,
+                              self.config.variance == "unbiased")

@@ -25,7 +25,7 @@ when the aggregation is registered.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol, Sequence
+from typing import Any, ClassVar, Literal, Protocol, Sequence
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -73,3 +73,19 @@ class AggregationSpec(ComponentSpec):
 def counted_lengths(weight: Any) -> Any:
     """``[B]``: the number of tokens with a non-zero weight in each response."""
     return (weight > 0).to(weight.dtype).sum(1)
+
+
+# which responses a mean over responses divides by: gfcr's default, verl's agg_loss on one
+# batch, and verl's engine workers (global_batch_size: every response of the mini-batch)
+ResponsesCounted = Literal["counted", "with_tokens", "all"]
+RESPONSES_HELP = ("the responses N counts: `counted` (those with a counted token, and empty ones), `with_tokens` "
+                  "(verl's agg_loss on one batch), `all` (verl's engine workers: every response of the batch)")
+
+
+def responses_counted(rows: Sequence[Row], which: ResponsesCounted) -> int:
+    """``N``: the batch's responses a mean over responses divides by, as ``which`` says."""
+    if which == "all":
+        return len(rows)
+    if which == "with_tokens":
+        return sum(1 for r in rows if r.counted_tokens > 0)
+    return sum(1 for r in rows if r.counts)

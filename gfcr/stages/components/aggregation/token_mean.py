@@ -8,10 +8,17 @@ length, and a tree's shared prefix (weight ``1/k`` on each of ``k`` leaves) coun
 
 Fidelity: checked against volcengine/verl@b178a3c: 10/10 cases (``tests/fidelity/token_mean.json``;
 ``agg_loss`` with ``token-mean``, reduced in micro-batches against the batch's token count);
+checked against volcengine/verl@b178a3c: 9/9 cases (``tests/fidelity/token_mean_micro.json``;
+``agg_loss`` once per micro-batch with the engine workers' ``global_batch_info``, batches with
+fully masked and empty responses);
 checked against huggingface/trl@f2cd577: 24/24 cases (``tests/fidelity/token_mean_trl.json``;
 ``GRPOTrainer._compute_loss`` with ``loss_type`` ``bnpo`` and ``dapo``, after ``ppo_clip``).
 
-Deviations: none.
+Deviations:
+- verl's legacy actor worker (``dp_actor``) reduces each micro-batch against its own totals
+  and scales it by ``1 / gradient_accumulation``, so there the loss depends on how the batch is
+  split; here, as in verl's engine workers (``global_batch_info``), every micro-batch is reduced
+  against the batch's totals (the ``*_micro`` cases). No setting gives the legacy worker's split.
 
 Example:
 

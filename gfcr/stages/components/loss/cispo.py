@@ -26,6 +26,8 @@ checked against huggingface/trl@f2cd577: 12/12 cases (``tests/fidelity/cispo_trl
 itself: TRL's 5.0 is ``eps_high: 4.0`` here).
 
 Deviations:
+- verl's lower clip defaults to its ``clip_ratio`` (0.2) where ``clip_ratio_low`` is unset;
+  ``eps_low`` defaults to none here, the paper's: ``eps_low: 0.2`` gives verl's default;
 - the loss value uses ``log_ratio = log pi_theta - log pi_prox`` in place of
   ``log pi_theta`` (the two differ by a constant, so the gradient is the same; the reported loss
   is 0 at the behaviour policy instead of the sequence's negative log-likelihood);

@@ -24,6 +24,9 @@ GSPO defines no per-token importance weight, so the update's corrections ``tis``
 Fidelity: checked against volcengine/verl@b178a3c: 24/24 cases (``tests/fidelity/gspo.json``;
 ``compute_policy_loss_gspo``, which computes GSPO-token: the loss and its gradient agree for
 per-response advantages, clip (3e-4, 4e-4) and (0.2, 0.2), padding and masked tokens);
+checked against volcengine/verl@b178a3c: 2/6 cases, 4 documented deviations
+(``tests/fidelity/gspo_cap.json``; responses past verl's log-ratio cap; with ``log_ratio_cap:
+10.0`` all 30 verl cases agree);
 checked against huggingface/trl@f2cd577: 10/12 cases, 2 documented deviations
 (``tests/fidelity/gspo_trl.json``; ``GRPOTrainer._compute_loss`` with
 ``importance_sampling_level: sequence``, ``loss_type: grpo``).
@@ -33,7 +36,10 @@ loss is left out of the mean over responses, as verl leaves it out; TRL's mean o
 counts it (2 TRL reference cases). None otherwise for scalar (per-response) advantages, which every built-in estimator gives. A
 per-token advantage ``A_it`` enters each token's term with the sequence ratio,
 ``-min(s_i A_it, clip(s_i) A_it)`` (the paper defines only sequence advantages). verl
-additionally caps the log sequence ratio at 10 for numerics; not done here.
+caps the log sequence ratio at 10 for numerics (past it the ratio is ``e^10`` and carries no
+gradient); by default it is not capped here, so a response that far off-policy with a
+negative advantage gets a larger loss and a gradient (4 ``gspo_cap`` reference cases):
+``log_ratio_cap: 10.0`` gives verl's.
 
 Example (one response of two tokens whose log-ratios are 0.0002 and 0.0008: ``s = e^0.0005``,
 above ``1 + 4e-4``, so with a positive advantage the loss is the clipped one, ``-1.0004 A``):
@@ -70,6 +76,8 @@ class GSPO:
     class Config(LossConfig):
         clip: tuple[Annotated[float, Field(ge=0.0)], Annotated[float, Field(ge=0.0)]] = Field(
             (3e-4, 4e-4), description="(eps_low, eps_high) of the sequence-ratio clip (the paper's 3e-4, 4e-4)")
+        log_ratio_cap: Annotated[float, Field(gt=0.0)] | None = Field(
+            None, description="cap on the log sequence ratio (no gradient past it); verl's is 10.0")
 
     def __init__(self, config: Config):
         self.config = config
@@ -78,8 +86,16 @@ class GSPO:
         import torch
 
         counted = (weight > 0).to(log_ratio.dtype)  # [B, R]: the tokens of y_i
-        ratio = torch.exp(sequence_mean(log_ratio, counted)).expand_as(log_ratio)  # [B, R], s_i on each token
+        log_s = capped(sequence_mean(log_ratio, counted), self.config.log_ratio_cap)  # [B, 1]
+        ratio = torch.exp(log_s).expand_as(log_ratio)  # [B, R], s_i on each token
         return clipped_surrogate(ratio, advantages, self.config.clip)
+
+
+def capped(log_s: Any, cap: float | None) -> Any:
+    """``log_s`` clamped at ``cap`` from above (verl's numerical cap: no gradient past it)."""
+    import torch
+
+    return log_s if cap is None else torch.clamp(log_s, max=cap)
 
 
 def clipped_surrogate(ratio: Any, advantages: Any, clip: tuple[float, float]) -> LossTerms:

@@ -18,10 +18,14 @@ importance weight is defined, so the corrections ``tis``, ``decoupled_clip`` and
 ``recompute_old`` are refused (``token_corrections = False``).
 
 Fidelity: checked against volcengine/verl@b178a3c: 24/24 cases (``tests/fidelity/gspo_token.json``;
-``compute_policy_loss_gspo``: the loss and its gradient).
+``compute_policy_loss_gspo``: the loss and its gradient); checked against
+volcengine/verl@b178a3c: 2/6 cases, 4 documented deviations (``tests/fidelity/gspo_token_cap.json``;
+responses past verl's log-ratio cap; with ``log_ratio_cap: 10.0`` all 30 verl cases agree).
 
-Deviations: none (verl also caps the log ratio at 10 for numerics; not done here, and no
-case reaches it).
+Deviations: verl caps ``log s_it`` at 10 for numerics (past it the ratio is ``e^10`` and no
+token of the response has a gradient); by default it is not capped here, so a response that
+far off-policy with a negative advantage gets a larger loss and a gradient (4 reference
+cases): ``log_ratio_cap: 10.0`` gives verl's.
 
 Example (a single token: ``s = e^0.1`` is above ``1 + 4e-4``; with a negative advantage the
 unclipped term is the minimum, so the loss is ``-s A``):
@@ -47,7 +51,7 @@ from pydantic import Field
 
 from gfcr.stages.components.base import Requirement
 from gfcr.stages.components.loss.base import LossConfig, LossTerms, sequence_mean
-from gfcr.stages.components.loss.gspo import clipped_surrogate
+from gfcr.stages.components.loss.gspo import capped, clipped_surrogate
 
 
 class GSPOToken:
@@ -60,6 +64,8 @@ class GSPOToken:
     class Config(LossConfig):
         clip: tuple[Annotated[float, Field(ge=0.0)], Annotated[float, Field(ge=0.0)]] = Field(
             (3e-4, 4e-4), description="(eps_low, eps_high) of the sequence-ratio clip (the paper's 3e-4, 4e-4)")
+        log_ratio_cap: Annotated[float, Field(gt=0.0)] | None = Field(
+            None, description="cap on the log sequence ratio (no gradient past it); verl's is 10.0")
 
     def __init__(self, config: Config):
         self.config = config
@@ -69,5 +75,6 @@ class GSPOToken:
 
         counted = (weight > 0).to(log_ratio.dtype)
         log_s = sequence_mean(log_ratio, counted).detach()  # [B, 1]: sg[log s_i]
-        ratio = torch.exp(log_s + log_ratio - log_ratio.detach())  # [B, R]: value s_i, gradient of log pi_it
+        # [B, R]: value s_i, gradient of log pi_it (verl caps this sum, so past the cap no token has a gradient)
+        ratio = torch.exp(capped(log_s + log_ratio - log_ratio.detach(), self.config.log_ratio_cap))
         return clipped_surrogate(ratio, advantages, self.config.clip)

@@ -18,12 +18,17 @@ Fidelity: checked against volcengine/verl@b178a3c: 60/60 cases (``tests/fidelity
 ``compute_policy_loss_vanilla``: the aggregated loss and its gradient, symmetric clip,
 DAPO's clip-higher ``[0.2, 0.28]``, dual clip 3.0 and 10.0, positive and negative advantages,
 ratios inside and far outside the range, padding and masked tokens, ``token_mean`` and
-``seq_mean_token_mean``).
+``seq_mean_token_mean``); checked against volcengine/verl@b178a3c: 8/12 cases, 4 documented
+deviations (``tests/fidelity/ppo_clip_edges.json``: ratios exactly on the clip bounds, and
+log-ratios past verl's clamp; with ``log_ratio_clamp: 20.0`` all 72 verl cases agree).
 
-Deviations: none (verl, TRL and the peer hand loop compute the same surrogate; verl also
-clamps the log-ratio to [-20, 20] before the exponential, which no case reaches). verl always
-dual-clips (``clip_ratio_c`` 3.0 by default); here ``dual_clip`` is off unless set, as in
-TRL.
+Deviations (verl, TRL and the peer hand loop compute the same surrogate):
+- verl clamps the log-ratio to [-20, 20] before the exponential (past it the ratio is
+  ``e^20`` and carries no gradient); it is not clamped by default here, which matters only
+  without a dual clip, for a negative advantage on a token whose ratio is past ``e^20`` (4
+  reference cases): ``log_ratio_clamp: 20.0`` gives verl's;
+- verl always dual-clips (``clip_ratio_c`` 3.0 by default); here ``dual_clip`` is off unless
+  set, as in TRL: ``dual_clip: 3.0`` gives verl's.
 
 Example (a token whose probability rose 50% with a positive advantage is clipped):
 
@@ -57,6 +62,9 @@ class PPOClip:
             (0.2, 0.2), description="(eps_low, eps_high) of the ratio clip; [0.2, 0.28] is DAPO's clip-higher")
         dual_clip: Annotated[float, Field(gt=1.0)] | None = Field(
             None, description="cap the loss of negative advantages at -c A (verl's clip_ratio_c, 3.0); null: off")
+        log_ratio_clamp: Annotated[float, Field(gt=0.0)] | None = Field(
+            None, description="clamp the log-ratio to [-c, c] before the exponential (no gradient past it); verl's "
+                              "is 20.0")
 
     def __init__(self, config: Config):
         self.config = config
@@ -65,7 +73,8 @@ class PPOClip:
         import torch
 
         eps_low, eps_high = self.config.clip
-        ratio = torch.exp(log_ratio)
+        clamp = self.config.log_ratio_clamp
+        ratio = torch.exp(log_ratio if clamp is None else torch.clamp(log_ratio, -clamp, clamp))
         surrogate = torch.min(ratio * advantages, torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * advantages)
         per_token = -surrogate
         if self.config.dual_clip is not None:
