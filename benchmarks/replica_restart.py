@@ -36,7 +36,7 @@ def one_run(run_dir: Path, overrides: list[str], kill: bool, started: Path) -> d
     run = Run.start(load_pipeline(REPO / "pipelines" / "quickstart.yaml", overrides), run_dir)
     tokens = Tokens()
     run.runner.hooks = (*run.runner.hooks, tokens)
-    group = run.resources.engine
+    group = run.services.lent.engine
     killer = KillsInFlight(group, 1, 3, started) if kill else None  # call 1: step 0's eval; 3: step 1's generation
     start = time.perf_counter()
     run.train()

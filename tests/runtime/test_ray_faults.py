@@ -66,7 +66,7 @@ def _run(run_dir: Path, overrides: list[str] = (), kill_at_call: int | None = No
     run.runner.hooks = (*run.runner.hooks, tokens)
     killer = None
     if kill_at_call is not None:
-        killer = KillsInFlight(run.resources.engine, 1, kill_at_call, started)
+        killer = KillsInFlight(run.services.lent.engine, 1, kill_at_call, started)
     return run, tokens, killer
 
 
@@ -124,7 +124,7 @@ def test_a_replica_lost_for_good_stops_the_run_with_exit_1_and_the_resume_gives_
     run, _, killer = _run(tmp_path / "run", ["executor.max_replica_restarts=0"], kill_at_call=3, started=started)
     with pytest.raises(typer.Exit) as stopped:
         _train(lambda hooks: run)
-    run.resources.close()  # the process would end here; in the test, its surviving replica is stopped
+    run.services.close()  # the process would end here; in the test, its surviving replica is stopped
     output = " ".join(capsys.readouterr().err.split())
     assert stopped.value.exit_code == 1 and killer.killed_in_flight, output
     assert "engine replica ray-1 is lost" in output and "allows 0" in output, output

@@ -117,7 +117,7 @@ def test_quickstart_places_both_replicas_on_the_named_node(cluster, tmp_path):
                  "stages.rollout.resources.replicas=2", "stages.rollout.resources.node_resource=engines",
                  "stages.rollout.resources.strategy=strict_pack"]
     run = Run.start(load_pipeline(QUICKSTART, overrides), tmp_path / "run")
-    group = run.resources.engine
+    group = run.services.lent.engine
     assert group.reservation.nodes() == [cluster["engines"]] * 2  # Ray's placement-group table
     assert group.nodes == [cluster["engines"]] * 2  # each actor's runtime context
     run.train()
@@ -148,7 +148,7 @@ def test_quickstart_with_engines_on_one_node_and_trainer_ranks_on_the_other(clus
                  "update.resources.replicas=2", "update.resources.node_resource=trainers",
                  "update.resources.strategy=strict_pack"]
     run = Run.start(load_pipeline(QUICKSTART, overrides), tmp_path / "run")
-    engines, trainers = run.resources.engine, run.runner.stages["update"].trainers
+    engines, trainers = run.services.lent.engine, run.runner.trainer.group
     assert engines.reservation.nodes() == engines.nodes == [cluster["engines"]] * 2
     assert trainers is not None and trainers.world_size == 2
     assert trainers.reservation.nodes() == trainers.nodes == [cluster["trainers"]] * 2

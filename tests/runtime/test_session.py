@@ -185,17 +185,17 @@ def test_a_rollout_budget_stops_the_run_and_every_kept_token_has_signal(write_sp
 
 
 def test_each_step_records_the_weight_sync_time(write_spec, tmp_path):
-    """``time.sync_s``: the wall seconds of the engine's weight sync after the optimizer step
-    (vLLM's ``reload_weights``; the transformers engine shares the weights and has nothing to do).
-    The sync is slowed by a known 50 ms here (labelled: a wrapper around the real engine's)."""
+    """``time.sync_s``: the wall seconds of the weight mover after the optimizer step (vLLM's
+    ``reload_weights``; the transformers engine shares the weights and its mover, ``none``, has
+    nothing to do). The move is slowed by a known 50 ms here (labelled: a wrapper around the run's mover)."""
     run = _start(write_spec, DAPO, tmp_path / "run", ["run.steps=2", "executor.kind=local"])
-    engine, real_sync = run.resources.engine, run.resources.engine.sync_weights
+    mover, real_move = run.services.mover, run.services.mover.move
 
-    def slow_sync(version: int) -> int:
+    def slow_move(version: int) -> int:
         time.sleep(0.05)
-        return real_sync(version)
+        return real_move(version)
 
-    engine.sync_weights = slow_sync
+    mover.move = slow_move
     run.train()
     for record in _metrics(tmp_path / "run"):
         synced = not record["update_skipped"]

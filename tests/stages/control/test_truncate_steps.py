@@ -20,7 +20,7 @@ from gfcr.runtime.session import Run
 from gfcr.stages.control.truncate_steps import TruncateSteps, confidence, cut_at, find_marker
 from gfcr.stages.engine import GenerationRequest, SamplingParams, ScoreRequest
 from gfcr.stages.generate.sample import Sample
-from gfcr.stages.resources import Resources
+from gfcr.stages.resources import Lent
 from tests.conftest import REPO
 
 
@@ -87,7 +87,7 @@ FAKE = dict(markers=MARKERS, inducer="?", answer_end=["o", "u", "0", "1", "2"])
 
 def _generate(controller: TruncateSteps | None, max_new_tokens: int = 40):
     engine = FakeEngine()
-    resources = Resources(FakePolicy(engine), engine)
+    resources = Lent(FakePolicy(engine), engine)
     stage = Sample(Sample.Config(temperature=1.0, max_new_tokens=max_new_tokens))
     stage.setup(resources)
     if controller is not None:

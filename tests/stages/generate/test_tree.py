@@ -16,7 +16,7 @@ from gfcr.graph import load_pipeline
 from gfcr.records import Allocation, AllocationEntry, Prompt, RolloutGroup, StepReport
 from gfcr.runtime.session import Run
 from gfcr.stages.generate.tree import Tree
-from gfcr.stages.resources import Resources
+from gfcr.stages.resources import Lent
 from tests.conftest import REPO
 from tests.engines.test_decode_loop import FakePolicy
 
@@ -38,7 +38,7 @@ class CountingEngine(FakeEngine):
 def run_tree(m=2, prompts=2, **config) -> tuple[list[RolloutGroup], CountingEngine]:
     engine = CountingEngine()
     stage = Tree(Tree.Config(max_new_tokens=config.pop("max_new_tokens", 12), **config))
-    stage.setup(Resources(FakePolicy(engine), engine))
+    stage.setup(Lent(FakePolicy(engine), engine))
     allocation = Allocation(0, tuple(AllocationEntry(Prompt(f"p:{i}", text=f"{i}+{i}="), m) for i in range(prompts)))
     return stage.run(allocation).groups, engine
 
