@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from gfcr.graph import load_pipeline  # noqa: E402
 from gfcr.records import StepContext  # noqa: E402
-from gfcr.runtime.session import Run  # noqa: E402
+from gfcr.runtime.loop.session import Run  # noqa: E402
 from gfcr.stages.control.dots import _REFERENCE, Dots, linear_calibration  # noqa: E402
 
 SETTINGS = [(16, 128), (64, 256)]  # (K reference prompts, T training prompts)

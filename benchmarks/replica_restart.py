@@ -30,7 +30,7 @@ def one_run(run_dir: Path, overrides: list[str], kill: bool, started: Path) -> d
     import pyarrow.parquet as pq
 
     from gfcr.graph import load_pipeline
-    from gfcr.runtime.session import Run
+    from gfcr.runtime.loop.session import Run
     from tests.runtime.replica_kill import KillsInFlight, Tokens
 
     run = Run.start(load_pipeline(REPO / "pipelines" / "quickstart.yaml", overrides), run_dir)
@@ -57,7 +57,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     args = parser.parse_args()
-    from gfcr.runtime.ray_executor import connect
+    from gfcr.runtime.ray.executor import connect
     from gfcr.spec import Resources as Placement
 
     overrides = [f"run.steps={args.steps}", "eval.every=1000", "eval.with.n=16", "executor.kind=ray",

@@ -19,7 +19,7 @@ import sys
 from gfcr.graph import compile_pipeline
 from gfcr.records import RolloutStatus
 from gfcr.runtime import LocalRunner
-from gfcr.runtime.session import build_services, step_record
+from gfcr.runtime.loop.session import build_services, step_record
 from gfcr.spec import PipelineSpec, StageSpec, load_spec_text
 
 

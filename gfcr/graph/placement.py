@@ -20,7 +20,7 @@ samples on a device other than the one its spec asks for:
 
 A cluster without the GPUs reserved, without nodes that declare the ``node_resource``, or too
 small for the ``strategy``, and a driver without CUDA for a ``cuda`` policy, are found when the
-run starts (``gfcr.runtime.ray_placement.reserve``, ``load_policy``), before any step, each
+run starts (``gfcr.runtime.ray.placement.reserve``, ``load_policy``), before any step, each
 with its fix.
 """
 

@@ -2,7 +2,7 @@
 services it holds (``RuntimeServices``: what it lends stages, and what only it uses) and the
 trainer it runs the update with."""
 
-from gfcr.runtime.local import LocalRunner, RunnerHooks, build_stages
+from gfcr.runtime.loop.local import LocalRunner, RunnerHooks, build_stages
 from gfcr.runtime.services import RuntimeServices
 from gfcr.runtime.training import LocalTrainer, RankTrainer
 

@@ -7,7 +7,7 @@ trainer ranks, the clean-up run at the end (stopping engine actors, a Ray cluste
 and the runtime's own per-step metrics (``ray``: the engine replicas restarted). Stages never see
 it: the runner hands them ``lent``.
 
-``build_services(spec)`` (``gfcr.runtime.session``) makes the run's.
+``build_services(spec)`` (``gfcr.runtime.loop.session``) makes the run's.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from gfcr.cli.main import app
 from gfcr.errors import EvalError
-from gfcr.runtime.checkpoint import MANIFEST
+from gfcr.runtime.store.checkpoint import MANIFEST
 from gfcr.stages.testing import FakeUpdate
 from tests.conftest import BASE
 from tests.runtime.test_checkpoint import _drop_stage

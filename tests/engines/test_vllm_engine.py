@@ -32,7 +32,7 @@ import gfcr.engines
 from gfcr.engines import EngineError, vllm_engine, vllm_worker
 from gfcr.errors import SpecError
 from gfcr.records import Prompt
-from gfcr.runtime.session import build_services
+from gfcr.runtime.loop.session import build_services
 from gfcr.spec import PolicySpec, load_spec_text
 from gfcr.spec.models import VLLMSpec
 from gfcr.stages.resources import GenerationRequest, SamplingParams
@@ -184,7 +184,7 @@ def test_the_cpu_spec_refuses_what_has_no_meaning_there():
 
 def test_validate_refuses_a_head_size_the_cpu_kernels_cannot_run():
     from gfcr.graph import compile_pipeline
-    from gfcr.runtime.inputs import input_problems
+    from gfcr.runtime.preflight.inputs import input_problems
 
     def problems(model):
         spec = _spec(f"{{model: {model}, engine: vllm, device: cpu}}")

@@ -27,8 +27,8 @@ import pytest
 from gfcr.graph import load_pipeline
 from gfcr.registry import STAGES, NeedsOfEngine, declares, stage_info
 from gfcr.runtime import RuntimeServices, session
-from gfcr.runtime.lineage import read_lineage
-from gfcr.runtime.session import Run
+from gfcr.runtime.store.lineage import read_lineage
+from gfcr.runtime.loop.session import Run
 from gfcr.spec.models import ENGINE_LACKS
 from gfcr.stages.resources import Lent
 from tests.conftest import REPO

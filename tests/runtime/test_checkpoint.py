@@ -17,12 +17,12 @@ import torch
 
 from gfcr.errors import CheckpointError
 from gfcr.graph import load_pipeline
-from gfcr.runtime.checkpoint import (
+from gfcr.runtime.store.checkpoint import (
     MANIFEST, checkpoint_problems, latest_checkpoint, load_checkpoint, read_manifest, save_checkpoint,
 )
-from gfcr.runtime.local import LocalRunner
-from gfcr.runtime.rundir import RunDir
-from gfcr.runtime.state_tree import read_tree, write_tree
+from gfcr.runtime.loop.local import LocalRunner
+from gfcr.runtime.store.rundir import RunDir
+from gfcr.runtime.store.state_tree import read_tree, write_tree
 from gfcr.stages.resources import Lent
 from tests.conftest import BASE, REPO
 

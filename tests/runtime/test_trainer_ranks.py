@@ -35,8 +35,8 @@ from gfcr.stages.update.grpo import GRPOUpdate
 from tests.runtime.test_metric_fixtures import _flat, assert_same_run
 
 pytest.importorskip("ray", reason="the Ray executor needs the extra: pip install 'gfcr[ray]' (make test installs it)")
-ray_executor = pytest.importorskip("gfcr.runtime.ray_executor", exc_type=ImportError)
-from gfcr.runtime.trainer_ranks import RayTrainerGroup, optimizer_gradients  # noqa: E402  (after the Ray check)
+ray_executor = pytest.importorskip("gfcr.runtime.ray.executor", exc_type=ImportError)
+from gfcr.runtime.ray.trainer_ranks import RayTrainerGroup, optimizer_gradients  # noqa: E402  (after the Ray check)
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "pipelines" / "quickstart.yaml"
@@ -194,7 +194,7 @@ CUT = ["stages.pick.with.batch_size=8", "eval.every=1000", "eval.with.n=16", "tr
 def test_a_seeded_run_with_two_ranks_gives_the_local_runners_metrics(cluster, tmp_path):
     """Must show 2: 20 seeded steps of quickstart.yaml (8 prompts x 8 a step) with 2 trainer ranks
     on Ray equal the local runner's, to float rounding."""
-    from gfcr.runtime.session import Run
+    from gfcr.runtime.loop.session import Run
 
     steps = ["run.steps=20", "run.checkpoint_every=1000"]
     ray_run, local_run = tmp_path / "ray", tmp_path / "local"
@@ -215,8 +215,8 @@ def test_a_seeded_run_with_two_ranks_gives_the_local_runners_metrics(cluster, tm
 def test_a_run_with_ranks_resumes_with_its_optimizer_state(cluster, tmp_path):
     """A checkpoint taken from rank 0 (AdamW's moments) is loaded into every rank on resume, and
     the resumed steps equal an uninterrupted run's."""
-    from gfcr.runtime.session import Run
-    from gfcr.runtime.state_tree import read_tree
+    from gfcr.runtime.loop.session import Run
+    from gfcr.runtime.store.state_tree import read_tree
 
     ranks = CUT + ["executor.kind=ray", "update.resources.replicas=2", "run.checkpoint_every=2"]
     whole, cut = tmp_path / "whole", tmp_path / "cut"
@@ -291,7 +291,7 @@ def test_a_rank_killed_mid_update_stops_the_run_with_the_resume_command(tmp_path
     resumed = subprocess.run(cli + ["resume", str(run_dir)], capture_output=True, text=True, env=env, cwd=tmp_path,
                              timeout=900)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    from gfcr.runtime.session import Run
+    from gfcr.runtime.loop.session import Run
 
     Run.start(load_pipeline(QUICKSTART, CUT + ["run.steps=3", "executor.kind=local"]), tmp_path / "local").train()
     got, expected = _records(run_dir), _records(tmp_path / "local")

@@ -11,7 +11,7 @@ import pytest
 from gfcr.errors import RegistryError
 from gfcr.graph import load_pipeline
 from gfcr.runtime import LocalRunner
-from gfcr.runtime.session import build_services, step_record
+from gfcr.runtime.loop.session import build_services, step_record
 from gfcr.runtime.weights import WEIGHT_MOVERS, EngineReload, StayPut, make_mover, mover_name
 
 REPO = Path(__file__).resolve().parents[2]

@@ -57,8 +57,8 @@ class EngineReload:
 
 WEIGHT_MOVERS.register("none", StayPut, origin="gfcr")
 WEIGHT_MOVERS.register("reload", EngineReload, origin="gfcr")
-WEIGHT_MOVERS.register_lazy("object_store", "gfcr.runtime.ray_executor:ObjectStoreMover", origin="gfcr")
-WEIGHT_MOVERS.register_lazy("collective", "gfcr.runtime.ray_executor:CollectiveMover", origin="gfcr")
+WEIGHT_MOVERS.register_lazy("object_store", "gfcr.runtime.ray.movers:ObjectStoreMover", origin="gfcr")
+WEIGHT_MOVERS.register_lazy("collective", "gfcr.runtime.ray.movers:CollectiveMover", origin="gfcr")
 
 
 def mover_name(spec: PipelineSpec) -> str:

@@ -234,7 +234,7 @@ def _without_time(records: list[dict]) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def full_run(tmp_path_factory) -> Path:
-    from gfcr.runtime.session import Run
+    from gfcr.runtime.loop.session import Run
 
     run_dir = tmp_path_factory.mktemp("dars") / "full"
     Run.start(load_pipeline(REPO / "pipelines" / "dars_arith.yaml", SMALL + ["run.steps=4"]), run_dir).train()
@@ -284,7 +284,7 @@ def test_the_top_up_joins_its_prompt_s_group_as_fresh_samples():
 
 
 def test_resume_from_a_checkpoint_gives_the_metrics_of_an_uninterrupted_run(full_run, tmp_path):
-    from gfcr.runtime.session import Run
+    from gfcr.runtime.loop.session import Run
 
     part = tmp_path / "part"
     Run.start(load_pipeline(REPO / "pipelines" / "dars_arith.yaml", SMALL + ["run.steps=2"]), part).train()

@@ -18,7 +18,7 @@ from gfcr.cli.main import app
 from gfcr.graph import compile_pipeline
 from gfcr.records import Prompt, PromptPool, Rollout, RolloutGroup, RolloutGroups, Segment, StepContext
 from gfcr.runtime import LocalRunner
-from gfcr.runtime.session import build_services
+from gfcr.runtime.loop.session import build_services
 from gfcr.spec import load_spec
 from gfcr.stages.filter.d3s import D3S
 from gfcr.stages.filter.down_sampling import kept_count, linear_ratio, max_variance_subset, top_fraction

@@ -20,8 +20,8 @@ from gfcr.engines import load_policy
 from gfcr.errors import ModelError
 from gfcr.graph import load_pipeline
 from gfcr.records import Origin, Prompt, PromptPool, Rollout, RolloutGroup, RolloutGroups, Segment, StepContext
-from gfcr.runtime.session import Run
-from gfcr.runtime.state_tree import read_tree, write_tree
+from gfcr.runtime.loop.session import Run
+from gfcr.runtime.store.state_tree import read_tree, write_tree
 from gfcr.spec import PolicySpec
 from gfcr.stages.common.fingerprints import answer_logits, boxed_anchor, fingerprints, first_token_anchor
 from gfcr.stages.filter.error_memory import ErrorMemory, hdbscan_labels

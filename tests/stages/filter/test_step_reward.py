@@ -12,7 +12,7 @@ import pytest
 from gfcr.graph import compile_pipeline
 from gfcr.records import Rollout, RolloutGroup, RolloutGroups, Segment
 from gfcr.runtime import LocalRunner
-from gfcr.runtime.session import build_services
+from gfcr.runtime.loop.session import build_services
 from gfcr.spec import load_spec_text
 from gfcr.stages.filter.step_reward import StepReward, count_steps
 

@@ -18,7 +18,7 @@ from gfcr.engines import TransformersEngine, load_policy
 from gfcr.errors import ModelError
 from gfcr.graph import load_pipeline
 from gfcr.records import Prompt, PromptPool, Rollout, RolloutGroup, RolloutGroups, Segment, StepContext
-from gfcr.runtime.session import Run
+from gfcr.runtime.loop.session import Run
 from gfcr.spec import PolicySpec
 from gfcr.stages.filter.strategy_clusters import EmbeddingClustering, components
 from gfcr.stages.filter.uniqueness import Uniqueness, uniqueness_weight

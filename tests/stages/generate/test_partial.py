@@ -15,9 +15,9 @@ import pytest
 from gfcr.engines.fake import FakeEngine
 from gfcr.graph import load_pipeline
 from gfcr.records import Allocation, AllocationEntry, Origin, Prompt, RolloutStatus, StepContext, StepReport
-from gfcr.runtime.lineage import read_lineage
-from gfcr.runtime.session import Run
-from gfcr.runtime.state_tree import read_tree, write_tree
+from gfcr.runtime.store.lineage import read_lineage
+from gfcr.runtime.loop.session import Run
+from gfcr.runtime.store.state_tree import read_tree, write_tree
 from gfcr.stages.control.stop_at_target import StopAtTarget
 from gfcr.stages.engine import GenerationRequest, InFlightView, LiveRow, SamplingParams, Steer
 from gfcr.stages.generate.partial import TO_BUFFER, Partial

@@ -15,8 +15,8 @@ import pytest
 from gfcr.engines.fake import FakeEngine
 from gfcr.graph import load_pipeline
 from gfcr.records import Allocation, AllocationEntry, Origin, Prompt, SegmentOrigin, StepContext, StepReport
-from gfcr.runtime.session import Run
-from gfcr.runtime.state_tree import read_tree, write_tree
+from gfcr.runtime.loop.session import Run
+from gfcr.runtime.store.state_tree import read_tree, write_tree
 from gfcr.stages.common.seeds import step_seed
 from gfcr.stages.engine import ScoreRequest, row_seed
 from gfcr.stages.generate.sample import Sample

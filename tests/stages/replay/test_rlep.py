@@ -23,8 +23,8 @@ from gfcr.graph import load_pipeline
 from gfcr.records import (
     Prompt, PromptPool, Rollout, RolloutGroup, RolloutGroups, Segment, SegmentOrigin, StepContext, VerifierSpec,
 )
-from gfcr.runtime.lineage import read_lineage
-from gfcr.runtime.session import Run
+from gfcr.runtime.store.lineage import read_lineage
+from gfcr.runtime.loop.session import Run
 from gfcr.spec import PolicySpec
 from gfcr.stages.replay.rlep import RLEP
 from gfcr.stages.resources import Lent, ScoreRequest

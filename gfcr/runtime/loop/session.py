@@ -27,14 +27,15 @@ from gfcr.errors import CheckpointError, EvalError, RunDirError
 from gfcr.graph import CompiledPipeline, load_pipeline
 from gfcr.records import StepReport
 from gfcr.registry import STAGES, Registry
-from gfcr.runtime.checkpoint import load_checkpoint, save_checkpoint
-from gfcr.runtime.diskspace import disk_write, tree_bytes
-from gfcr.runtime.manifest import intact_checkpoint, no_intact_checkpoint, strict_refusal
-from gfcr.runtime.evaluation import EvalResult, evaluate
-from gfcr.runtime.lineage import write_control_lineage, write_lineage
-from gfcr.runtime.local import LocalRunner
-from gfcr.runtime.rundir import RunDir, check_new_run_dir, gfcr_version, new_run_dir, write_text
-from gfcr.runtime.rundir_lock import lock_run_dir, only_the_lock, release_run_dir
+from gfcr.runtime.store.checkpoint import load_checkpoint, save_checkpoint
+from gfcr.runtime.store.diskspace import disk_write, tree_bytes
+from gfcr.runtime.store.manifest import intact_checkpoint, no_intact_checkpoint, strict_refusal
+from gfcr.runtime.loop.evaluation import EvalResult, evaluate
+from gfcr.runtime.store.lineage import write_control_lineage, write_lineage
+from gfcr.runtime.loop.events import HookChannel
+from gfcr.runtime.loop.local import LocalRunner
+from gfcr.runtime.store.rundir import RunDir, check_new_run_dir, gfcr_version, new_run_dir, write_text
+from gfcr.runtime.store.rundir_lock import lock_run_dir, only_the_lock, release_run_dir
 from gfcr.spec import PipelineSpec
 from gfcr.runtime.services import RuntimeServices
 from gfcr.runtime.weights import make_mover, mover_name
@@ -46,7 +47,7 @@ def build_services(spec: PipelineSpec, mover: str | None = None) -> RuntimeServi
     weight mover ``mover`` (default: ``mover_name(spec)``)."""
     name = mover or mover_name(spec)
     if spec.executor.kind == "ray":  # engine replicas and verification on Ray (docs/ray.md)
-        from gfcr.runtime.ray_executor import ray_services
+        from gfcr.runtime.ray.executor import ray_services
 
         return ray_services(spec, name)
     if spec.policy is None:
@@ -69,15 +70,17 @@ class Run:
     """One pipeline run bound to its directory."""
 
     def __init__(self, pipeline: CompiledPipeline, run_dir: RunDir, hooks: tuple[Any, ...] = ()):
-        self.pipeline, self.dir, self.hooks = pipeline, run_dir, hooks
+        self.pipeline, self.dir = pipeline, run_dir
+        self.channel = HookChannel(hooks)  # one channel: the runner's events and the run's
         self.spec = pipeline.spec
         self.pool = pipeline.data.load()
         self.eval_pool = pipeline.eval.load() if pipeline.eval is not None else None
         self.services = build_services(self.spec)
         runner_cls = LocalRunner
         if self.spec.executor.kind != "local":
-            from gfcr.runtime.prefect_runner import PrefectRunner as runner_cls  # type: ignore[assignment]
-        self.runner = runner_cls(pipeline, pool=self.pool, run_id=run_dir.path.name, services=self.services)
+            from gfcr.runtime.loop.prefect_runner import PrefectRunner as runner_cls  # type: ignore[assignment]
+        self.runner = runner_cls(pipeline, pool=self.pool, run_id=run_dir.path.name, services=self.services,
+                                 hooks=self.channel)
         self.last_checkpoint: Path | None = None
         self.skipped_checkpoints: list[CheckpointError] = []
         self.restarted = False  # resumed from step 0: killed before its first checkpoint
@@ -150,7 +153,7 @@ class Run:
         (a subflow run when called inside a flow; ``new_flow_run=False`` runs in the current one)."""
         if self.spec.executor.kind == "local" or not new_flow_run:
             return self._train()
-        from gfcr.runtime.prefect_runner import run_in_flow
+        from gfcr.runtime.loop.prefect_runner import run_in_flow
 
         return run_in_flow(self.spec.name, self.dir.path.name, self._train,
                            lambda: getattr(self.runner, "task_runs", 0))
@@ -158,7 +161,7 @@ class Run:
     def _train(self) -> dict[str, Any]:
         total, every = self.spec.run.steps, self.spec.run.checkpoint_every
         start = time.perf_counter()
-        self._hook("before_run", self)
+        self.channel.emit("before_run", self.runner.step, run=self)
         spent = self._spent()
         while self.runner.step < total and not self._budget_spent(spent):
             step = self.runner.step
@@ -170,7 +173,7 @@ class Run:
             self._record(step, record, report)
             spent["rollouts"] += record["rollouts_generated"]
             spent["tokens"] += record["tokens_generated"]
-            self._hook("after_step", record)
+            self.channel.emit("step_recorded", step, record=record, report=report)
             if every is not None and self.runner.step % every == 0:
                 self._checkpoint()
         final = self._evaluate(self.runner.step) if self.eval_pool is not None else None
@@ -180,7 +183,7 @@ class Run:
         text = json.dumps(summary, indent=2) + "\n"
         with disk_write("run summary", self.dir.summary, lambda: len(text.encode())):
             write_text(self.dir.summary, text)
-        self._hook("after_run", summary)
+        self.channel.emit("after_run", self.runner.step, summary=summary)
         self.services.close()  # engine actors, a Ray cluster gfcr started
         release_run_dir(self.dir.path)  # finished: `gfcr resume --steps N` may go on from here
         return summary
@@ -218,21 +221,24 @@ class Run:
         policy, engine = self.services.lent.policy, self.services.lent.engine
         if policy is None or engine is None:
             raise EvalError("`eval` needs a policy to evaluate", "add `policy: {model: ...}` or remove `eval`")
-        self._hook("before_eval", step)
+        self.channel.emit("before_eval", step)
         spec, pool = self.spec.eval, self.eval_pool
         result = self.runner.call_as("eval", lambda: evaluate(policy, engine, pool, spec.max_new_tokens,
                                                                spec.batch_size))
-        self._hook("after_eval", step, result)
+        self.channel.emit("after_eval", step, result=result)
         return result
 
     def _checkpoint(self) -> None:
         self.last_checkpoint = save_checkpoint(self.dir, self.runner, self.services.lent, self.spec.run.keep_checkpoints)
 
-    def _hook(self, name: str, *args: Any) -> None:
-        for hook in self.hooks:
-            method = getattr(hook, name, None)
-            if method is not None:
-                method(*args)
+    @property
+    def hooks(self) -> tuple[Any, ...]:
+        """The hooks of the run's channel, which its runner emits on too (``gfcr.runtime.loop.events``)."""
+        return self.channel.hooks
+
+    @hooks.setter
+    def hooks(self, hooks: tuple[Any, ...]) -> None:
+        self.channel.hooks = tuple(hooks)
 
     def _summary(self, final: EvalResult | None, seconds: float) -> dict[str, Any]:
         records = self.dir.read_metrics()

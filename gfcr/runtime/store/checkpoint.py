@@ -32,7 +32,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -40,14 +40,13 @@ from safetensors.torch import load_model, save_file, save_model
 
 from gfcr.errors import CheckpointError
 from gfcr.registry import OwnsFiles, Stateful
-from gfcr.runtime.diskspace import disk_write, tree_bytes
-from gfcr.runtime.local import LocalRunner
-from gfcr.runtime.rundir import RunDir, gfcr_version
-from gfcr.runtime.manifest import (  # noqa: F401  (re-exported: where checkpoints were always read)
+from gfcr.runtime.store.diskspace import disk_write, tree_bytes
+from gfcr.runtime.store.rundir import RunDir, gfcr_version
+from gfcr.runtime.store.manifest import (  # noqa: F401  (re-exported: where checkpoints were always read)
     _DAMAGED, FORMAT, KIND, MANIFEST, POLICY, RUNNER, _sha256, checkpoint_problems, latest_checkpoint,
     read_manifest, verify_checkpoint,
 )
-from gfcr.runtime.state_tree import check_safetensors, load_tensors, read_tree, write_tree
+from gfcr.runtime.store.state_tree import check_safetensors, load_tensors, read_tree, write_tree
 from gfcr.stages.resources import Lent
 
 RNG_TORCH, RNG_NUMPY, RNG_PYTHON = "rng/torch.safetensors", "rng/numpy.json", "rng/python.json"
@@ -55,7 +54,19 @@ RNG_TORCH, RNG_NUMPY, RNG_PYTHON = "rng/torch.safetensors", "rng/numpy.json", "r
 
 # --- writing ---------------------------------------------------------------------------------
 
-def save_checkpoint(run_dir: RunDir, runner: LocalRunner, lent: Lent, keep: int = 2) -> Path:
+
+class Checkpointed(Protocol):
+    """What a checkpoint saves and loads of a runner (``gfcr.runtime.loop.local.LocalRunner``)."""
+
+    step: int
+    stages: dict[str, Any]
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def save_checkpoint(run_dir: RunDir, runner: Checkpointed, lent: Lent, keep: int = 2) -> Path:
     """Write the checkpoint of ``runner.step`` atomically, then keep the newest ``keep``."""
     final = run_dir.checkpoint(runner.step)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -73,7 +84,7 @@ def save_checkpoint(run_dir: RunDir, runner: LocalRunner, lent: Lent, keep: int 
     return final
 
 
-def _write(root: Path, runner: LocalRunner, lent: Lent) -> None:
+def _write(root: Path, runner: Checkpointed, lent: Lent) -> None:
     state = runner.state_dict()
     stages: dict[str, Any] = state["stages"]
     policy = lent.policy
@@ -143,7 +154,7 @@ def _replace_dir(tmp: Path, final: Path) -> None:
 
 # --- reading ---------------------------------------------------------------------------------
 
-def load_checkpoint(path: Path, runner: LocalRunner, lent: Lent) -> None:
+def load_checkpoint(path: Path, runner: Checkpointed, lent: Lent) -> None:
     """Restore the run's state from checkpoint directory ``path`` (verified first: a damaged
     checkpoint fails before anything is changed)."""
     manifest = verify_checkpoint(path)
@@ -158,7 +169,7 @@ def load_checkpoint(path: Path, runner: LocalRunner, lent: Lent) -> None:
     _load_rng(path)
 
 
-def _read_stages(path: Path, runner: LocalRunner, position: dict[str, Any]) -> dict[str, Any]:
+def _read_stages(path: Path, runner: Checkpointed, position: dict[str, Any]) -> dict[str, Any]:
     stateful = {sid for sid, s in runner.stages.items() if isinstance(s, Stateful)}
     saved = set(position["stages"])
     if missing := sorted(stateful - saved):

@@ -16,7 +16,7 @@ the per-shard gradients add up to the single-process gradient: they are summed o
 Every rank then clips and steps alike, so the replicas stay equal. The driver takes rank 0's
 weights afterwards (``gfcr.runtime.training.RankTrainer``, through Ray's object store), and
 rank 0 is the source of the engine replicas' weight group (``open_weight_source``, ``send_weights``;
-``gfcr.runtime.ray_executor.CollectiveSync``): the engines get the new weights from the trainer.
+``gfcr.runtime.ray.executor.CollectiveSync``): the engines get the new weights from the trainer.
 
 Why explicit ``all_reduce`` and a replicated optimizer rather than DDP or FSDP2: the exact
 gradient needs a SUM of gradients that are already divided by batch-wide totals, and a
@@ -42,8 +42,8 @@ from typing import Any, Callable
 import ray
 
 from gfcr.errors import GfcrError, WorkerLost
-from gfcr.runtime.ray_placement import Reservation, placement_bundles, reserve
-from gfcr.runtime.weight_sync import WeightSender, check_layout, layout_of
+from gfcr.runtime.ray.placement import Reservation, placement_bundles, reserve
+from gfcr.runtime.weights.collective import WeightSender, check_layout, layout_of
 from gfcr.spec import PolicySpec
 from gfcr.spec import Resources as Placement
 from gfcr.stages.resources import Lent, policy_weights
@@ -89,7 +89,7 @@ class TrainerRank:
         self.stage.setup(Lent(self.policy))
         self.sender: WeightSender | None = None  # rank 0: the source of the engines' weight group
 
-    # --- rank 0 as the source of the weight group (gfcr.runtime.ray_executor.CollectiveSync) ----
+    # --- rank 0 as the source of the weight group (gfcr.runtime.ray.executor.CollectiveSync) ----
 
     def open_weight_source(self, world_size: int, layout: Any, backend: str, timeout_s: float) -> tuple[str, int]:
         """Open a weight group's rendezvous on this rank's node; returns its host and port."""

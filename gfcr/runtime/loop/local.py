@@ -42,6 +42,7 @@ from gfcr.registry.lifecycle import (
     BeforeStep, EndsLoop, HostsInFlight, Observes, ReportsMetrics, SetsUp, Stateful, Trains,
 )
 from gfcr.registry.contract import Port
+from gfcr.runtime.loop.events import HookChannel, RunEvent
 from gfcr.runtime.services import RuntimeServices
 from gfcr.spec import UPDATE_ID
 
@@ -54,13 +55,14 @@ _EMPTY: dict[type, Callable[[int], Any]] = {
 
 
 class RunnerHooks(Protocol):
-    """Optional callbacks for progress bars and tracking; implement any subset."""
+    """Optional callbacks for progress bars and tracking, each given the ``RunEvent``
+    (``gfcr.runtime.loop.events``); implement any subset."""
 
-    def before_step(self, ctx: StepContext) -> None: ...
-    def after_stage(self, stage_id: str, ctx: StepContext, output: Any, seconds: float) -> None: ...
-    def after_step(self, report: StepReport) -> None: ...
-    def loop_round(self, loop: LoopBlock, step: int, rounds: int) -> None: ...  # a round ended, not done
-    def loop_stopped(self, loop: LoopBlock, step: int, rounds: int, limit: str) -> None: ...  # at a limit
+    def before_step(self, event: RunEvent) -> None: ...  # ctx
+    def after_stage(self, event: RunEvent) -> None: ...  # stage_id, ctx, output, seconds
+    def after_step(self, event: RunEvent) -> None: ...  # report
+    def loop_round(self, event: RunEvent) -> None: ...  # loop, rounds: a round ended, not done
+    def loop_stopped(self, event: RunEvent) -> None: ...  # loop, rounds, limit: at a limit
 
 
 def build_stages(pipeline: CompiledPipeline) -> dict[str, Any]:
@@ -117,11 +119,11 @@ class LocalRunner:
 
     def __init__(self, pipeline: CompiledPipeline, *, pool: PromptPool | None = None,
                  stages: dict[str, Any] | None = None, run_id: str | None = None,
-                 hooks: tuple[Any, ...] = (), services: RuntimeServices | None = None):
+                 hooks: tuple[Any, ...] | HookChannel = (), services: RuntimeServices | None = None):
         self.pipeline = pipeline
         self.pool = pool if pool is not None else pipeline.data.load()
         self.run_id = run_id or pipeline.spec.name
-        self.hooks = hooks
+        self.channel = hooks if isinstance(hooks, HookChannel) else HookChannel(hooks)
         self.step = 0
         self.policy_version = 0
         self.services = services or RuntimeServices()
@@ -139,11 +141,14 @@ class LocalRunner:
         update = self.stages.get(UPDATE_ID)
         self.trainer = self._call(UPDATE_ID, setup_ctx, self.services.trainer_for, update)
 
-    def _hook(self, name: str, *args: Any) -> None:
-        for hook in self.hooks:
-            method = getattr(hook, name, None)
-            if method is not None:
-                method(*args)
+    @property
+    def hooks(self) -> tuple[Any, ...]:
+        """The hooks of the runner's channel (shared with the run around it)."""
+        return self.channel.hooks
+
+    @hooks.setter
+    def hooks(self, hooks: tuple[Any, ...]) -> None:
+        self.channel.hooks = tuple(hooks)
 
     def run(self, steps: int | None = None) -> list[StepReport]:
         """Run ``steps`` steps (default: the spec's ``run.steps``) and return their reports."""
@@ -153,7 +158,7 @@ class LocalRunner:
     def run_step(self) -> StepReport:
         ctx = StepContext(self.run_id, self.step, self.pipeline.spec.run.seed, self.policy_version)
         state = _StepState(ctx)
-        self._hook("before_step", ctx)
+        self.channel.emit("before_step", ctx.step, ctx=ctx)
         for sid, stage in self.stages.items():
             if isinstance(stage, BeforeStep):
                 self._call(sid, ctx, stage.before_step, ctx)
@@ -166,7 +171,7 @@ class LocalRunner:
         for sid, stage in self.stages.items():
             if isinstance(stage, Observes):
                 self._call(sid, ctx, stage.observe, report)
-        self._hook("after_step", report)
+        self.channel.emit("after_step", ctx.step, report=report)
         self.policy_version = report.policy_version
         self.step += 1
         return report
@@ -183,12 +188,14 @@ class LocalRunner:
                 self._run_stage(self.pipeline.nodes[sid], state)
             if self._call(loop.until, state.ctx, until.done):
                 break
-            self._hook("loop_round", loop, step_ctx.step, round + 1)
+            self.channel.emit("loop_round", step_ctx.step, loop=loop, rounds=round + 1)
             if loop.max_seconds is not None and time.monotonic() - start >= loop.max_seconds:
-                self._hook("loop_stopped", loop, step_ctx.step, round + 1, f"max_seconds={loop.max_seconds:g}")
+                self.channel.emit("loop_stopped", step_ctx.step, loop=loop, rounds=round + 1,
+                                  limit=f"max_seconds={loop.max_seconds:g}")
                 break
         else:
-            self._hook("loop_stopped", loop, step_ctx.step, loop.max_rounds, f"max_rounds={loop.max_rounds}")
+            self.channel.emit("loop_stopped", step_ctx.step, loop=loop, rounds=loop.max_rounds,
+                              limit=f"max_rounds={loop.max_rounds}")
         state.ctx = step_ctx
 
     def _runtime_input(self, port: Port, state: _StepState) -> Any:
@@ -214,7 +221,8 @@ class LocalRunner:
         self._stamp(node.id, state, before, output)
         if isinstance(output, Allocation):
             state.decisions.extend(decided(node.id, state.ctx.round, kwargs.values(), output))
-        self._hook("after_stage", node.id, state.ctx, output, seconds)
+        self.channel.emit("after_stage", state.ctx.step, stage_id=node.id, ctx=state.ctx, output=output,
+                          seconds=seconds)
 
     def _runs(self, sid: str) -> Callable[..., Any]:
         """What executes stage ``sid``: its ``run``, or, for an update that ``Trains``, the trainer
