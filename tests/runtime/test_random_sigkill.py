@@ -92,12 +92,12 @@ WRAPPER = textwrap.dedent("""\
     import gfcr.runtime.store.checkpoint as ckpt
     import gfcr.runtime.loop.session as session
     from gfcr.stages.generate.sample import Sample
-    from gfcr.stages.update.grpo import GRPOUpdate
+    from gfcr.runtime.training import LocalTrainer
 
     session.save_checkpoint = phase("checkpoint", session.save_checkpoint)
     session.evaluate = phase("eval", session.evaluate)
     Sample.run = phase("generate", Sample.run)
-    GRPOUpdate.run = phase("update", GRPOUpdate.run)
+    LocalTrainer.update = phase("update", LocalTrainer.update)  # the update's step, its version and sync
     for name in ("_write_json", "write_tree", "save_model", "_write_rng", "_fsync_tree", "_replace_dir"):
         setattr(ckpt, name, point(getattr(ckpt, name)))
 

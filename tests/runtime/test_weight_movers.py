@@ -54,11 +54,12 @@ def test_a_registered_mover_is_handed_every_new_version_by_a_real_run():
 def test_the_spec_picks_the_shipped_movers():
     quick = load_pipeline(REPO / "pipelines" / "quickstart.yaml", SMALL).spec
     assert mover_name(quick) == "none"
-    assert mover_name(quick.model_copy(update={"policy": quick.policy.model_copy(update={"engine": "vllm"})})) == "reload"
+    on_vllm = quick.model_copy(update={"policy": quick.policy.model_copy(update={"engine": "vllm"})})
+    assert mover_name(on_vllm) == "reload"
     ray = load_pipeline(REPO / "pipelines" / "quickstart.yaml", SMALL + ["executor.kind=ray"]).spec
     assert mover_name(ray) == "collective"
-    object_store = ["executor.kind=ray", "executor.weight_sync=object_store"]
-    assert mover_name(load_pipeline(REPO / "pipelines" / "quickstart.yaml", SMALL + object_store).spec) == "object_store"
+    object_store = SMALL + ["executor.kind=ray", "executor.weight_sync=object_store"]
+    assert mover_name(load_pipeline(REPO / "pipelines" / "quickstart.yaml", object_store).spec) == "object_store"
     assert {"none", "reload", "object_store", "collective"} <= set(WEIGHT_MOVERS.names())
     assert isinstance(make_mover("none", None), StayPut) and isinstance(make_mover("reload", object()), EngineReload)
 

@@ -229,7 +229,8 @@ class Run:
         return result
 
     def _checkpoint(self) -> None:
-        self.last_checkpoint = save_checkpoint(self.dir, self.runner, self.services.lent, self.spec.run.keep_checkpoints)
+        self.last_checkpoint = save_checkpoint(self.dir, self.runner, self.services.lent,
+                                               self.spec.run.keep_checkpoints)
 
     @property
     def hooks(self) -> tuple[Any, ...]:

@@ -16,11 +16,15 @@ import ray
 from gfcr.errors import GfcrError
 from gfcr.runtime.ray.collective import SYNC_TIMEOUT_S, CollectiveSync, SyncRecord, WeightSync
 from gfcr.runtime.ray.placement import Reservation, placement_bundles, reserve
-from gfcr.runtime.ray.restarts import READY_TIMEOUT_S, STARTED_DIR_VARIABLE, ReplicaRestarts, require_current, restarted_by_ray
+from gfcr.runtime.ray.restarts import (
+    READY_TIMEOUT_S, STARTED_DIR_VARIABLE, ReplicaRestarts, require_current, restarted_by_ray,
+)
 from gfcr.runtime.weights.collective import WeightReceiver, WeightSyncError, check_layout, layout_of
 from gfcr.spec import PolicySpec
 from gfcr.spec import Resources as Placement
-from gfcr.stages.resources import Completion, GenerationRequest, InFlightController, Policy, Scored, ScoreRequest, policy_weights
+from gfcr.stages.resources import (
+    Completion, GenerationRequest, InFlightController, Policy, Scored, ScoreRequest, policy_weights,
+)
 
 MAX_GROUP_FAILURES = 2  # collective syncs failed in a row before the run keeps to the object store
 log = logging.getLogger(__name__)

@@ -260,7 +260,8 @@ class RLEP:
         own = self.pool.candidates(prompt_id)
         if self._store is None:
             return own
-        stored = [e for e in self._store().for_prompt(prompt_id) if e.correct is True and e.origin not in REUSED_ORIGINS]
+        stored = [e for e in self._store().for_prompt(prompt_id)
+                  if e.correct is True and e.origin not in REUSED_ORIGINS]
         return own + stored
 
     def _rescore(self, appended: list[tuple[RolloutGroup, Rollout]], pool: PromptPool, ctx: StepContext) -> None:
