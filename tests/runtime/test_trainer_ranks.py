@@ -224,7 +224,9 @@ def test_a_run_with_ranks_resumes_with_its_optimizer_state(cluster, tmp_path):
     Run.start(load_pipeline(QUICKSTART, ranks + ["run.steps=2"]), cut).train()
     resumed = Run.resume(cut, steps=4)
     saved = read_tree(resumed.last_checkpoint / "stages" / "update")["optimizer"]
-    live = resumed.runner.stages["update"].state_dict()["optimizer"]  # rank 0's, after the load
+    update = resumed.runner.stages["update"]
+    assert update.state_dict()["optimizer"] is None  # the driver's copy holds no optimizer: the ranks do
+    live = resumed.runner.trainer.state_dict(update)["optimizer"]  # rank 0's, after the load
     assert saved["state"] and saved["state"].keys() == live["state"].keys()
     for index, moments in saved["state"].items():
         for name, value in moments.items():  # step, exp_avg, exp_avg_sq
