@@ -18,7 +18,7 @@ Ray executor, ``reload`` for the vLLM engine, else ``none``.
 Adding a sync path is one module and one registration: a class with ``move(version) -> int``
 and ``WEIGHT_MOVERS.register("name", make)`` (or ``register_lazy("name", "pkg.module:make",
 origin=...)``); a run uses it with ``build_services(spec, mover="name")``
-(``gfcr.runtime.loop.services``). Stage code never imports this package (an import-linter
+(``gfcr.runtime.loop.session``). Stage code never imports this package (an import-linter
 contract): stages decide, the runtime moves.
 """
 
