@@ -21,7 +21,7 @@ max(producer side, trainer side)``: the most a perfect overlap of the two could 
 overlapped cell's speed-up over sync is reported as a fraction of it.
 
 Sync runs torch with its default threads (2 here); a pipelined run, overlapped or not, with one
-per side (gfcr.runtime.session.one_torch_thread), so the twin column separates what the thread
+per side (gfcr.runtime.loop.session.one_torch_thread), so the twin column separates what the thread
 count costs from what the overlap gains.
 
 Writes ``benchmarks/results/async.json`` and prints a markdown table.

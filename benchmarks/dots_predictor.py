@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from gfcr.graph import load_pipeline  # noqa: E402
 from gfcr.records import StepContext  # noqa: E402
-from gfcr.runtime.session import Run  # noqa: E402
+from gfcr.runtime.loop.session import Run  # noqa: E402
 from gfcr.stages.control.dots import _REFERENCE, Dots, linear_calibration  # noqa: E402
 
 SETTINGS = [(16, 128), (64, 256)]  # (K reference prompts, T training prompts)
@@ -57,7 +57,7 @@ def main() -> None:
 
     def stage(**kw) -> Dots:
         s = Dots(Dots.Config(batch_size=16, interval=2, fresh_fraction=1.0, temperature=1.0, max_new_tokens=8, **kw))
-        s.setup(run.resources)
+        s.setup(run.services.lent)
         s.before_step(StepContext("bench", 0, 0, 0))
         return s
 
@@ -90,7 +90,7 @@ def main() -> None:
             m = np.array([r[3:] for r in rows if r[:3] == (k, t, name)]).mean(0)
             print(f"| {k} | {t} | {name} | {m[0]:.3f} | {m[1]:.3f} | {m[2]:.3f} | {m[3]:.3f} | "
                   f"{m[4] if name == 'trained' else 0:.1f} |")
-    run.resources.close()
+    run.services.close()
 
 
 if __name__ == "__main__":

@@ -63,7 +63,7 @@ def one_run(variant: str, seed: int, steps: int, every: int) -> dict:
     import torch
 
     from gfcr.graph import load_pipeline
-    from gfcr.runtime.session import Run
+    from gfcr.runtime.loop.session import Run
 
     torch.set_num_threads(1)
     name, extra = VARIANTS[variant]
@@ -92,7 +92,7 @@ def one_run(variant: str, seed: int, steps: int, every: int) -> dict:
 
 def _calibration(run_dir: Path, steps: int) -> list[list[float]]:
     """The head's calibration bins from the checkpoint: [count, mean predicted, mean realised] per bin."""
-    from gfcr.runtime.state_tree import read_tree
+    from gfcr.runtime.store.state_tree import read_tree
 
     folder = run_dir / "checkpoints" / f"step-{steps:06d}" / "stages" / "prune"
     bins = read_tree(folder, folder)["calibration"]

@@ -54,7 +54,7 @@ from gfcr.stages.control.stop_at_target import StopAtTarget
 from gfcr.stages.data.gsm8k import default_path
 from gfcr.stages.generate.partial import Partial
 from gfcr.stages.generate.sample import Sample
-from gfcr.stages.resources import Resources
+from gfcr.stages.resources import Lent
 
 REPO = Path(__file__).resolve().parents[1]
 GSM8K = [default_path("train"),  # $GFCR_GSM8K_DIR, else ../shared beside the working directory
@@ -153,7 +153,7 @@ def main() -> None:
         else:
             cap = N * n if name == "copris" else None
             stage, per_step = Partial(Partial.Config(**sampling, max_in_flight=cap)), 2 * N
-        stage.setup(Resources(policy, engine))
+        stage.setup(Lent(policy, engine))
         if name != "sync":
             stage.attach_in_flight([StopAtTarget(StopAtTarget.Config(groups=N))])
         columns[name] = (stage, per_step)

@@ -85,8 +85,8 @@ class ZeroVarianceRollouts:
     def __init__(self) -> None:
         self.in_zero_variance = self.generated = 0
 
-    def after_step(self, report) -> None:
-        for group in report.groups:
+    def after_step(self, event) -> None:
+        for group in event.report.groups:
             fresh = sum(1 for r in group.generated if not r.reused)
             self.generated += fresh
             if group.stats.n_scored > 1 and group.stats.reward_std == 0.0:  # as StepReport.zero_variance_groups
@@ -100,7 +100,7 @@ def one_run(variant: str, seed: int, steps: int, every: int, cache: str) -> dict
     import torch
 
     from gfcr.graph import load_pipeline
-    from gfcr.runtime.session import Run
+    from gfcr.runtime.loop.session import Run
 
     torch.set_num_threads(1)
     work = Path(tempfile.mkdtemp(prefix="gfcr-selection-"))

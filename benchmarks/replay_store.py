@@ -151,8 +151,8 @@ def step_overhead(steps: int, model: str = "tiny-arith", only: list[str] | None 
     ``main_cpu_s`` the CPU time of this process's threads a step (not the worker's): what the
     store takes from the step's own process, a figure that load on the machine does not inflate."""
     from gfcr.graph import load_pipeline
-    from gfcr.runtime.session import build_resources
-    from gfcr.runtime.local import LocalRunner
+    from gfcr.runtime.loop.session import build_services
+    from gfcr.runtime.loop.local import LocalRunner
 
     repo = Path(__file__).resolve().parents[1]
     plain, with_store = STEP_PIPELINES[model]
@@ -167,7 +167,7 @@ def step_overhead(steps: int, model: str = "tiny-arith", only: list[str] | None 
     runners, times = {}, {}
     for name, (path, overrides) in variants.items():
         pipeline = load_pipeline(path, overrides + ["executor.kind=local", "tracking.mlflow=null"])
-        runners[name] = LocalRunner(pipeline, resources=build_resources(pipeline.spec))
+        runners[name] = LocalRunner(pipeline, services=build_services(pipeline.spec))
         times[name] = []
     for _ in range(steps):
         for name, runner in runners.items():

@@ -30,13 +30,13 @@ def one_run(run_dir: Path, overrides: list[str], kill: bool, started: Path) -> d
     import pyarrow.parquet as pq
 
     from gfcr.graph import load_pipeline
-    from gfcr.runtime.session import Run
+    from gfcr.runtime.loop.session import Run
     from tests.runtime.replica_kill import KillsInFlight, Tokens
 
     run = Run.start(load_pipeline(REPO / "pipelines" / "quickstart.yaml", overrides), run_dir)
     tokens = Tokens()
     run.runner.hooks = (*run.runner.hooks, tokens)
-    group = run.resources.engine
+    group = run.services.lent.engine
     killer = KillsInFlight(group, 1, 3, started) if kill else None  # call 1: step 0's eval; 3: step 1's generation
     start = time.perf_counter()
     run.train()
@@ -57,7 +57,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     args = parser.parse_args()
-    from gfcr.runtime.ray_executor import connect
+    from gfcr.runtime.ray.executor import connect
     from gfcr.spec import Resources as Placement
 
     overrides = [f"run.steps={args.steps}", "eval.every=1000", "eval.with.n=16", "executor.kind=ray",

@@ -39,7 +39,7 @@ from gfcr.spec import PolicySpec
 from gfcr.stages.control.truncate_steps import TruncateSteps
 from gfcr.stages.data.gsm8k import Gsm8kSource
 from gfcr.stages.generate.sample import Sample
-from gfcr.stages.resources import Resources
+from gfcr.stages.resources import Lent
 from gfcr.stages.verifiers.scoring import score_texts
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,7 +47,7 @@ GSM8K = [REPO.parent / "shared" / "data" / "gsm8k" / "train.jsonl", Path("/work/
 
 
 def run_column(column: str, policy: Any, engine: Any, pool: list, args: argparse.Namespace, seed: int) -> dict:
-    resources = Resources(policy, engine)
+    resources = Lent(policy, engine)
     stage = Sample(Sample.Config(temperature=args.temperature, max_new_tokens=args.max_new_tokens))
     stage.setup(resources)
     controller = None

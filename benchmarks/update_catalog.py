@@ -98,7 +98,7 @@ def one_run(variant: str, seed: int, steps: int, every: int, task: str | None = 
     import yaml
 
     from gfcr.graph import load_pipeline
-    from gfcr.runtime.session import Run
+    from gfcr.runtime.loop.session import Run
     from gfcr.spec.task import apply_task, load_task
 
     torch.set_num_threads(1)

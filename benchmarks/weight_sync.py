@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from gfcr.engines import load_policy  # noqa: E402
-from gfcr.runtime import ray_executor  # noqa: E402
+from gfcr.runtime.ray import executor as ray_executor  # noqa: E402
 from gfcr.spec import PolicySpec  # noqa: E402
 from gfcr.spec import Resources as Placement  # noqa: E402
 

@@ -19,7 +19,7 @@ import sys
 from gfcr.graph import compile_pipeline
 from gfcr.records import RolloutStatus
 from gfcr.runtime import LocalRunner
-from gfcr.runtime.session import build_resources, step_record
+from gfcr.runtime.loop.session import build_services, step_record
 from gfcr.spec import PipelineSpec, StageSpec, load_spec_text
 
 
@@ -47,7 +47,7 @@ def main(steps: int = 2) -> None:
     spec = build_spec()
     assert load_spec_text(spec.to_yaml()) == spec  # the same spec, as YAML
     pipeline = compile_pipeline(spec)  # type-checks the graph; the controller hangs off `rollout`
-    runner = LocalRunner(pipeline, resources=build_resources(spec))  # loads tiny-arith, starts its engine
+    runner = LocalRunner(pipeline, services=build_services(spec))  # loads tiny-arith, starts its engine
     for report in runner.run(steps):
         m = step_record(report, None, seconds=0.0)  # the step's metrics.jsonl line (no eval, no clock)
         aborted = sum(r.status == RolloutStatus.ABORTED_PARTIAL for g in report.groups for r in g.rollouts)

@@ -38,7 +38,7 @@ def run(pipeline: str | Path | PipelineSpec, *, overrides: Iterable[str] = (), r
     """Run ``pipeline`` (a file, a shipped pipeline's name, or a ``PipelineSpec``) to its ``run.steps``
     in a new run directory (default ``runs/<name>-<time>``); ``hooks`` are runtime hooks
     (``after_step(record)`` and the others of ``gfcr.runtime``); ``progress`` prints a line a step."""
-    from gfcr.runtime.session import Run
+    from gfcr.runtime.loop.session import Run
     from gfcr.tracking.mlflow_tracker import check_store
 
     compiled = _compile(pipeline, list(overrides))
@@ -50,7 +50,7 @@ def resume(run_dir: str | Path, *, steps: int | None = None, hooks: tuple[Any, .
            progress: bool = True) -> dict[str, Any]:
     """Continue the run in ``run_dir`` from its newest checkpoint, to ``steps`` (default: its own);
     ``progress`` prints a line a step."""
-    from gfcr.runtime.session import Run
+    from gfcr.runtime.loop.session import Run
     from gfcr.tracking.mlflow_tracker import check_run_store
 
     check_run_store(Path(run_dir))  # a store that is down fails before the run directory changes
@@ -63,18 +63,20 @@ class PrintProgress:
     def __init__(self) -> None:
         self.name, self.total = "", 0
 
-    def before_run(self, run: Any) -> None:
+    def before_run(self, event: Any) -> None:
+        run = event.run
         self.name, self.total = run.spec.name, run.spec.run.steps
         print(f"{self.name}: run directory {run.dir.path}", flush=True)
 
-    def after_step(self, record: dict[str, Any]) -> None:
+    def step_recorded(self, event: Any) -> None:
+        record = event.record
         reward = record.get("reward_mean")
         said = "-" if reward is None else f"{reward:.3f}"
         print(f"{self.name}: step {record['step'] + 1}/{self.total}: reward {said}, "
               f"{record['rollouts_generated']} rollouts, {record['time']['step_s']:.1f} s", flush=True)
 
-    def after_eval(self, step: int, result: Any) -> None:
-        print(f"{self.name}: eval after {step} steps: accuracy {result.accuracy:.1%}", flush=True)
+    def after_eval(self, event: Any) -> None:
+        print(f"{self.name}: eval after {event.step} steps: accuracy {event.result.accuracy:.1%}", flush=True)
 
 
 def _with(hooks: tuple[Any, ...], progress: bool) -> tuple[Any, ...]:

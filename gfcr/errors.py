@@ -128,7 +128,7 @@ class WorkerLost(GfcrError):
 class ReplicaLostError(WorkerLost):
     """An engine replica on Ray died more often than ``executor.max_replica_restarts`` allows, or did
     not come back: not the user's mistake, so the CLI exits 1 with the ``gfcr resume`` that continues
-    the run (``gfcr.runtime.ray_restarts``)."""
+    the run (``gfcr.runtime.ray.restarts``)."""
 
 
 class StageError(GfcrError):

@@ -15,11 +15,11 @@ REPO = Path(__file__).resolve().parents[1]
 _KILLER = textwrap.dedent("""\
     import sys, time
     from gfcr.graph import load_pipeline
-    from gfcr.runtime.session import Run
+    from gfcr.runtime.loop.session import Run
 
     class Stall:
-        def after_step(self, record):
-            if record["step"] == int(sys.argv[4]):  # its checkpoint written, the next step not yet run
+        def step_recorded(self, event):
+            if event.record["step"] == int(sys.argv[4]):  # its checkpoint written, the next step not yet run
                 open(sys.argv[3], "w").close()
                 time.sleep(120)
 

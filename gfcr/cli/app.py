@@ -91,7 +91,7 @@ app = typer.Typer(cls=LazyGroup, add_completion=False, no_args_is_help=True, pre
 
 def _print_version(value: bool) -> None:
     if value:
-        from gfcr.runtime.rundir import gfcr_version
+        from gfcr.runtime.store.rundir import gfcr_version
 
         out.print(f"gfcr {gfcr_version()}")
         raise typer.Exit()

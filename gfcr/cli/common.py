@@ -41,13 +41,13 @@ ExecutorOption = Annotated[Optional[str], typer.Option(
 def compile_file(file: Path, overrides: list[str] | None, inputs: bool = False,
                  plugins: list[str] | None = None) -> CompiledPipeline:
     """Load and compile ``file`` (a path, or the name of a shipped pipeline); with ``inputs``, also
-    check its data files and policy model cheaply (``gfcr.runtime.inputs``: first rows, the model's
+    check its data files and policy model cheaply (``gfcr.runtime.preflight.inputs``: first rows, the model's
     folder; nothing loaded). ``plugins`` (``--plugin``) join the spec's ``plugins``."""
     from gfcr.graph import load_pipeline
 
     pipeline = load_pipeline(file, overrides or [], plugins=plugins or [])
     if inputs:
-        from gfcr.runtime.inputs import check_inputs
+        from gfcr.runtime.preflight.inputs import check_inputs
 
         check_inputs(pipeline)
     return pipeline

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gfcr.graph import load_pipeline
-from gfcr.runtime.prefect_runner import configure_prefect
+from gfcr.runtime.loop.prefect_runner import configure_prefect
 
 configure_prefect()
 
@@ -28,8 +28,8 @@ def pipeline_flow(file: str, overrides: list[str] | None = None, runs_dir: str =
                   plugins: list[str] | None = None) -> dict[str, Any]:
     """Run the pipeline in ``file`` with ``overrides`` (``KEY=VALUE`` strings) and ``plugins``
     (``--plugin`` modules) to its end."""
-    from gfcr.runtime.rundir import new_run_dir
-    from gfcr.runtime.session import Run
+    from gfcr.runtime.store.rundir import new_run_dir
+    from gfcr.runtime.loop.session import Run
     from gfcr.tracking.mlflow_tracker import start_tracking
 
     pipeline = load_pipeline(file, list(overrides or []) + ["executor.kind=prefect"], plugins=list(plugins or []))

@@ -115,7 +115,7 @@ def _gfcr_deployments() -> list:
 
 def serve(limit: Annotated[Optional[int], typer.Option(help="most flow runs at once")] = 1) -> None:
     """Execute gfcr deployments (scheduled or started from the UI) until interrupted."""
-    from gfcr.runtime.prefect_runner import configure_prefect
+    from gfcr.runtime.loop.prefect_runner import configure_prefect
 
     configure_prefect()  # before Prefect is imported
     warn_if_scheduler_broken()
@@ -139,7 +139,7 @@ def ui(prefect_port: Annotated[int, typer.Option(help="Prefect UI port")] = 4200
        mlflow_uri: Annotated[Optional[str], typer.Option(help="MLflow store (default: as `gfcr run` tracks)")] = None
        ) -> None:
     """Start the Prefect UI and the MLflow UI on 127.0.0.1 and print where they are."""
-    from gfcr.runtime.prefect_runner import configure_prefect
+    from gfcr.runtime.loop.prefect_runner import configure_prefect
     from gfcr.spec.models import MlflowSpec
     from gfcr.tracking.mlflow_store import resolve_uri
 

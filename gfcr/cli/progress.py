@@ -8,9 +8,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from gfcr.runtime.loop.events import RunEvent
+
 
 class ProgressHook:
-    """A run hook: one bar over the steps, with reward, eval accuracy and rollouts/s."""
+    """A run hook (``gfcr.runtime.loop.events``): one bar over the steps, with reward, eval
+    accuracy and rollouts/s, and the loop blocks' rounds and limits."""
 
     def __init__(self, console: Console, total: int, start: int = 0, title: str = "steps"):
         self.console, self.total, self.start = console, total, start
@@ -23,35 +26,38 @@ class ProgressHook:
         self.task = self.progress.add_task(title, total=total, completed=start, reward="-", acc="-", rate="-")
         self._said: set[str] = set()  # loops whose max_rounds stop was reported
 
-    def before_run(self, run: Any) -> None:
+    def before_run(self, event: RunEvent) -> None:
         self.progress.start()
 
-    def before_eval(self, step: int) -> None:
+    def before_eval(self, event: RunEvent) -> None:
         self.progress.update(self.task, acc="(evaluating)")
 
-    def after_eval(self, step: int, result: Any) -> None:
-        self.progress.update(self.task, acc=f"{result.accuracy:.1%}")
+    def after_eval(self, event: RunEvent) -> None:
+        self.progress.update(self.task, acc=f"{event.result.accuracy:.1%}")
 
-    def after_step(self, record: dict[str, Any]) -> None:
+    def step_recorded(self, event: RunEvent) -> None:
+        record = event.record
         reward = record.get("reward_mean")
         rate = record["time"].get("rollouts_per_s")
         self.progress.update(self.task, completed=record["step"] + 1, description=self.title,
                              reward="-" if reward is None else f"{reward:.3f}",
                              rate="-" if rate is None else f"{rate:.0f}")
 
-    def after_run(self, summary: dict[str, Any]) -> None:
+    def after_run(self, event: RunEvent) -> None:
         self.progress.stop()
 
-    # --- loop blocks (hooks of the runner, through LoopProgress) -----------------------------
+    # --- loop blocks (the runner's events) ----------------------------------------------------
 
-    def loop_round(self, loop: Any, step: int, rounds: int) -> None:
+    def loop_round(self, event: RunEvent) -> None:
         """The bar says which round a loop is in, so a long loop is never silent."""
+        loop, step, rounds = event.loop, event.step, event.rounds
         self.progress.update(self.task, description=f"{self.title} · step {step} loop {loop.name} "
                                                     f"round {rounds}/{loop.max_rounds}")
 
-    def loop_stopped(self, loop: Any, step: int, rounds: int, limit: str) -> None:
+    def loop_stopped(self, event: RunEvent) -> None:
         """A loop stopped at a limit before its until stage was done: said every time for the
         wall clock, once per loop for max_rounds (some pipelines meet it by design)."""
+        loop, step, rounds, limit = event.loop, event.step, event.rounds, event.limit
         if limit.startswith("max_rounds"):
             if loop.name in self._said:
                 return
@@ -63,13 +69,6 @@ class ProgressHook:
 
     def stop(self) -> None:
         self.progress.stop()
-
-
-class LoopProgress:
-    """The runner's loop hooks, passed on to a ProgressHook (whose step hooks the run calls)."""
-
-    def __init__(self, progress: ProgressHook):
-        self.loop_round, self.loop_stopped = progress.loop_round, progress.loop_stopped
 
 
 def summary_table(summary: dict[str, Any]) -> Table:

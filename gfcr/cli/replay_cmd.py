@@ -31,7 +31,7 @@ def inspect(run_dir: Annotated[Path, typer.Argument(help="a run directory made b
             k: Annotated[int, typer.Option("-k", min=1, help="neighbours shown per search")] = 5,
             top: Annotated[int, typer.Option(min=1, help="prompts shown, most rollouts first")] = 10) -> None:
     """What a run's replay store holds (counts by prompt, age, reward) and its nearest neighbours of a query."""
-    from gfcr.runtime.replay_inspect import open_replay_store, summarize
+    from gfcr.runtime.store.replay_inspect import open_replay_store, summarize
 
     try:
         opened = open_replay_store(run_dir, stage)

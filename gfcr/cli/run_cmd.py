@@ -21,7 +21,7 @@ from rich.markup import escape
 
 from gfcr.cli.common import ExecutorOption, PluginOption, SetOption, compile_file, err, fail, import_plugins, out
 from gfcr.errors import GfcrError, StageError, WorkerLost
-from gfcr.runtime.diskspace import DiskFullError
+from gfcr.runtime.store.diskspace import DiskFullError
 
 if TYPE_CHECKING:
     from gfcr.graph import CompiledPipeline
@@ -53,9 +53,9 @@ def resume(run_dir: Annotated[Path, typer.Argument(help="a run directory made by
                                                  "instead of continuing from the newest intact one")] = False) -> None:
     """Continue a run from its newest intact checkpoint, up to run.steps (or --steps). The run's
     own `plugins` are imported again; --plugin imports more first (e.g. a plugin that moved)."""
-    from gfcr.runtime.manifest import check_resumable
-    from gfcr.runtime.rundir import RunDir
-    from gfcr.runtime.rundir_lock import lock_run_dir
+    from gfcr.runtime.store.manifest import check_resumable
+    from gfcr.runtime.store.rundir import RunDir
+    from gfcr.runtime.store.rundir_lock import lock_run_dir
     from gfcr.tracking.mlflow_tracker import check_run_store
 
     def resumed(hooks: tuple) -> object:
@@ -66,7 +66,7 @@ def resume(run_dir: Annotated[Path, typer.Argument(help="a run directory made by
         check_run_store(run_dir)  # a store that is down fails before the run directory changes
         if rd.spec.is_file():  # a damaged checkpoint or lost metrics, found before torch loads
             check_resumable(rd, strict)
-        from gfcr.runtime.session import Run
+        from gfcr.runtime.loop.session import Run
 
         return Run.resume(run_dir, steps, hooks, executor=executor, strict=strict)
 
@@ -74,8 +74,8 @@ def resume(run_dir: Annotated[Path, typer.Argument(help="a run directory made by
 
 
 def _start_run(pipeline: CompiledPipeline, run_dir: Path | None, hooks: tuple) -> object:
-    from gfcr.runtime.rundir import RunDir, check_new_run_dir
-    from gfcr.runtime.rundir_lock import lock_run_dir
+    from gfcr.runtime.store.rundir import RunDir, check_new_run_dir
+    from gfcr.runtime.store.rundir_lock import lock_run_dir
 
     if run_dir is not None:  # a --run-dir in use fails before torch loads
         if RunDir(run_dir).spec.is_file():
@@ -84,7 +84,7 @@ def _start_run(pipeline: CompiledPipeline, run_dir: Path | None, hooks: tuple) -
     from gfcr.tracking.mlflow_tracker import check_store
 
     check_store(pipeline.spec)  # a wrong MLflow URI fails before the run directory is written (and torch loads)
-    from gfcr.runtime.session import Run
+    from gfcr.runtime.loop.session import Run
 
     return Run.start(pipeline, run_dir, hooks)
 
@@ -101,7 +101,7 @@ def _print_skipped(pool: object, limit: int = 10) -> None:
 
 
 def _train(make_run) -> None:
-    from gfcr.cli.progress import LoopProgress, ProgressHook, summary_table
+    from gfcr.cli.progress import ProgressHook, summary_table
     from gfcr.tracking.mlflow_tracker import start_tracking
 
     hook, trackers, session = None, (), None
@@ -114,8 +114,7 @@ def _train(make_run) -> None:
                                                                             markup=True))
         total = session.spec.run.steps
         hook = ProgressHook(out, total, session.runner.step, session.spec.name)
-        session.hooks = (hook, *trackers)
-        session.runner.hooks = (*session.runner.hooks, LoopProgress(hook))  # loop rounds, loop limits
+        session.hooks = (hook, *trackers)  # one channel: the run's events and its runner's (loop rounds, limits)
         out.print(f"run directory: {session.dir.path}")
         if getattr(session, "restarted", False):
             out.print("no checkpoint yet (stopped before its first one): running it again from step 0")
@@ -187,7 +186,7 @@ def _stopped_at(session: Any) -> str:
     from, and the command that continues it."""
     if session is None:
         return "before the run started (nothing was run); start it again with the same command"
-    from gfcr.runtime.checkpoint import latest_checkpoint
+    from gfcr.runtime.store.checkpoint import latest_checkpoint
 
     done, total, path = session.dir.recorded_steps(), session.spec.run.steps, session.dir.path
     checkpoint = latest_checkpoint(session.dir)

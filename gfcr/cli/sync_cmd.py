@@ -19,8 +19,8 @@ from gfcr.errors import GfcrError, RunDirError
 
 def sync(run_dir: Annotated[Path, typer.Argument(help="a run directory made by `gfcr run`")]) -> None:
     """Send the MLflow writes (metrics, lineage, the run's end) a run kept in RUN_DIR/mlflow-outbox.jsonl while its MLflow store could not be reached."""
-    from gfcr.runtime.rundir import RunDir
-    from gfcr.runtime.rundir_lock import lock_run_dir, release_run_dir
+    from gfcr.runtime.store.rundir import RunDir
+    from gfcr.runtime.store.rundir_lock import lock_run_dir, release_run_dir
     from gfcr.tracking.mlflow_tracker import sync_run
     from gfcr.tracking.outbox import Outbox
 

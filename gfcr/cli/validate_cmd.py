@@ -46,7 +46,7 @@ def validate(files: Annotated[list[Path], typer.Argument(help="pipeline YAML fil
 def warn_about_inputs(pipeline) -> None:
     """What the pipeline gets less of on this machine than it could (the `code` verifier's sandbox level):
     a warning with its spec line and the fix; the exit status stays 0."""
-    from gfcr.runtime.inputs import input_warnings
+    from gfcr.runtime.preflight.inputs import input_warnings
 
     for p in input_warnings(pipeline):
         where = f"[bold]{escape(str(p.where))}[/]: {escape(p.path)}"

@@ -20,7 +20,7 @@ samples on a device other than the one its spec asks for:
 
 A cluster without the GPUs reserved, without nodes that declare the ``node_resource``, or too
 small for the ``strategy``, and a driver without CUDA for a ``cuda`` policy, are found when the
-run starts (``gfcr.runtime.ray_placement.reserve``, ``load_policy``), before any step, each
+run starts (``gfcr.runtime.ray.placement.reserve``, ``load_policy``), before any step, each
 with its fix.
 """
 
@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from gfcr.errors import GfcrError
-from gfcr.registry import TrainsOnRanks, has_role
+from gfcr.registry import Trains, has_role
 from gfcr.spec import PipelineSpec
 from gfcr.spec import Resources as Placement
 
@@ -70,9 +70,10 @@ def trainer_problems(spec: PipelineSpec, update_class: type) -> Iterator[tuple[t
                f"the update asks for {ranks.replicas} trainer ranks, which run as Ray actors, but the executor is "
                f"`{spec.executor.kind}`",
                "set `executor: {kind: ray}` (--set executor.kind=ray), or `replicas: 1` on the update")
-    if spec.executor.kind == "ray" and ranks != Placement() and not has_role(update_class, TrainsOnRanks):
+    if spec.executor.kind == "ray" and ranks != Placement() and not has_role(update_class, Trains):
         yield (("update", "resources"),
-               f"the update `{spec.update.use}` cannot run split across trainer ranks (it has no `train_shard`)",
+               f"the update `{spec.update.use}` cannot run split across trainer ranks (it does not play the "
+               "`Trains` role: `prepare`, `train_shard`, `finish`)",
                "remove `resources` from the update; it then steps in the driver")
     placed = trainer_placement(spec)
     if placed is None or spec.policy is None:

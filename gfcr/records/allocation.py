@@ -8,7 +8,7 @@ Why comes twice: ``reason``, a sentence for people, and ``why``, an optional
 ``ControlReason`` for machines: a snake_case ``code``, the decisive number (``name`` and
 ``value``) and the other numbers the stage decided on (``quantities``). Whether the prompt
 was picked or skipped is the entry's own ``n_rollouts`` (0 = skipped). The runtime writes both
-into the control lineage (``gfcr.runtime.lineage``) under the id of the stage that set them.
+into the control lineage (``gfcr.runtime.store.lineage``) under the id of the stage that set them.
 
 >>> why = ControlReason("easy_streak", "p_skip", 0.75, {"streak": 2, "draw": 0.31})
 >>> entry = AllocationEntry(Prompt("p:0", text="0"), 0, why=why)

@@ -8,7 +8,8 @@ from gfcr.registry.contract import FAMILIES, Port, Seed, StageConfig, StageInfo,
 from gfcr.registry.core import Registry
 from gfcr.registry.lifecycle import (
     BeforeStep, ChecksPipeline, EndsLoop, HostsInFlight, InFlightController, NeedsOfUpdate, Observes, OwnsFiles,
-    HostNote, PipelineProblem, ReportsMetrics, SetsUp, Stage, Stateful, TrainsOnRanks, UpdateNeed, declares, has_role,
+    HostNote, OwnsStore, PipelineProblem, ReportsMetrics, SetsUp, Stage, Stateful, Trains, UpdateNeed,
+    declares, has_role,
 )
 from gfcr.registry.lifecycle import (  # capabilities: what a stage's Config says it is
     BuildsTrees, ChecksHost, ChecksRows, CountsPrompts, DeclaresCorrection, DropsFinishes, EstimatesAdvantages,
@@ -22,7 +23,7 @@ __all__ = [
     "RecordsEntropy", "ReplaysFresh", "ServesStore", "SizesEachGroup",
     "BeforeStep", "EndsLoop", "HostsInFlight", "InFlightController", "NeedsOfUpdate", "Observes", "OwnsFiles",
     "HostNote", "PipelineProblem", "ReportsMetrics", "SetsUp",
-    "Stage", "Stateful", "TrainsOnRanks", "UpdateNeed", "declares", "has_role",
+    "OwnsStore", "Stage", "Stateful", "Trains", "UpdateNeed", "declares", "has_role",
     "BUILTIN_DATA_SOURCES", "BUILTIN_STAGES", "DATA_SOURCES", "FAMILIES", "Port", "Registry", "STAGES",
     "Seed", "StageConfig", "StageInfo", "describe_stage", "make_data_registry", "make_stage_registry",
     "stage_info", "stage_infos",

@@ -6,13 +6,15 @@ below; the runtime calls each role's methods at fixed points of a run:
 ==================  ========================================  ===========================================
 role                methods                                   called by the runtime
 ==================  ========================================  ===========================================
-SetsUp              ``setup(resources)``                      once, after the stages are built
+SetsUp              ``setup(lent)``                           once, after the stages are built
 BeforeStep          ``before_step(ctx)``                      at the start of every step
 Observes            ``observe(report)``                       after every step's update
 ReportsMetrics      ``step_metrics() -> {name: number}``      after every step's update, before ``observe``
 Stateful            ``state_dict()``, ``load_state_dict(s)``  when checkpointing / resuming
 OwnsFiles           ``save_files(dir)``, ``load_files(dir)``  with the checkpoint, in the stage's own subdir
 EndsLoop            ``done() -> bool``                        after each round, as a loop block's until stage
+Trains              ``prepare``, ``train_shard``, ``finish``  by the runtime's trainer, for the update node
+OwnsStore           ``owned_store() -> store``                once, lent to the stages that name its owner
 InFlightController  ``every``, ``steer(view) -> Steer``       by the engine, every ``every`` decode steps
 HostsInFlight       ``attach_in_flight(controllers)``         once, before setup, with its ``in_flight`` stages
 ChecksPipeline      ``check_pipeline(config, view)``          by the compiler (``gfcr validate``), static
@@ -23,8 +25,8 @@ An in-flight controller is a Control-family stage without ``run``: it never runs
 of the plan; its host (a Generate stage) hands it to the engine.
 
 Parameters are typed loosely here (``Any``): the registry layer imports neither torch nor
-``gfcr.stages``; the precise engine types (``Resources``, ``InFlightView``, ``Steer``) live in
-``gfcr.stages.resources``.
+``gfcr.stages``; the precise types (``Lent``, ``InFlightView``, ``Steer``) live in
+``gfcr.stages.resources``, and ``TrainBatch`` and ``Ranks`` in ``gfcr.stages.training``.
 
 Registration rejects a method whose name is a near miss of a lifecycle name (``observer``,
 ``load_state``, ``setup_``): the runtime would silently never call it.
@@ -62,15 +64,29 @@ class Stage(Protocol):
 
 @runtime_checkable
 class SetsUp(Protocol):
-    def setup(self, resources: Any) -> None: ...  # gfcr.stages.resources.Resources
+    def setup(self, lent: Any) -> None: ...  # gfcr.stages.resources.Lent
 
 
 @runtime_checkable
-class TrainsOnRanks(Protocol):
-    """An update whose optimizer step can run split across trainer ranks (``resources: {replicas:
-    N}`` on the update, Ray executor): each rank calls it on its shard of the batch."""
+class Trains(Protocol):
+    """An update that decides and leaves the moving to the runtime: ``prepare(*inputs)`` (its
+    ``run``'s inputs) gives the batch (``gfcr.stages.training.TrainBatch``, or a skip),
+    ``train_shard`` computes one shard's gradients and steps the optimizer, ``finish(batch,
+    outcomes)`` gives the ``UpdateReport``. The runtime's trainer calls them, in this process or
+    over trainer ranks, then bumps the policy version and moves the weights to the engine; the
+    runner never calls ``run`` on such a stage."""
 
-    def train_shard(self, shard: Any, plan: Any, version: int, ranks: Any) -> Any: ...  # gfcr.stages.resources.Ranks
+    def prepare(self, *inputs: Any) -> Any: ...
+    def train_shard(self, shard: Any, plan: Any, version: int, ranks: Any) -> Any: ...  # gfcr.stages.training.Ranks
+    def finish(self, batch: Any, outcomes: Any) -> Any: ...
+
+
+@runtime_checkable
+class OwnsStore(Protocol):
+    """A stage that owns a store other stages read (``replay.store``). The runtime lends
+    ``owned_store`` (not the stage) to the stages, through ``Lent.require_store``."""
+
+    def owned_store(self) -> Any: ...
 
 
 @runtime_checkable
@@ -333,13 +349,15 @@ CAPABILITY_NAMES: frozenset[str] = frozenset(
 
 
 ROLES: tuple[type, ...] = (Stage, SetsUp, BeforeStep, Observes, ReportsMetrics, Stateful, OwnsFiles, EndsLoop,
-                           InFlightController, HostsInFlight, ChecksPipeline, NeedsOfUpdate, TrainsOnRanks)
+                           InFlightController, HostsInFlight, ChecksPipeline, NeedsOfUpdate, Trains,
+                           OwnsStore)
 METHODS: dict[type, tuple[str, ...]] = {
     Stage: ("run",), SetsUp: ("setup",), BeforeStep: ("before_step",), Observes: ("observe",),
     ReportsMetrics: ("step_metrics",),
     Stateful: ("state_dict", "load_state_dict"), OwnsFiles: ("save_files", "load_files"),
     EndsLoop: ("done",), InFlightController: ("steer",), HostsInFlight: ("attach_in_flight",),
-    ChecksPipeline: ("check_pipeline",), NeedsOfUpdate: ("update_needs",), TrainsOnRanks: ("train_shard",),
+    ChecksPipeline: ("check_pipeline",), NeedsOfUpdate: ("update_needs",),
+    Trains: ("prepare", "train_shard", "finish"), OwnsStore: ("owned_store",),
 }
 LIFECYCLE_NAMES: frozenset[str] = frozenset(m for names in METHODS.values() for m in names)
 NEAR_MISS_RATIO = 0.8  # observer/observe 0.93, load_state/load_state_dict 0.8, observe_groups/observe 0.67

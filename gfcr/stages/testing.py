@@ -6,8 +6,8 @@ no learning; never use them to measure a method.
 (a stable hash of the prompt id and the seed), so some prompts are easy, some hard, and
 zero-variance groups occur as they do in real runs. It hosts in-flight controllers: with
 any attached it simulates a decode loop (rows of random lengths, one token per step) and
-lets them steer it, as the engine will. ``update.fake`` counts what reaches it and bumps the
-policy version. ``control.fake_stop`` stops generation once N groups are complete (APRIL's
+lets them steer it, as the engine will. ``update.fake`` counts what reaches it (the runtime's trainer
+bumps the version). ``control.fake_stop`` stops generation once N groups are complete (APRIL's
 rule, on the fake loop). ``replay.fake_provide``, ``replay.fake_ingest`` and ``replay.fake_mix``
 exercise the provide, ingest and mix ports.
 
@@ -31,6 +31,7 @@ from gfcr.records import (
 from gfcr.registry import InFlightController, StageConfig
 from gfcr.stages.engine import InFlightView, LiveRow, Steer
 from gfcr.stages.generate.sample import STATUS
+from gfcr.stages.training import TrainBatch, step_here
 
 
 def scored_group(prompt: str, rewards: list[float], step: int = 0) -> RolloutGroup:
@@ -344,12 +345,14 @@ class FakeMix:
 
 
 class FakeUpdate:
-    """TEST STAGE (fake update): counts the rollouts and tokens it receives; learns nothing.
+    """TEST STAGE (fake update): counts the rollouts and tokens it receives; learns nothing. It
+    plays the ``Trains`` role as ``update.grpo`` does: the runtime's trainer bumps the version.
 
     Example:
 
     >>> from gfcr.records import RolloutGroups
-    >>> report = FakeUpdate(FakeUpdate.Config()).run(RolloutGroups([scored_group("p:0", [0, 1])]))
+    >>> from gfcr.runtime import LocalTrainer
+    >>> report = LocalTrainer().update(FakeUpdate(FakeUpdate.Config()), RolloutGroups([scored_group("p:0", [0, 1])]))
     >>> report.policy_version, report.rollouts_in_update
     (1, 2)
 
@@ -373,18 +376,21 @@ class FakeUpdate:
 
     def __init__(self, config: Config):
         self.config = config
-        self.version = 0
 
     def run(self, groups: RolloutGroups) -> UpdateReport:
-        time.sleep(self.config.latency_s)
+        """One step without the runtime (the trainer calls the three methods below)."""
+        return step_here(self, 0, groups)
+
+    def prepare(self, groups: RolloutGroups) -> TrainBatch:
         rollouts = list(groups.rollouts())
-        if not rollouts and self.config.skip_empty:
-            return UpdateReport(self.version, skipped=True, skip_reason="empty batch")
-        self.version += 1
-        return UpdateReport(self.version, len(rollouts), sum(len(r) for r in rollouts))
+        skip = "empty batch" if not rollouts and self.config.skip_empty else None
+        return TrainBatch(rollouts, [len(r) for r in rollouts], skip_reason=skip)
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"version": self.version}
+    def train_shard(self, shard: list[Rollout], plan: Any, version: int, ranks: Any) -> tuple[int, int]:
+        time.sleep(self.config.latency_s)  # a trainer's step time, for the lifecycle tests
+        return len(shard), sum(len(r) for r in shard)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.version = int(state["version"])
+    def finish(self, batch: TrainBatch, outcomes: list[tuple[int, int]]) -> UpdateReport:
+        if batch.skip_reason is not None:
+            return UpdateReport(batch.version, skipped=True, skip_reason=batch.skip_reason)
+        return UpdateReport(batch.version, sum(n for n, _ in outcomes), sum(t for _, t in outcomes))

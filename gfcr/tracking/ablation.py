@@ -26,8 +26,8 @@ from typing import Any, Callable, Sequence
 
 from gfcr.errors import GfcrError
 from gfcr.graph import CompiledPipeline, load_pipeline
-from gfcr.runtime.rundir import new_run_dir
-from gfcr.runtime.session import Run
+from gfcr.runtime.store.rundir import new_run_dir
+from gfcr.runtime.loop.session import Run
 from gfcr.tracking.mlflow_store import create_parent_run, finish_run
 from gfcr.tracking.mlflow_tracker import start_tracking
 from gfcr.tracking.report import ReportPaths, write_report
@@ -188,7 +188,7 @@ def run_ablation(file: Path, vary: list[tuple[str, list[str]]], seeds: Sequence[
             with ThreadPoolExecutor(max_workers=parallel) as pool:
                 ablation.results = list(pool.map(run_cell, cells))
         else:
-            from gfcr.runtime.prefect_runner import map_in_flow
+            from gfcr.runtime.loop.prefect_runner import map_in_flow
 
             ablation.results = map_in_flow(f"{spec.name}-ablation", root.name, run_cell, cells,
                                            [c.slug for c in cells], parallel)

@@ -47,9 +47,9 @@ import yaml
 
 from gfcr.errors import GfcrError, SpecError
 from gfcr.graph import CompiledPipeline, load_pipeline
-from gfcr.runtime.checkpoint import latest_checkpoint
-from gfcr.runtime.rundir import RunDir, write_text
-from gfcr.runtime.session import Run
+from gfcr.runtime.store.checkpoint import latest_checkpoint
+from gfcr.runtime.store.rundir import RunDir, write_text
+from gfcr.runtime.loop.session import Run
 from gfcr.spec.loader import pipeline_path
 from gfcr.spec.models import resolve_plugin_path
 from gfcr.spec.task import Task, apply_task, load_task
@@ -226,7 +226,7 @@ def run_comparison(plan: Plan, *, parallel: int = 1, baseline: str | None = None
             with ThreadPoolExecutor(max_workers=parallel) as pool:
                 done.results = list(pool.map(run_cell, cells))
         else:
-            from gfcr.runtime.prefect_runner import map_in_flow
+            from gfcr.runtime.loop.prefect_runner import map_in_flow
 
             done.results = map_in_flow("gfcr-compare", plan.root.name, run_cell, cells, [c.slug for c in cells],
                                        parallel)

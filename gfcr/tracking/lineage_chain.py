@@ -31,8 +31,8 @@ import networkx as nx
 from gfcr.errors import GfcrError
 from gfcr.graph import CompiledPipeline, load_pipeline
 from gfcr.records import Prompt
-from gfcr.runtime.lineage import read_control_lineage, read_lineage
-from gfcr.runtime.rundir import RunDir
+from gfcr.runtime.store.lineage import read_control_lineage, read_lineage
+from gfcr.runtime.store.rundir import RunDir
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class GroupSummary:
 @dataclass(frozen=True)
 class RolloutChain:
     run_dir: Path
-    row: dict[str, Any]  # the lineage row (gfcr.runtime.lineage.SCHEMA)
+    row: dict[str, Any]  # the lineage row (gfcr.runtime.store.lineage.SCHEMA)
     group: GroupSummary
     step_metrics: dict[str, Any] | None  # the step's metrics.jsonl line
     prompt: Prompt | None = None
@@ -70,7 +70,7 @@ class RolloutChain:
     # that one's if it was itself reused (``replayed_from``), as far as the run's lineage goes
     reused_from: tuple[dict[str, Any], ...] = ()
     # the Control stages' rows of the control lineage for this prompt at the step that selected it,
-    # in the order they ran (gfcr.runtime.lineage.CONTROL_SCHEMA); aliases by stage id in ``aliases``
+    # in the order they ran (gfcr.runtime.store.lineage.CONTROL_SCHEMA); aliases by stage id in ``aliases``
     decisions: tuple[dict[str, Any], ...] = ()
     aliases: dict[str, str] = field(default_factory=dict)
     selected_step: int | None = None  # the step its prompt was selected: an earlier one for a resumed rollout

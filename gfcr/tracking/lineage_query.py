@@ -4,7 +4,7 @@ stage dropped the others and why (``summarise_lineage``); and the rollouts that 
 (dropped, at a step, by a stage, for a reason: ``find_rollouts``), whose ids ``gfcr lineage
 RUN_DIR ROLLOUT_ID`` then follows one by one.
 
-It reads the rows of ``lineage/step-*.parquet`` (``gfcr.runtime.lineage.SCHEMA``) and the
+It reads the rows of ``lineage/step-*.parquet`` (``gfcr.runtime.store.lineage.SCHEMA``) and the
 stage aliases of the run's ``spec.yaml``. A rollout's row counts as generated at its step
 unless it copies another (``replayed_from``: replayed or cached), as ``metrics.jsonl``'s
 ``rollouts_generated`` counts.
@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from gfcr.errors import GfcrError
-from gfcr.runtime.lineage import read_lineage
-from gfcr.runtime.rundir import RunDir
+from gfcr.runtime.store.lineage import read_lineage
+from gfcr.runtime.store.rundir import RunDir
 from gfcr.spec import load_spec
 from gfcr.tracking.lineage_chain import open_run_dir, stage_aliases
 

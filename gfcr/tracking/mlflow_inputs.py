@@ -18,7 +18,7 @@ from typing import Any
 
 from gfcr.graph.model import DataBinding
 from gfcr.records import PromptPool
-from gfcr.runtime.rundir import gfcr_version
+from gfcr.runtime.store.rundir import gfcr_version
 from gfcr.tracking.mlflow_values import MAX_TAG_VALUE, fit_value, mlflow_key
 
 CONTEXT_TAG = "mlflow.data.context"  # mlflow.utils.mlflow_tags.MLFLOW_DATASET_CONTEXT

@@ -12,7 +12,7 @@ Other stores (a tracking server, a file store) choose their artifact location th
 
 Stores that are down, and stores used for the first time by several runs at once:
 
-- an ``http(s)://`` store is probed first (``gfcr.runtime.endpoint.probe``: a connection, and
+- an ``http(s)://`` store is probed first (``gfcr.runtime.preflight.endpoint.probe``: a connection, and
   for plain http one request, each bounded by 5 s), so an unreachable server (refused, a
   blackholed address, a server that never answers) fails in seconds with the URI and the fix,
   instead of MLflow's 120 s timeout and retries with backoff (minutes of silence). MLflow's own
@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from gfcr.errors import GfcrError
-from gfcr.runtime.endpoint import probe
+from gfcr.runtime.preflight.endpoint import probe
 from gfcr.spec.models import MlflowSpec
 
 DEFAULT_URI = "sqlite:///mlflow.db"

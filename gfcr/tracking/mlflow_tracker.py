@@ -37,7 +37,7 @@ A store that goes away during a run (a tracking server stopped or killed) does n
 the first write that fails says so once (``notify``), and from then on every write (metrics,
 lineage files, totals, the final status) is appended to the run directory's outbox
 (``gfcr.tracking.outbox``), in order. At most every ``retry_seconds`` the store is probed (a
-bounded connection, ``gfcr.runtime.endpoint.probe``) and, once it answers, the outbox is sent
+bounded connection, ``gfcr.runtime.preflight.endpoint.probe``) and, once it answers, the outbox is sent
 and the run goes on sending directly. What is still pending when the run ends is sent by
 ``gfcr sync RUN_DIR`` or by the next ``gfcr resume``; nothing is lost. The store must be
 reachable when a run starts or resumes (a wrong address is a mistake to fix, not a fault).
@@ -59,8 +59,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gfcr.errors import GfcrError
-from gfcr.runtime.endpoint import probe
-from gfcr.runtime.rundir import write_text
+from gfcr.runtime.preflight.endpoint import probe
+from gfcr.runtime.store.rundir import write_text
 from gfcr.spec.models import MlflowSpec
 from gfcr.tracking.mlflow_inputs import dataset_input, run_tags
 from gfcr.tracking.mlflow_store import connect, experiment_id, quiet, resolve_uri
@@ -105,19 +105,20 @@ class MlflowTracker:
         self._last_flush = 0.0
         self._finished = False
 
-    # --- hooks of gfcr.runtime.session.Run ---------------------------------------------------
+    # --- hooks of gfcr.runtime.loop.session.Run ---------------------------------------------------
 
-    def before_run(self, run: Any) -> None:
-        self.start(run)
+    def before_run(self, event: Any) -> None:  # a gfcr.runtime.loop.events.RunEvent
+        self.start(event.run)
 
-    def after_step(self, record: dict[str, Any]) -> None:
-        self._buffer(record)
+    def step_recorded(self, event: Any) -> None:
+        self._buffer(event.record)
         if time.monotonic() - self._last_flush >= self.flush_seconds:
             self.flush()
 
-    def after_run(self, summary: dict[str, Any]) -> None:
+    def after_run(self, event: Any) -> None:
         from mlflow.entities import Metric
 
+        summary = event.summary
         self.flush()
         step, now = int(summary["steps"]), _now_ms()
         final = summary.get("eval_accuracy_after")

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from gfcr.errors import GfcrError
-from gfcr.runtime.rundir import write_text
+from gfcr.runtime.store.rundir import write_text
 
 OUTBOX_FILE = "mlflow-outbox.jsonl"
 SENT_FILE = "mlflow-outbox.sent"

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from gfcr.errors import GfcrError, SpecError, did_you_mean
-from gfcr.runtime.rundir import RunDir
+from gfcr.runtime.store.rundir import RunDir
 from gfcr.spec.yaml_source import parse_yaml
 from gfcr.tracking.mlflow_store import connect, quiet, resolve_uri
 from gfcr.tracking.mlflow_values import flatten, spec_params

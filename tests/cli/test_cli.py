@@ -141,7 +141,7 @@ def test_prefect_prints_no_telemetry_notice_on_a_terminal(tmp_path):
         assert done.returncode == 0, text
         return text.decode(errors="replace").lower()
 
-    gfcr_way = "from gfcr.runtime.prefect_runner import configure_prefect; configure_prefect(); import prefect"
+    gfcr_way = "from gfcr.runtime.loop.prefect_runner import configure_prefect; configure_prefect(); import prefect"
     assert "telemetry" not in on_a_terminal(gfcr_way, "gfcr")
     assert "telemetry" in on_a_terminal("import prefect", "plain")
 

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from gfcr.cli.main import app
 from gfcr.errors import EvalError
-from gfcr.runtime.checkpoint import MANIFEST
+from gfcr.runtime.store.checkpoint import MANIFEST
 from gfcr.stages.testing import FakeUpdate
 from tests.conftest import BASE
 from tests.runtime.test_checkpoint import _drop_stage
@@ -332,7 +332,7 @@ def test_a_bug_in_a_stage_exits_1_with_its_traceback(tmp_path, monkeypatch):
     def broken(self, groups):
         raise ZeroDivisionError("a bug")
 
-    monkeypatch.setattr(FakeUpdate, "run", broken)
+    monkeypatch.setattr(FakeUpdate, "prepare", broken)  # the runtime's trainer calls prepare, not run
     spec = tmp_path / "spec.yaml"
     spec.write_text(BASE)
     result = cli.invoke(app, ["run", str(spec), "--run-dir", str(tmp_path / "run"), "--executor", "local"])
@@ -345,7 +345,7 @@ def test_a_user_error_met_inside_a_stage_exits_2_naming_the_stage(tmp_path, monk
     def refuses(self, groups):
         raise EvalError("the eval set `x` has no answers", "give every eval row an answer")
 
-    monkeypatch.setattr(FakeUpdate, "run", refuses)
+    monkeypatch.setattr(FakeUpdate, "prepare", refuses)
     spec = tmp_path / "spec.yaml"
     spec.write_text(BASE)
     result = cli.invoke(app, ["run", str(spec), "--run-dir", str(tmp_path / "run"), "--executor", "local"])

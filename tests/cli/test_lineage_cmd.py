@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gfcr.cli.main import app
-from gfcr.runtime.lineage import read_lineage
+from gfcr.runtime.store.lineage import read_lineage
 
 cli = CliRunner()
 

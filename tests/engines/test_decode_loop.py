@@ -12,7 +12,7 @@ from gfcr.records import Allocation, AllocationEntry, Prompt, RolloutStatus
 from gfcr.stages.control.stop_at_target import StopAtTarget
 from gfcr.stages.engine import GenerationRequest, SamplingParams, ScoreRequest
 from gfcr.stages.generate.sample import Sample
-from gfcr.stages.resources import Resources
+from gfcr.stages.resources import Lent
 
 
 class CountingBatch(HashBatch):
@@ -82,7 +82,7 @@ class FakePolicy:
 def _stage(**config):
     engine = FakeEngine()
     stage = Sample(Sample.Config(**config))
-    stage.setup(Resources(FakePolicy(engine), engine))
+    stage.setup(Lent(FakePolicy(engine), engine))
     return stage
 
 

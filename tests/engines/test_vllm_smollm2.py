@@ -10,8 +10,8 @@ import json
 import pytest
 
 from gfcr.graph import load_pipeline
-from gfcr.runtime.lineage import read_lineage
-from gfcr.runtime.session import Run
+from gfcr.runtime.store.lineage import read_lineage
+from gfcr.runtime.loop.session import Run
 from tests.conftest import REPO
 from tests.engines.test_vllm_stages import COMMON, needs_cpu_build
 

@@ -5,8 +5,8 @@ run for 2 steps through the real runtime (``Run.start(...).train()``, local exec
 and every stage of its plan must have run in both steps, on rollouts the engine sampled.
 
 Cost: the vLLM runs share one engine, started once for the module (the runs' own engine start,
-about 5 s after vLLM's import, would otherwise be paid per run): ``build_resources`` hands each
-run a fresh ``Resources`` over that engine and its policy, whose weights are put back (and synced
+about 5 s after vLLM's import, would otherwise be paid per run): ``build_services`` hands each
+run fresh ``RuntimeServices`` over that engine and its policy, whose weights are put back (and synced
 into vLLM) after every run. The transformers runs load their policy as ``gfcr run`` does.
 
 docs/vllm.md's stage x engine table is rendered from the registry and these cases
@@ -26,11 +26,11 @@ import pytest
 
 from gfcr.graph import load_pipeline
 from gfcr.registry import STAGES, NeedsOfEngine, declares, stage_info
-from gfcr.runtime import session
-from gfcr.runtime.lineage import read_lineage
-from gfcr.runtime.session import Run
+from gfcr.runtime import RuntimeServices, session
+from gfcr.runtime.store.lineage import read_lineage
+from gfcr.runtime.loop.session import Run
 from gfcr.spec.models import ENGINE_LACKS
-from gfcr.stages.resources import Resources
+from gfcr.stages.resources import Lent
 from tests.conftest import REPO
 from tests.engines.test_vllm_engine import BUILD
 
@@ -146,17 +146,17 @@ def shared_vllm():
 
 @pytest.fixture
 def engine_for_run(request, monkeypatch):
-    """For a vLLM run, ``build_resources`` lends the module's engine (and puts its weights back after)."""
+    """For a vLLM run, ``build_services`` lends the module's engine (and puts its weights back after)."""
     if request.node.callspec.params["engine"] != "vllm":
         yield
         return
     policy, engine, weights = request.getfixturevalue("shared_vllm")
 
-    def build(spec):
+    def build(spec, mover=None):
         assert (spec.policy.engine, spec.policy.model, spec.run.seed) == ("vllm", "tiny-arith-h64", 0)
-        return Resources(policy, engine)  # no closers: the engine outlives the run
+        return RuntimeServices(Lent(policy, engine))  # no closers: the engine outlives the run; reloads its weights
 
-    monkeypatch.setattr(session, "build_resources", build)
+    monkeypatch.setattr(session, "build_services", build)
     yield
     policy.model.load_state_dict(weights)
     policy.version = 0

@@ -12,7 +12,7 @@ import pytest
 
 from gfcr.records import PromptPool, Rollout, RolloutGroups, Segment, StepContext, group_id, rollout_id
 from gfcr.registry import STAGES
-from gfcr.stages.resources import Resources
+from gfcr.stages.resources import Lent
 from gfcr.stages.testing import scored_group
 from tests.fidelity.cases import case_ids, cases, check
 
@@ -30,7 +30,7 @@ def _success(prompt: str, i: int, text: str) -> Rollout:
 def appended(inp: dict[str, Any]) -> dict[str, Any]:
     cls = STAGES.get("replay.rlep")
     stage = cls(cls.Config(replayed_per_group=inp["m"], correction="tis", max_per_prompt=None))
-    stage.setup(Resources())
+    stage.setup(Lent())
     for i, text in enumerate(inp["candidates"]):
         stage.pool.add_rollout(_success("p", i, text), step=0)
     group = scored_group("p", [0, 0], step=1)

@@ -1,5 +1,5 @@
 """``ControlReason``: the machine-readable why of a Control stage's per-prompt decision, its
-checks, and how the runtime finds which stage decided an entry (``gfcr.runtime.local.decided``)
+checks, and how the runtime finds which stage decided an entry (``gfcr.runtime.loop.local.decided``)
 and writes it to the control lineage table."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from dataclasses import replace
 import pytest
 
 from gfcr.records import Allocation, AllocationEntry, ControlDecision, ControlReason, Prompt, StepReport
-from gfcr.runtime.lineage import CONTROL_SCHEMA, control_rows, read_control_lineage, write_control_lineage
-from gfcr.runtime.local import decided
+from gfcr.runtime.store.lineage import CONTROL_SCHEMA, control_rows, read_control_lineage, write_control_lineage
+from gfcr.runtime.loop.local import decided
 from gfcr.stages.control.fixed_n import FixedN
 
 P0, P1 = Prompt("p:0", text="0"), Prompt("p:1", text="1")

@@ -1,4 +1,4 @@
-"""FAKE ENGINE REPLICA, for the runtime logic of ``gfcr.runtime.ray_restarts`` only
+"""FAKE ENGINE REPLICA, for the runtime logic of ``gfcr.runtime.ray.restarts`` only
 (``tests/runtime/test_ray_faults.py``): ``EngineReplica``'s actor interface without a model, in a
 module that imports little, so that Ray starts and restarts it in about a second."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import ray
 
-from gfcr.runtime.ray_restarts import require_current, restarted_by_ray
+from gfcr.runtime.ray.restarts import require_current, restarted_by_ray
 
 
 class FakeReplica:

@@ -17,7 +17,7 @@ from typing import Iterator
 
 import ray
 
-from gfcr.runtime.ray_restarts import STARTED_DIR_VARIABLE
+from gfcr.runtime.ray.restarts import STARTED_DIR_VARIABLE
 
 
 class Tokens:
@@ -26,9 +26,9 @@ class Tokens:
     def __init__(self):
         self.by_id: dict[str, tuple] = {}
 
-    def after_stage(self, stage_id, ctx, output, seconds) -> None:
-        if stage_id == "rollout":
-            self.by_id.update({r.rollout_id: tuple(r.response_token_ids) for r in output.rollouts()})
+    def after_stage(self, event) -> None:
+        if event.stage_id == "rollout":
+            self.by_id.update({r.rollout_id: tuple(r.response_token_ids) for r in event.output.rollouts()})
 
 
 @contextmanager

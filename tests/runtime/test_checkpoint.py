@@ -17,13 +17,13 @@ import torch
 
 from gfcr.errors import CheckpointError
 from gfcr.graph import load_pipeline
-from gfcr.runtime.checkpoint import (
+from gfcr.runtime.store.checkpoint import (
     MANIFEST, checkpoint_problems, latest_checkpoint, load_checkpoint, read_manifest, save_checkpoint,
 )
-from gfcr.runtime.local import LocalRunner
-from gfcr.runtime.rundir import RunDir
-from gfcr.runtime.state_tree import read_tree, write_tree
-from gfcr.stages.resources import Resources
+from gfcr.runtime.loop.local import LocalRunner
+from gfcr.runtime.store.rundir import RunDir
+from gfcr.runtime.store.state_tree import read_tree, write_tree
+from gfcr.stages.resources import Lent
 from tests.conftest import BASE, REPO
 
 PICKLE_OPCODES = (b"\x80", b"PK\x03\x04")  # a pickle's PROTO opcode; torch.save's zip container
@@ -131,7 +131,7 @@ def _saved(write_spec, tmp_path, steps=(2,), keep=2) -> tuple[RunDir, LocalRunne
     for target in steps:
         while runner.step < target:
             runner.run_step()
-        save_checkpoint(rd, runner, Resources(), keep=keep)
+        save_checkpoint(rd, runner, Lent(), keep=keep)
     return rd, runner
 
 
@@ -145,7 +145,8 @@ def test_the_manifest_lists_every_file_with_its_size_and_sha256(write_spec, tmp_
     on_disk = sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file() and p.name != MANIFEST)
     assert [f["path"] for f in manifest["files"]] == on_disk
     assert {"runner.json", "rng/torch.safetensors", "rng/numpy.json", "rng/python.json",
-            "stages/pick/state.json", "stages/update/state.json"} <= set(on_disk)
+            "stages/pick/state.json"} <= set(on_disk)
+    assert "stages/update/state.json" not in on_disk  # update.fake keeps no state: the version is the runner's
     assert all(f["bytes"] == (path / f["path"]).stat().st_size and re.fullmatch(r"[0-9a-f]{64}", f["sha256"])
                for f in manifest["files"])
 
@@ -188,7 +189,7 @@ def test_a_loaded_checkpoint_continues_exactly(write_spec, tmp_path):
     rd, runner = _saved(write_spec, tmp_path, steps=(3,))
     rest = [r.update for r in runner.run(3)]
     resumed = _runner(write_spec)
-    load_checkpoint(rd.checkpoint(3), resumed, Resources())
+    load_checkpoint(rd.checkpoint(3), resumed, Lent())
     assert resumed.step == 3 and resumed.state_dict() == _runner_state_at(write_spec, 3)
     assert [r.update for r in resumed.run(3)] == rest
 
@@ -241,7 +242,7 @@ def test_a_corrupt_file_of_the_right_size_fails_loading_by_its_hash(write_spec, 
     target.write_bytes(bytes(data))
     read_manifest(rd.checkpoint(2))  # sizes match: it is still listed as the latest
     with pytest.raises(CheckpointError, match=r"state\.json is corrupt: its sha256"):
-        load_checkpoint(rd.checkpoint(2), _runner(write_spec), Resources())
+        load_checkpoint(rd.checkpoint(2), _runner(write_spec), Lent())
 
 
 def test_a_checkpoint_without_a_stateful_stage_s_state_names_the_stage(write_spec, tmp_path):
@@ -249,7 +250,7 @@ def test_a_checkpoint_without_a_stateful_stage_s_state_names_the_stage(write_spe
     path = rd.checkpoint(2)
     _drop_stage(path, "pick")
     with pytest.raises(CheckpointError) as info:
-        load_checkpoint(path, _runner(write_spec), Resources())
+        load_checkpoint(path, _runner(write_spec), Lent())
     assert "no state for stage `pick`" in str(info.value) and "spec.yaml" in info.value.fix
 
 
@@ -304,10 +305,10 @@ def test_a_stage_s_own_files_are_saved_listed_and_loaded(write_spec, tmp_path):
     runner = _runner(write_spec)
     runner.stages["keep"] = _OwnsFiles()
     rd = RunDir(tmp_path / "run")
-    path = save_checkpoint(rd, runner, Resources())
+    path = save_checkpoint(rd, runner, Lent())
     manifest = json.loads((path / MANIFEST).read_text())
     assert "stages/keep/files/index.txt" in [f["path"] for f in manifest["files"]]
     other = _runner(write_spec)
     other.stages["keep"] = _OwnsFiles()
-    load_checkpoint(path, other, Resources())
+    load_checkpoint(path, other, Lent())
     assert other.stages["keep"].loaded == ["a", "b"] and other.stages["keep"].count == 2

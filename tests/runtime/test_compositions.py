@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gfcr.graph import load_pipeline
-from gfcr.runtime.session import Run
+from gfcr.runtime.loop.session import Run
 from tests.conftest import REPO
 
 COMPOSED = sorted(p for p in (REPO / "pipelines").rglob("*_arith.yaml")

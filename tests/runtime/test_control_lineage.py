@@ -15,9 +15,9 @@ from typer.testing import CliRunner
 
 from gfcr.cli.main import app
 from gfcr.graph import load_pipeline
-from gfcr.runtime.lineage import read_control_lineage, read_lineage
-from gfcr.runtime.rundir import RunDir
-from gfcr.runtime.session import Run
+from gfcr.runtime.store.lineage import read_control_lineage, read_lineage
+from gfcr.runtime.store.rundir import RunDir
+from gfcr.runtime.loop.session import Run
 
 cli = CliRunner()
 

@@ -70,7 +70,7 @@ def _metrics(run_dir: Path) -> list[dict]:
 def reference(tmp_path_factory) -> list[dict]:
     """The same run, uninterrupted and in-process (a second: no model)."""
     from gfcr.graph import load_pipeline
-    from gfcr.runtime.session import Run
+    from gfcr.runtime.loop.session import Run
 
     run_dir = tmp_path_factory.mktemp("reference") / "run"
     Run.start(load_pipeline(FAKE, ["executor.kind=local", "run.steps=4", "run.checkpoint_every=2"]), run_dir).train()
@@ -78,7 +78,7 @@ def reference(tmp_path_factory) -> list[dict]:
 
 
 def _resume(run_dir: Path) -> None:
-    from gfcr.runtime.session import Run
+    from gfcr.runtime.loop.session import Run
 
     Run.resume(run_dir).train()
 

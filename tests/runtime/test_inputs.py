@@ -1,5 +1,5 @@
 """The cheap look at a pipeline's data files and policy model that `gfcr validate` takes
-(gfcr.runtime.inputs): the first rows only, `on_error: skip` respected, the model found and
+(gfcr.runtime.preflight.inputs): the first rows only, `on_error: skip` respected, the model found and
 nothing loaded or converted."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from gfcr.engines import models
 from gfcr.errors import ModelError
 from gfcr.graph import load_pipeline
-from gfcr.runtime.inputs import input_problems
+from gfcr.runtime.preflight.inputs import input_problems
 from gfcr.stages.data.jsonl import HEAD_LINES, JsonlSource
 from tests.conftest import BASE
 

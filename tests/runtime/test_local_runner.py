@@ -194,14 +194,14 @@ def test_hooks_see_every_step_and_stage():
         def __init__(self):
             self.events = []
 
-        def before_step(self, ctx):
-            self.events.append(("before_step", ctx.step))
+        def before_step(self, event):
+            self.events.append(("before_step", event.ctx.step))
 
-        def after_stage(self, stage_id, ctx, output, seconds):
-            self.events.append((stage_id, ctx.round))
+        def after_stage(self, event):
+            self.events.append((event.stage_id, event.ctx.round))
 
-        def after_step(self, report):
-            self.events.append(("after_step", report.step))
+        def after_step(self, event):
+            self.events.append(("after_step", event.report.step))
 
     hook = Recorder()
     LocalRunner(compile_pipeline(load_spec_text(DAPO)), hooks=(hook,)).run(steps=1)

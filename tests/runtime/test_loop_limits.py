@@ -21,11 +21,11 @@ class Heard:
     def __init__(self):
         self.rounds, self.stops = [], []
 
-    def loop_round(self, loop, step, rounds):
-        self.rounds.append((loop.name, step, rounds))
+    def loop_round(self, event):
+        self.rounds.append((event.loop.name, event.step, event.rounds))
 
-    def loop_stopped(self, loop, step, rounds, limit):
-        self.stops.append((loop.name, step, rounds, limit))
+    def loop_stopped(self, event):
+        self.stops.append((event.loop.name, event.step, event.rounds, event.limit))
 
 
 def test_each_round_is_heard_and_max_rounds_stops_the_loop_with_a_reason():

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from gfcr.graph import load_pipeline
-from gfcr.runtime.session import Run
+from gfcr.runtime.loop.session import Run
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "metrics"
@@ -37,7 +37,7 @@ def seeded_metrics(pipeline: str, run_dir: Path, overrides: list[str] = (), max_
     compiled = load_pipeline(REPO / "pipelines" / f"{pipeline}.yaml", OVERRIDES + list(overrides))
     run = Run.start(compiled, run_dir)
     if max_batch is not None:
-        run.resources.engine.max_batch = max_batch
+        run.services.lent.engine.max_batch = max_batch
     run.train()
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     for line in lines:

@@ -1,4 +1,4 @@
-"""The stale lifecycles (gfcr.runtime.lifecycle). Pipelined (``lifecycle: {mode: pipelined, lag: K}``):
+"""The stale lifecycles (gfcr.runtime.loop.lifecycle). Pipelined (``lifecycle: {mode: pipelined, lag: K}``):
 generation for step t samples with the weights of the start of step t - K, every fresh token of
 step t's batch is exactly K versions old when it is trained (no update skipped), the stages observe
 a step before its update, and a resumed run equals the uninterrupted one (the weights of the last
@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from gfcr.cli.main import app
 
 from gfcr.graph import load_pipeline
-from gfcr.runtime.session import Run
+from gfcr.runtime.loop.session import Run
 
 PIPELINED = textwrap.dedent("""\
     name: pipelined-small

@@ -20,7 +20,7 @@ from gfcr.errors import StageError
 from gfcr.graph import load_pipeline
 from gfcr.records import RolloutGroups, StepContext
 from gfcr.registry import StageConfig, make_stage_registry
-from gfcr.runtime.session import Run
+from gfcr.runtime.loop.session import Run
 from tests.conftest import BASE, REPO
 
 REGISTRY = make_stage_registry(entry_points=False)
@@ -135,7 +135,7 @@ def test_a_permanent_failure_stops_the_run_naming_the_stage_and_resume_finishes_
 
 
 def test_retries_default_by_family(write_spec):
-    from gfcr.runtime.prefect_runner import stage_retries
+    from gfcr.runtime.loop.prefect_runner import stage_retries
 
     pipeline = load_pipeline(_flaky(write_spec, "k", 0, "d.yaml"), ["stages.rollout.retries=0"], stages=REGISTRY)
     retries = {sid: stage_retries(pipeline, sid) for sid in pipeline.nodes}
@@ -143,7 +143,7 @@ def test_retries_default_by_family(write_spec):
 
 
 def test_an_in_flight_controller_is_no_task(write_spec):
-    from gfcr.runtime.prefect_runner import PrefectRunner
+    from gfcr.runtime.loop.prefect_runner import PrefectRunner
 
     text = BASE.replace("  rollout: {use: generate.fake, from: budget}",
                         "  stop:    {use: control.fake_stop, with: {groups: 2}}\n"

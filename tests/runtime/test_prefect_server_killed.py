@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-from gfcr.runtime.server_guard import guards_available
+from gfcr.runtime.loop.server_guard import guards_available
 from tests.conftest import BASE, REPO
 from tests.killing import MARK_VAR, describe, kill_marked, left_running, marked_processes
 
@@ -27,13 +27,13 @@ DRIVER = textwrap.dedent("""\
     from pathlib import Path
     from gfcr.graph import load_pipeline
     from gfcr.runtime import server_guard
-    from gfcr.runtime.session import Run
+    from gfcr.runtime.loop.session import Run
 
     work = Path(sys.argv[3])
 
     class Pause:  # the test kills the server while the run waits here
-        def after_step(self, record):
-            if record["step"] == 3:
+        def step_recorded(self, event):
+            if event.record["step"] == 3:
                 (work / "at-3").write_text("")
                 while not (work / "go-3").exists():
                     time.sleep(0.05)
@@ -92,7 +92,7 @@ def test_a_sigkilled_embedded_prefect_server_is_started_again_and_the_run_finish
     assert remaining == [], describe(remaining)  # the restarted server and its guard ended with the run
 
     from gfcr.graph import load_pipeline
-    from gfcr.runtime.session import Run
+    from gfcr.runtime.loop.session import Run
 
     Run.start(load_pipeline(spec, ["executor.kind=local"]), tmp_path / "uninterrupted").train()
     assert _without_time(tmp_path / "run" / "metrics.jsonl") == _without_time(tmp_path / "uninterrupted" / "metrics.jsonl")

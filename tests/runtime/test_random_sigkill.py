@@ -19,7 +19,7 @@ Where each kill lands is drawn from a seeded RNG, spread over four kinds of mome
   process is held there, as a slow disk would hold it, and killed).
 
 Only the process of ``gfcr`` is killed, not its process group: its embedded Prefect server
-must go by itself (gfcr.runtime.server_guard). Processes are found by a mark in their
+must go by itself (gfcr.runtime.loop.server_guard). Processes are found by a mark in their
 environment (tests/killing.py). The phase actually in progress at each kill is read back
 from the log and reported; the test asserts that the kinds it aimed at were hit.
 
@@ -89,15 +89,15 @@ WRAPPER = textwrap.dedent("""\
             return result
         return wrapped
 
-    import gfcr.runtime.checkpoint as ckpt
-    import gfcr.runtime.session as session
+    import gfcr.runtime.store.checkpoint as ckpt
+    import gfcr.runtime.loop.session as session
     from gfcr.stages.generate.sample import Sample
-    from gfcr.stages.update.grpo import GRPOUpdate
+    from gfcr.runtime.training import LocalTrainer
 
     session.save_checkpoint = phase("checkpoint", session.save_checkpoint)
     session.evaluate = phase("eval", session.evaluate)
     Sample.run = phase("generate", Sample.run)
-    GRPOUpdate.run = phase("update", GRPOUpdate.run)
+    LocalTrainer.update = phase("update", LocalTrainer.update)  # the update's step, its version and sync
     for name in ("_write_json", "write_tree", "save_model", "_write_rng", "_fsync_tree", "_replace_dir"):
         setattr(ckpt, name, point(getattr(ckpt, name)))
 

@@ -35,12 +35,13 @@ from gfcr.records import Prompt, PromptPool, RolloutGroups, VerifierSpec
 from gfcr.spec import PolicySpec, load_spec_text
 from gfcr.spec import Resources as Placement
 from gfcr.stages.filter.verify import Verify
-from gfcr.stages.resources import GenerationRequest, Resources, SamplingParams, ScoreRequest
+from gfcr.stages.resources import GenerationRequest, Lent, SamplingParams, ScoreRequest
 from gfcr.stages.testing import scored_group
 from tests.runtime.test_metric_fixtures import assert_same_run
 
 pytest.importorskip("ray", reason="the Ray executor needs the extra: pip install 'gfcr[ray]' (make test installs it)")
-ray_executor = pytest.importorskip("gfcr.runtime.ray_executor", exc_type=ImportError)
+ray_executor = pytest.importorskip("gfcr.runtime.ray.executor", exc_type=ImportError)
+from gfcr.runtime.ray import engine_group  # noqa: E402  (after the Ray check)
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "pipelines" / "quickstart.yaml"
 DOCS = REPO / "docs" / "ray.md"
@@ -58,7 +59,7 @@ TWO_REPLICAS = Placement(replicas=2)
 ])
 def test_split_is_contiguous_ordered_and_balanced_by_rows(sizes, k, expected):
     requests = [GenerationRequest(f"r{i}", (1, 2), n) for i, n in enumerate(sizes)]
-    parts = ray_executor.split_requests(requests, k)
+    parts = engine_group.split_requests(requests, k)
     assert parts == expected
     assert [i for part in parts for i in part] == list(range(len(sizes)))  # merge = concatenation
 
@@ -180,11 +181,11 @@ class ReplicaChecks:
         self.synced: dict[str, list[float]] = {}
         self.skipped: dict[str, list[float]] = {}
 
-    def before_run(self, run) -> None:
-        self.run = run
+    def before_run(self, event) -> None:
+        self.run = event.run
 
-    def after_run(self, summary: dict) -> None:
-        policy, group = self.run.resources.policy, self.run.resources.engine
+    def after_run(self, event) -> None:
+        policy, group = self.run.services.lent.policy, self.run.services.lent.engine
         self.synced = {"weights": _weight_gaps(group, policy), "logprobs": _logprob_gaps(group, policy)}
         _update(policy, seed=300)  # the driver moves on; the broadcast is skipped
         self.skipped = {"weights": _weight_gaps(group, policy), "logprobs": _logprob_gaps(group, policy)}
@@ -196,7 +197,7 @@ def test_quickstart_with_two_ray_replicas_records_both_and_matches_the_local_key
     replicas through the collective group after each update (issue 32 item 2): after the run each
     replica holds the driver's weights exactly and scores a fixed batch as the driver does, and
     an update whose broadcast is skipped shows in both checks."""
-    from gfcr.runtime.session import Run
+    from gfcr.runtime.loop.session import Run
 
     short = ["run.steps=3", "eval.every=1000", "eval.with.n=16"]
     ray_run, local_run = tmp_path / "ray", tmp_path / "local"
@@ -204,7 +205,7 @@ def test_quickstart_with_two_ray_replicas_records_both_and_matches_the_local_key
     run = Run.start(load_pipeline(QUICKSTART, short + ["executor.kind=ray", "stages.rollout.resources.replicas=2"]),
                     ray_run, hooks=(checks,))
     run.train()
-    syncs = run.resources.engine.syncs
+    syncs = run.services.lent.engine.syncs
     assert syncs and {s.path for s in syncs} == {"collective"}, syncs
     assert [r["time"]["sync_bytes"] for r in _records(ray_run) if not r["update_skipped"]] == [s.bytes for s in syncs]
     assert checks.synced == {"weights": [0.0, 0.0], "logprobs": checks.synced["logprobs"]}, checks.synced
@@ -226,7 +227,7 @@ def test_quickstart_with_two_ray_replicas_records_both_and_matches_the_local_key
             r.pop("time")
     assert_same_run(ray_records, local_records)  # rows are seeded by themselves: 2 replicas sample what 1 engine does
     assert ray_records[-1]["policy_version"] == sum(not r["update_skipped"] for r in ray_records) > 0
-    assert run.resources.engine.replicas == [], "the run stopped its replicas at the end"
+    assert run.services.lent.engine.replicas == [], "the run stopped its replicas at the end"
 
 
 @pytest.fixture(scope="module")
@@ -279,7 +280,7 @@ def test_collective_sync_falls_back_to_the_object_store_and_the_group_forms_agai
     import ray
 
     ray.get(group.replicas[1].leave_weight_group.remote())  # replica 1 is out of the group
-    with caplog.at_level("WARNING", logger="gfcr.runtime.ray_executor"):
+    with caplog.at_level("WARNING", logger="gfcr.runtime.ray.executor"):
         group.sync_weights(policy.version)
     assert group.syncs[-1].path == "object_store" and "a new group forms at the next sync" in caplog.text
     assert _weight_gaps(group, policy) == [0.0, 0.0]
@@ -288,7 +289,7 @@ def test_collective_sync_falls_back_to_the_object_store_and_the_group_forms_agai
     assert group.syncs[-1].path == "collective" and _weight_gaps(group, policy) == [0.0, 0.0]
 
     old, members = group.replicas[1], group.collective.members
-    group.replicas[1] = ray.remote(ray_executor.EngineReplica).remote(PolicySpec(model="tiny-arith"), 1, 1)
+    group.replicas[1] = ray.remote(engine_group.EngineReplica).remote(PolicySpec(model="tiny-arith"), 1, 1)
     ray.kill(old)  # a restart: a new actor in its place, at version 0
     _update(policy, seed=202)
     group.sync_weights(policy.version)
@@ -343,7 +344,7 @@ def test_verification_as_ray_tasks_equals_in_process(cluster):
     texts = [" 59", "Answer: 58", "no idea", "Answer: 59", " 5 9", "####59"] * 5
     pool = PromptPool([Prompt("p:0", text="What is 12 + 47? Answer:", verifier=VerifierSpec("arithmetic", "59"))])
 
-    def scored(resources: Resources | None) -> list[tuple]:
+    def scored(resources: Lent | None) -> list[tuple]:
         group = scored_group("p:0", [0.0] * len(texts))
         for rollout, text in zip(group.rollouts, texts):
             rollout.reward, rollout.text = None, text
@@ -354,7 +355,7 @@ def test_verification_as_ray_tasks_equals_in_process(cluster):
         return [(r.reward, r.correct, r.reward_components, r.reward_reason) for r in out.rollouts()]
 
     ray_map = ray_executor.RayMap(slots=3, min_batch=8)  # 30 items: 3 tasks of 10
-    assert scored(Resources(map=ray_map)) == scored(None)
+    assert scored(Lent(map=ray_map)) == scored(None)
     assert {reason for *_, reason in scored(None)} >= {"answer 59 == 59", "answer 58 != 59"}
 
 
@@ -380,7 +381,7 @@ def _kill_when_started(started: Path, name: str, pid: int) -> threading.Thread:
 
 def test_a_replica_killed_mid_call_is_restarted_caught_up_and_run_again_until_its_restarts_are_spent(cluster,
                                                                                                       tmp_path):
-    """``gfcr.runtime.ray_restarts`` over FAKE replicas (``tests/runtime/fake_replica.py``: no model,
+    """``gfcr.runtime.ray.restarts`` over FAKE replicas (``tests/runtime/fake_replica.py``: no model,
     so that a restart takes seconds); the real replicas' test is ``tests/runtime/test_ray_faults.py``."""
     import torch
 

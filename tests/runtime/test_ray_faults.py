@@ -1,7 +1,7 @@
 """Engine replicas that die mid-step (issue 32, build item 5 and must-show 3, the engine half), on a
 real local Ray cluster: a replica's process is SIGKILLed by its pid while a call runs on it; Ray
 restarts it, the group loads the driver's weights into it and runs its requests again
-(``gfcr.runtime.ray_restarts``).
+(``gfcr.runtime.ray.restarts``).
 
 These tests (slow) run ``pipelines/quickstart.yaml`` (3 steps) with 2 real tiny-arith replicas,
 kill ``ray-1`` in the middle of step 1's generation, and compare with an undisturbed run: the same
@@ -25,7 +25,7 @@ import pytest
 from gfcr.spec import Resources as Placement
 
 pytest.importorskip("ray", reason="the Ray executor needs the extra: pip install 'gfcr[ray]' (make test installs it)")
-ray_executor = pytest.importorskip("gfcr.runtime.ray_executor", exc_type=ImportError)
+ray_executor = pytest.importorskip("gfcr.runtime.ray.executor", exc_type=ImportError)
 from tests.runtime.replica_kill import KillsInFlight, Tokens, started_dir  # noqa: E402  (after the skip: it imports Ray)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,14 +59,14 @@ def _run(run_dir: Path, overrides: list[str] = (), kill_at_call: int | None = No
     """A 3-step Ray run of quickstart; with ``kill_at_call``, ray-1 is killed in its call of that number
     (call 1 is step 0's evaluation, 2 step 0's generation, 3 step 1's)."""
     from gfcr.graph import load_pipeline
-    from gfcr.runtime.session import Run
+    from gfcr.runtime.loop.session import Run
 
     run = Run.start(load_pipeline(QUICKSTART, SHORT + list(overrides)), run_dir)
     tokens = Tokens()
     run.runner.hooks = (*run.runner.hooks, tokens)
     killer = None
     if kill_at_call is not None:
-        killer = KillsInFlight(run.resources.engine, 1, kill_at_call, started)
+        killer = KillsInFlight(run.services.lent.engine, 1, kill_at_call, started)
     return run, tokens, killer
 
 
@@ -117,14 +117,14 @@ def test_a_replica_lost_for_good_stops_the_run_with_exit_1_and_the_resume_gives_
     import typer
 
     from gfcr.cli.run_cmd import _train
-    from gfcr.runtime.session import Run
+    from gfcr.runtime.loop.session import Run
     from tests.runtime.test_metric_fixtures import assert_same_run
 
     expected_dir, _ = undisturbed
     run, _, killer = _run(tmp_path / "run", ["executor.max_replica_restarts=0"], kill_at_call=3, started=started)
     with pytest.raises(typer.Exit) as stopped:
         _train(lambda hooks: run)
-    run.resources.close()  # the process would end here; in the test, its surviving replica is stopped
+    run.services.close()  # the process would end here; in the test, its surviving replica is stopped
     output = " ".join(capsys.readouterr().err.split())
     assert stopped.value.exit_code == 1 and killer.killed_in_flight, output
     assert "engine replica ray-1 is lost" in output and "allows 0" in output, output

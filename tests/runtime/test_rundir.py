@@ -7,7 +7,7 @@ import json
 import pytest
 
 from gfcr.errors import RunDirError
-from gfcr.runtime.rundir import RunDir, atomic_path, write_text
+from gfcr.runtime.store.rundir import RunDir, atomic_path, write_text
 
 
 def test_a_failed_atomic_write_keeps_the_old_file(tmp_path):

@@ -13,13 +13,13 @@ import sys
 
 import pytest
 
-from gfcr.runtime.rundir import new_run_dir
-from gfcr.runtime.rundir_lock import LOCK_NAME, RunDirLocked, lock_run_dir, release_run_dir
+from gfcr.runtime.store.rundir import new_run_dir
+from gfcr.runtime.store.rundir_lock import LOCK_NAME, RunDirLocked, lock_run_dir, release_run_dir
 from tests.conftest import REPO
 
 GFCR = [sys.executable, "-m", "gfcr.cli.main"]
 FAKE = REPO / "pipelines" / "examples" / "fake_dapo.yaml"
-HOLDER = "import sys, time; from gfcr.runtime.rundir_lock import lock_run_dir; lock_run_dir(sys.argv[1]); " \
+HOLDER = "import sys, time; from gfcr.runtime.store.rundir_lock import lock_run_dir; lock_run_dir(sys.argv[1]); " \
          "print('locked', flush=True); time.sleep(600)"
 
 
@@ -31,7 +31,7 @@ def _env() -> dict:
 def finished_run(tmp_path):
     """A finished fake-engine run directory (in-process, about a second: no model), resumable to more steps."""
     from gfcr.graph import load_pipeline
-    from gfcr.runtime.session import Run
+    from gfcr.runtime.loop.session import Run
 
     run_dir = tmp_path / "run"
     Run.start(load_pipeline(FAKE, ["run.steps=2", "executor.kind=local"]), run_dir).train()
@@ -46,7 +46,7 @@ def _hold(run_dir) -> subprocess.Popen:
 
 
 def test_a_run_directory_in_use_is_refused_at_once_and_a_killed_holders_lock_is_taken_over(finished_run, tmp_path):
-    from gfcr.runtime.session import Run
+    from gfcr.runtime.loop.session import Run
 
     holder = _hold(finished_run)
     try:
@@ -72,7 +72,7 @@ def test_the_lock_is_reentrant_in_a_process_and_names_its_holder_to_others(tmp_p
     lock = lock_run_dir(tmp_path / "run")
     try:
         assert lock_run_dir(tmp_path / "run") is lock
-        probe = subprocess.run([sys.executable, "-c", "import sys; from gfcr.runtime.rundir_lock import lock_run_dir; "
+        probe = subprocess.run([sys.executable, "-c", "import sys; from gfcr.runtime.store.rundir_lock import lock_run_dir; "
                                 "lock_run_dir(sys.argv[1])", str(tmp_path / "run")], env=_env(),
                                capture_output=True, text=True, timeout=60)
         assert probe.returncode == 1 and RunDirLocked.__name__ in probe.stderr

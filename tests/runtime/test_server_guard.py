@@ -1,5 +1,5 @@
 """A SIGKILLed run leaves nothing running: its embedded Prefect server dies with it
-(gfcr.runtime.server_guard). Processes are found by a mark in their environment that only
+(gfcr.runtime.loop.server_guard). Processes are found by a mark in their environment that only
 these tests set (tests/killing.py), so nothing unrelated is ever looked at or signalled."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from gfcr.runtime.server_guard import guards_available
+from gfcr.runtime.loop.server_guard import guards_available
 from tests.conftest import BASE, REPO
 from tests.killing import MARK_VAR, describe, kill_marked, left_running, marked_processes
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(not guards_available(), reason="guards need Linu
 # a parent that starts a long-lived "server" (any process will do) and guards it
 PARENT = textwrap.dedent("""\
     import subprocess, sys, time
-    from gfcr.runtime.server_guard import start_guard
+    from gfcr.runtime.loop.server_guard import start_guard
     server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     start_guard(server.pid)
     print(server.pid, flush=True)
@@ -69,11 +69,11 @@ def test_the_guard_ends_when_the_server_ends_and_the_parent_lives_on():
 RUN = textwrap.dedent("""\
     import sys, time
     from gfcr.graph import load_pipeline
-    from gfcr.runtime.session import Run
+    from gfcr.runtime.loop.session import Run
 
     class Stall:
-        def after_step(self, record):
-            if record["step"] == 1:
+        def step_recorded(self, event):
+            if event.record["step"] == 1:
                 open(sys.argv[3], "w").close()
                 time.sleep(600)
 

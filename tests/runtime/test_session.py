@@ -16,7 +16,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from gfcr.graph import load_pipeline
-from gfcr.runtime.session import Run
+from gfcr.runtime.loop.session import Run
 
 GRESO = textwrap.dedent("""\
     name: greso-small
@@ -101,9 +101,9 @@ def test_resume_equals_uninterrupted_with_greso(write_spec, tmp_path):
 
 _KILLER = textwrap.dedent("""\
     import sys, time
-    import gfcr.runtime.checkpoint as ckpt
+    import gfcr.runtime.store.checkpoint as ckpt
     from gfcr.graph import load_pipeline
-    from gfcr.runtime.session import Run
+    from gfcr.runtime.loop.session import Run
 
     real_write_tree = ckpt.write_tree
     def slow_write_tree(tree, directory, where="state"):
@@ -185,17 +185,17 @@ def test_a_rollout_budget_stops_the_run_and_every_kept_token_has_signal(write_sp
 
 
 def test_each_step_records_the_weight_sync_time(write_spec, tmp_path):
-    """``time.sync_s``: the wall seconds of the engine's weight sync after the optimizer step
-    (vLLM's ``reload_weights``; the transformers engine shares the weights and has nothing to do).
-    The sync is slowed by a known 50 ms here (labelled: a wrapper around the real engine's)."""
+    """``time.sync_s``: the wall seconds of the weight mover after the optimizer step (vLLM's
+    ``reload_weights``; the transformers engine shares the weights and its mover, ``none``, has
+    nothing to do). The move is slowed by a known 50 ms here (labelled: a wrapper around the run's mover)."""
     run = _start(write_spec, DAPO, tmp_path / "run", ["run.steps=2", "executor.kind=local"])
-    engine, real_sync = run.resources.engine, run.resources.engine.sync_weights
+    mover, real_move = run.services.mover, run.services.mover.move
 
-    def slow_sync(version: int) -> int:
+    def slow_move(version: int) -> int:
         time.sleep(0.05)
-        return real_sync(version)
+        return real_move(version)
 
-    engine.sync_weights = slow_sync
+    mover.move = slow_move
     run.train()
     for record in _metrics(tmp_path / "run"):
         synced = not record["update_skipped"]

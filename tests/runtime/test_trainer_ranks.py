@@ -28,14 +28,15 @@ from gfcr.records import Allocation, AllocationEntry, Prompt, PromptPool
 from gfcr.spec import PolicySpec
 from gfcr.spec import Resources as Placement
 from gfcr.stages.generate.sample import Sample
-from gfcr.stages.resources import Ranks, Resources
+from gfcr.runtime.training import split_balanced
+from gfcr.stages.resources import Lent
+from gfcr.stages.training import Ranks
 from gfcr.stages.update.grpo import GRPOUpdate
-from gfcr.stages.update.ranks import split_items
 from tests.runtime.test_metric_fixtures import _flat, assert_same_run
 
 pytest.importorskip("ray", reason="the Ray executor needs the extra: pip install 'gfcr[ray]' (make test installs it)")
-ray_executor = pytest.importorskip("gfcr.runtime.ray_executor", exc_type=ImportError)
-from gfcr.runtime.trainer_ranks import RayTrainerGroup, optimizer_gradients  # noqa: E402  (after the Ray check)
+ray_executor = pytest.importorskip("gfcr.runtime.ray.executor", exc_type=ImportError)
+from gfcr.runtime.ray.trainer_ranks import RayTrainerGroup, optimizer_gradients  # noqa: E402  (after the Ray check)
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "pipelines" / "quickstart.yaml"
@@ -72,7 +73,7 @@ def test_shards_are_contiguous_and_balanced_by_tokens():
             self.rollout = [0] * n
 
     items = [_Sized(n) for n in (8, 8, 8, 2, 2, 2, 2, 8, 8, 8)]
-    shards = split_items(items, 2)
+    shards = split_balanced(items, [len(i.rollout) for i in items], 2)
     assert [x for shard in shards for x in shard] == items  # contiguous, in order
     assert [sum(len(x.rollout) for x in shard) for shard in shards] == [28, 28]
 
@@ -97,7 +98,7 @@ def batch():
 
     policy = load_policy(PolicySpec(model="tiny-arith"))
     sample = Sample(Sample.Config(max_new_tokens=8, seed=0))
-    sample.setup(Resources(policy, TransformersEngine(policy)))
+    sample.setup(Lent(policy, TransformersEngine(policy)))
     groups = sample.run(Allocation(0, tuple(AllocationEntry(p, len(r)) for p, r in zip(PROMPTS, REWARDS))))
     noise = np.random.default_rng(0)
     for g, rewards in zip(groups, REWARDS):
@@ -112,7 +113,7 @@ def batch():
 def _one_process(policy, groups, config):
     """The forward items, the plan and the gradients of one process, by name."""
     stage = GRPOUpdate(config)
-    stage.setup(Resources(policy))
+    stage.setup(Lent(policy))
     items, _, _ = stage._batch(groups, POOL)
     plan = stage.aggregation.plan([i.row() for i in items])
     forward = [i for i in items if len(i.rollout) and i.has_signal()]
@@ -154,7 +155,7 @@ def test_two_ranks_sum_to_the_single_process_gradient(cluster, batch, loss):
     assert len(forward) == 20 and all(g.abs().sum() > 0 for g in single.values())
     ranks = RayTrainerGroup.start(PolicySpec(model="tiny-arith"), TWO_RANKS, GRPOUpdate, config)
     try:
-        shards = split_items(forward, 2)
+        shards = split_balanced(forward, [len(i.rollout) for i in forward], 2)
         assert all(shards)
         answers = [ranks.ranks[r].gradients.remote(shard, plan, 0) for r, shard in enumerate(shards)]
         summed = cluster.get(answers)
@@ -193,7 +194,7 @@ CUT = ["stages.pick.with.batch_size=8", "eval.every=1000", "eval.with.n=16", "tr
 def test_a_seeded_run_with_two_ranks_gives_the_local_runners_metrics(cluster, tmp_path):
     """Must show 2: 20 seeded steps of quickstart.yaml (8 prompts x 8 a step) with 2 trainer ranks
     on Ray equal the local runner's, to float rounding."""
-    from gfcr.runtime.session import Run
+    from gfcr.runtime.loop.session import Run
 
     steps = ["run.steps=20", "run.checkpoint_every=1000"]
     ray_run, local_run = tmp_path / "ray", tmp_path / "local"
@@ -205,17 +206,17 @@ def test_a_seeded_run_with_two_ranks_gives_the_local_runners_metrics(cluster, tm
     print(f"20 steps, 2 ranks against the local runner: max |metric difference| = {_max_metric_diff(got, expected):.3g}")
     assert sum(not r["update_skipped"] for r in got) >= 15
     # the replica sampled every step after the first from weights trainer rank 0 broadcast to it
-    assert {(s.path, s.source) for s in run.resources.engine.syncs} == {("collective", "trainer rank 0")}
+    assert {(s.path, s.source) for s in run.services.lent.engine.syncs} == {("collective", "trainer rank 0")}
     assert_same_run(got, expected)
-    assert run.resources.closers == [], "the run stopped its ranks and replicas at the end"
+    assert run.services.closers == [], "the run stopped its ranks and replicas at the end"
 
 
 @pytest.mark.slow
 def test_a_run_with_ranks_resumes_with_its_optimizer_state(cluster, tmp_path):
     """A checkpoint taken from rank 0 (AdamW's moments) is loaded into every rank on resume, and
     the resumed steps equal an uninterrupted run's."""
-    from gfcr.runtime.session import Run
-    from gfcr.runtime.state_tree import read_tree
+    from gfcr.runtime.loop.session import Run
+    from gfcr.runtime.store.state_tree import read_tree
 
     ranks = CUT + ["executor.kind=ray", "update.resources.replicas=2", "run.checkpoint_every=2"]
     whole, cut = tmp_path / "whole", tmp_path / "cut"
@@ -223,7 +224,9 @@ def test_a_run_with_ranks_resumes_with_its_optimizer_state(cluster, tmp_path):
     Run.start(load_pipeline(QUICKSTART, ranks + ["run.steps=2"]), cut).train()
     resumed = Run.resume(cut, steps=4)
     saved = read_tree(resumed.last_checkpoint / "stages" / "update")["optimizer"]
-    live = resumed.runner.stages["update"].state_dict()["optimizer"]  # rank 0's, after the load
+    update = resumed.runner.stages["update"]
+    assert update.state_dict()["optimizer"] is None  # the driver's copy holds no optimizer: the ranks do
+    live = resumed.runner.trainer.state_dict(update)["optimizer"]  # rank 0's, after the load
     assert saved["state"] and saved["state"].keys() == live["state"].keys()
     for index, moments in saved["state"].items():
         for name, value in moments.items():  # step, exp_avg, exp_avg_sq
@@ -290,7 +293,7 @@ def test_a_rank_killed_mid_update_stops_the_run_with_the_resume_command(tmp_path
     resumed = subprocess.run(cli + ["resume", str(run_dir)], capture_output=True, text=True, env=env, cwd=tmp_path,
                              timeout=900)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    from gfcr.runtime.session import Run
+    from gfcr.runtime.loop.session import Run
 
     Run.start(load_pipeline(QUICKSTART, CUT + ["run.steps=3", "executor.kind=local"]), tmp_path / "local").train()
     got, expected = _records(run_dir), _records(tmp_path / "local")

@@ -20,7 +20,7 @@ import torch
 from typer.testing import CliRunner
 
 from gfcr.cli.main import app
-from gfcr.runtime.checkpoint import MANIFEST
+from gfcr.runtime.store.checkpoint import MANIFEST
 from tests.conftest import BASE
 
 cli = CliRunner()

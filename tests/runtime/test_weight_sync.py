@@ -1,4 +1,4 @@
-"""The weight group without Ray (gfcr.runtime.weight_sync): a real gloo group in this process,
+"""The weight group without Ray (gfcr.runtime.weights.collective): a real gloo group in this process,
 the source on the main thread and each replica on a thread of its own, over the real
 tiny-arith model. About 2 s; the Ray engine group over it is tested in test_ray_executor.py."""
 
@@ -13,7 +13,7 @@ import torch
 
 from gfcr.engines import load_policy
 from gfcr.spec import PolicySpec
-from gfcr.runtime.weight_sync import WeightReceiver, WeightSender, WeightSyncError, buckets, check_layout, layout_of
+from gfcr.runtime.weights.collective import WeightReceiver, WeightSender, WeightSyncError, buckets, check_layout, layout_of
 
 HOST = "127.0.0.1"
 SMALL = 2**16  # bytes a bucket: tiny-arith (0.4 MB) goes in several, as a big model does at 64 MiB

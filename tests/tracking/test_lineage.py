@@ -11,9 +11,9 @@ from typer.testing import CliRunner
 
 from gfcr.cli.main import app
 from gfcr.graph import load_pipeline
-from gfcr.runtime.lineage import read_lineage
-from gfcr.runtime.rundir import RunDir
-from gfcr.runtime.session import Run
+from gfcr.runtime.store.lineage import read_lineage
+from gfcr.runtime.store.rundir import RunDir
+from gfcr.runtime.loop.session import Run
 
 cli = CliRunner()
 
@@ -112,7 +112,7 @@ def test_lineage_written_before_a_column_existed_reads_it_as_null(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from gfcr.runtime.lineage import SCHEMA
+    from gfcr.runtime.store.lineage import SCHEMA
 
     old = SCHEMA.remove(SCHEMA.get_field_index("changed_by"))
     pq.write_table(pa.Table.from_pylist([{"run_id": "r", "step": 0, "rollout_id": "p@s0/0"}], schema=old),

@@ -86,13 +86,14 @@ DRIVER = textwrap.dedent("""\
     import sys, time
     from pathlib import Path
     from gfcr.graph import load_pipeline
-    from gfcr.runtime.session import Run
+    from gfcr.runtime.loop.session import Run
     from gfcr.tracking.mlflow_tracker import MlflowTracker
 
     work, pauses = Path(sys.argv[3]), [int(s) for s in sys.argv[4].split(",")]
 
     class Pause:  # the test changes the server while the run waits here
-        def after_step(self, record):
+        def step_recorded(self, event):
+            record = event.record
             if record["step"] in pauses:
                 (work / f"at-{record['step']}").write_text("")
                 while not (work / f"go-{record['step']}").exists():

@@ -19,8 +19,8 @@ from typer.testing import CliRunner
 
 from gfcr.cli.main import app
 from gfcr.graph import load_pipeline
-from gfcr.runtime.rundir import RunDir
-from gfcr.runtime.session import Run
+from gfcr.runtime.store.rundir import RunDir
+from gfcr.runtime.loop.session import Run
 from gfcr.spec.models import MlflowSpec
 from gfcr.tracking.mlflow_inputs import git_commit
 from gfcr.tracking.mlflow_store import create_parent_run, finish_run
@@ -57,8 +57,8 @@ class _Kill:
     def __init__(self, at: int):
         self.at = at
 
-    def after_step(self, record: dict) -> None:
-        if record["step"] == self.at:
+    def step_recorded(self, event) -> None:
+        if event.record["step"] == self.at:
             raise KeyboardInterrupt
 
 

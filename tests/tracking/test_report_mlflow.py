@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from gfcr.cli.main import app
 from gfcr.errors import GfcrError
 from gfcr.graph import load_pipeline
-from gfcr.runtime.session import Run
+from gfcr.runtime.loop.session import Run
 from gfcr.spec.models import MlflowSpec
 from gfcr.tracking.mlflow_store import connect, experiment_id
 from gfcr.tracking.mlflow_tracker import MlflowTracker

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from gfcr.cli.main import app
 from gfcr.graph import load_pipeline
-from gfcr.runtime.session import Run
+from gfcr.runtime.loop.session import Run
 from gfcr.tracking.report import series_from_run_dirs, write_report
 from tests.conftest import REPO
 from tests.tracking.test_report import toy_runs

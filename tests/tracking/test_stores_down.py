@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from gfcr.cli.main import app
 from gfcr.errors import GfcrError
-from gfcr.runtime.endpoint import probe
+from gfcr.runtime.preflight.endpoint import probe
 from tests.conftest import BASE, REPO
 
 cli = CliRunner()
@@ -91,7 +91,7 @@ def test_an_unreachable_prefect_api_fails_in_seconds_before_the_run_dir_is_writt
                                                                                    tmp_path):
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from gfcr.runtime.prefect_runner import check_prefect_api
+    from gfcr.runtime.loop.prefect_runner import check_prefect_api
 
     spec = write_spec(BASE.replace("tracking: {mlflow: null}\n", ""))  # the Prefect executor, its default
     with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:1/api"}):

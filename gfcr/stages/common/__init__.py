@@ -32,7 +32,8 @@ module              what                                                shared b
 ==================  ==================================================  =====================================
 
 Not here, because they are infrastructure every family already shares and no family owns:
-``gfcr.stages.engine`` and ``resources`` (what the runtime lends a stage), ``data`` (the
+``gfcr.stages.engine``, ``resources`` (``Lent``: what the runtime lends a stage), ``training``
+(what an update and the runtime's trainer exchange), ``data`` (the
 sources) and ``verifiers``. Scoring a text with its verifier (``score_text``, ``score_rollout``)
 is ``gfcr.stages.verifiers.scoring``: it is the verifier package's own operation (its worker
 pool, its registry, its ``Score``), used by ``filter.verify``, by stages that roll out on their

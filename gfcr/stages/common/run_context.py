@@ -1,10 +1,10 @@
 """What a Control selector holds of the run: the step, seed and policy version that
-``before_step`` gave it last, and the resources, policy and engine that ``setup`` found.
+``before_step`` gave it last, and what the runtime lent, and the policy and engine that ``setup`` found.
 
 The selectors that draw their own randomness opened with the same lines: a ``seed`` property
 (the Config's ``seed``, else the run's), a ``before_step`` keeping ``ctx.step``, ``ctx.seed``
 and ``ctx.policy_version``, and, for those that roll out, embed or score prompts themselves
-(``control.dots``, ``sgpo``, ``gps``, ``depo``, ``hive``), a ``setup`` asking ``Resources``
+(``control.dots``, ``sgpo``, ``gps``, ``depo``, ``hive``), a ``setup`` asking ``Lent``
 for the policy and the engine. Each holds one ``RunContext`` instead and calls it from its own
 ``setup`` and ``before_step``: composition, so the stage still declares the lifecycle roles it
 plays, and a stage called directly (the docstring examples) sees step 0 and run seed 0.
@@ -23,7 +23,7 @@ Example:
 from __future__ import annotations
 
 from gfcr.records import StepContext
-from gfcr.stages.resources import Engine, Policy, Resources
+from gfcr.stages.resources import Engine, Policy, Lent
 
 
 class RunContext:
@@ -32,7 +32,7 @@ class RunContext:
     def __init__(self, seed: int | None):
         self.configured_seed = seed
         self.step, self.run_seed, self.policy_version = 0, 0, 0
-        self.resources: Resources | None = None
+        self.lent: Lent | None = None
         self.policy: Policy | None = None
         self.engine: Engine | None = None
 
@@ -41,14 +41,14 @@ class RunContext:
         """The stage's seed: its Config's ``seed``, else the run's."""
         return self.run_seed if self.configured_seed is None else self.configured_seed
 
-    def setup(self, resources: Resources, alias: str, *, policy: bool = False, engine: bool = False) -> None:
-        """Keep ``resources`` and take the policy and the (metered) engine the stage ``alias``
+    def setup(self, lent: Lent, alias: str, *, policy: bool = False, engine: bool = False) -> None:
+        """Keep ``lent`` and take the policy and the (metered) engine the stage ``alias``
         needs; a ModelError naming the stage when the pipeline has none."""
-        self.resources = resources
+        self.lent = lent
         if policy:
-            self.policy = resources.require_policy(alias)
+            self.policy = lent.require_policy(alias)
         if engine:
-            self.engine = resources.require_engine(alias)
+            self.engine = lent.require_engine(alias)
 
     def before_step(self, ctx: StepContext) -> None:
         self.step, self.run_seed, self.policy_version = ctx.step, ctx.seed, ctx.policy_version

@@ -113,7 +113,7 @@ from gfcr.stages.common.epochs import epoch_order, start_batch
 from gfcr.stages.common.prompt_stats import visit_draw
 from gfcr.stages.common.run_context import RunContext
 from gfcr.stages.control.success_predictor import PredictorConfig, SuccessEstimator, zero_variance_probability
-from gfcr.stages.resources import Resources
+from gfcr.stages.resources import Lent
 
 ALIAS = "control.depo"
 KEPT = ("predicted_informative", "explore")
@@ -171,8 +171,8 @@ class Depo:
         self._kept_numbers: list[tuple[float, float]] = []
         self._candidate_z: list[float] = []
 
-    def setup(self, resources: Resources) -> None:
-        self.run_ctx.setup(resources, ALIAS, policy=True)
+    def setup(self, lent: Lent) -> None:
+        self.run_ctx.setup(lent, ALIAS, policy=True)
 
     def before_step(self, ctx: StepContext) -> None:
         self.run_ctx.before_step(ctx)
@@ -188,7 +188,7 @@ class Depo:
 
     def run(self, pool: PromptPool) -> Allocation:
         cfg, est = self.config, self.estimator
-        embedded, tokens = est.ensure(list(pool), self.run_ctx.policy, self.run_ctx.resources)
+        embedded, tokens = est.ensure(list(pool), self.run_ctx.policy, self.run_ctx.lent)
         self._metrics["embedded_prompts"] += embedded
         self._metrics["embedding_tokens"] += tokens
         m = cfg.candidate_ratio * cfg.batch_size

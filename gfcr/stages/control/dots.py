@@ -46,7 +46,7 @@ every ``mu`` calls: every ``mu`` steps without a loop block):
    ``control.fixed_n`` downstream for the group size).
 
 The reference and training samples are not trained on; they are charged to the step's
-``rollouts_generated`` and ``tokens_generated`` (``Resources.charge_generation``), as the paper
+``rollouts_generated`` and ``tokens_generated`` (``Lent.charge_generation``), as the paper
 counts them in its compute.
 
 Every dispatched entry's ``ControlReason`` is ``difficulty_targeted`` with ``p_hat`` as the
@@ -156,7 +156,7 @@ from gfcr.stages.common.fingerprints import FORWARDS_POLICY, fingerprints
 from gfcr.stages.common.run_context import RunContext
 from gfcr.stages.common.seeds import step_seed
 from gfcr.stages.control.dots_predictor import DifficultyPredictor, predict, train_predictor
-from gfcr.stages.resources import GenerationRequest, Resources, SamplingParams, prompt_tokens
+from gfcr.stages.resources import GenerationRequest, Lent, SamplingParams, prompt_tokens
 from gfcr.stages.verifiers.scoring import score_text
 
 ALIAS = "control.dots"
@@ -282,8 +282,8 @@ class Dots:
         self._metrics: dict[str, float] = {}
         self._picked: list[tuple[float, float]] = []  # (p_hat, distance) of this step's dispatched prompts
 
-    def setup(self, resources: Resources) -> None:
-        self.run_ctx.setup(resources, ALIAS, policy=True, engine=True)
+    def setup(self, lent: Lent) -> None:
+        self.run_ctx.setup(lent, ALIAS, policy=True, engine=True)
 
     def before_step(self, ctx: StepContext) -> None:
         self.run_ctx.before_step(ctx)
@@ -405,8 +405,8 @@ class Dots:
             acc.append(sum(score_text(c.text, prompt.verifier)[1].correct for c in completions) / len(completions))
             tokens += sum(len(c.token_ids) for c in completions)
         rollouts = len(refs) * cfg.reference_samples
-        if run.resources is not None:
-            run.resources.charge_generation(rollouts, tokens)
+        if run.lent is not None:
+            run.lent.charge_generation(rollouts, tokens)
         self._metrics["reference_rollouts"] += rollouts
         self._metrics["reference_tokens"] += tokens
         return np.array(acc, dtype=np.float64)
@@ -421,8 +421,8 @@ class Dots:
             raise RuntimeError(f"{ALIAS} was not set up with a policy (it embeds the prompts with it)")
         rows = [((), prompt_tokens(run.policy, p)) for p in new]
         tokens = sum(len(r) for _, r in rows)
-        if run.resources is not None:
-            run.resources.charge_scoring(tokens)
+        if run.lent is not None:
+            run.lent.charge_scoring(tokens)
         tok = run.policy.tokenizer
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         vectors = fingerprints(run.policy.model, rows, pad, [-1])  # [len(new), d]: last layer, mean over the prompt

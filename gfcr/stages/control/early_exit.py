@@ -86,7 +86,7 @@ from gfcr.registry import DropsFinishes, FixesGroupSize, PipelineProblem, StageC
 from gfcr.stages.common.fingerprints import FORWARDS_POLICY, fingerprints
 from gfcr.stages.control.success_predictor import LogisticSuccess
 from gfcr.stages.engine import InFlightView, LiveRow, Steer
-from gfcr.stages.resources import Policy, Resources
+from gfcr.stages.resources import Policy, Lent
 
 BINS = 10
 
@@ -135,7 +135,7 @@ class EarlyExit:
     def __init__(self, config: Config):
         self.config = config
         self.policy: Policy | None = None
-        self.resources: Resources | None = None
+        self.lent: Lent | None = None
         self.head = LogisticSuccess(0)
         self.examples: list[tuple[np.ndarray, float]] = []  # (feature, correct), oldest first
         self.center = self.scale = np.zeros(0)
@@ -145,9 +145,9 @@ class EarlyExit:
         self._pending: dict[str, tuple[np.ndarray, float]] = {}  # rollout id -> (feature, p), this step
         self._step = {"checked": 0, "pruned": 0}
 
-    def setup(self, resources: Resources) -> None:
-        self.resources = resources
-        self.policy = resources.require_policy("control.early_exit")
+    def setup(self, lent: Lent) -> None:
+        self.lent = lent
+        self.policy = lent.require_policy("control.early_exit")
 
     @property
     def ready(self) -> bool:
@@ -197,8 +197,8 @@ class EarlyExit:
                                "(InFlightView.contexts); its host engine does not give it")
         pairs = [(view.contexts[r.request_id], r.token_ids) for r in rows]
         policy = self.policy
-        if self.resources is not None:
-            self.resources.charge_scoring(sum(len(c) + len(t) for c, t in pairs))
+        if self.lent is not None:
+            self.lent.charge_scoring(sum(len(c) + len(t) for c, t in pairs))
         tok = policy.tokenizer
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         return fingerprints(policy.model, pairs, pad, [-1]).astype(np.float64)

@@ -109,7 +109,7 @@ from gfcr.records import Allocation, AllocationEntry, ControlReason, PromptPool,
 from gfcr.registry import Seed
 from gfcr.stages.common.run_context import RunContext
 from gfcr.stages.control.success_predictor import PredictorConfig, SuccessEstimator
-from gfcr.stages.resources import Resources
+from gfcr.stages.resources import Lent
 
 ALIAS = "control.gps"
 _ORDER = 0x47505331  # salt of the tie-breaking permutation
@@ -172,8 +172,8 @@ class Gps:
         self._taken: set[str] = set()
         self._metrics: dict[str, float] = {}
 
-    def setup(self, resources: Resources) -> None:
-        self.run_ctx.setup(resources, ALIAS, policy=True)
+    def setup(self, lent: Lent) -> None:
+        self.run_ctx.setup(lent, ALIAS, policy=True)
 
     def before_step(self, ctx: StepContext) -> None:
         self.run_ctx.before_step(ctx)
@@ -193,7 +193,7 @@ class Gps:
 
     def run(self, pool: PromptPool) -> Allocation:
         cfg, est = self.config, self.estimator
-        embedded, tokens = est.ensure(list(pool), self.run_ctx.policy, self.run_ctx.resources)
+        embedded, tokens = est.ensure(list(pool), self.run_ctx.policy, self.run_ctx.lent)
         self._metrics["embedded_prompts"] += embedded
         self._metrics["embedding_tokens"] += tokens
         order = np.random.default_rng([self.run_ctx.seed, self.run_ctx.step, _ORDER]).permutation(len(pool))

@@ -90,12 +90,12 @@ Example (prompt entropies from the test engine ``gfcr.engines.fake``):
 
 >>> from gfcr.engines.fake import FakeEngine
 >>> from gfcr.records import Prompt, PromptPool, StepContext, StepReport
->>> from gfcr.stages.resources import Resources
+>>> from gfcr.stages.resources import Lent
 >>> from gfcr.stages.testing import scored_group
 >>> engine = FakeEngine()
 >>> pool = PromptPool([Prompt(f"p:{i}", text=str(i), prompt_token_ids=engine.encode(f"{i}+{i}=")) for i in range(8)])
 >>> stage = Hive(Hive.Config(batch_size=2, candidate_ratio=2, seed=0))
->>> stage.setup(Resources(engine=engine))
+>>> stage.setup(Lent(engine=engine))
 >>> stage.before_step(StepContext("run", step=0, seed=0, policy_version=0))
 >>> [e.n_rollouts for e in stage.run(pool)]  # 4 candidates, 2 pass stage 1, 2 kept
 [1, 1, 0, 0]
@@ -130,7 +130,7 @@ from gfcr.spec.problems import fixable
 from gfcr.stages.common.epochs import epoch_order, start_batch
 from gfcr.stages.common.prompt_stats import observe_group, stats_from_state, stats_to_state, visit_draw
 from gfcr.stages.common.run_context import RunContext
-from gfcr.stages.resources import Resources, ScoreRequest, prompt_tokens
+from gfcr.stages.resources import Lent, ScoreRequest, prompt_tokens
 
 ALIAS = "control.hive"
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
@@ -249,8 +249,8 @@ class Hive:
         self._entropy_sums: list[float] = []  # sum and count over survivors, then over kept
         self._reset_metrics()
 
-    def setup(self, resources: Resources) -> None:
-        self.run_ctx.setup(resources, ALIAS, engine=True)
+    def setup(self, lent: Lent) -> None:
+        self.run_ctx.setup(lent, ALIAS, engine=True)
 
     def before_step(self, ctx: StepContext) -> None:
         self.run_ctx.before_step(ctx)
@@ -296,8 +296,8 @@ class Hive:
         return [float(np.mean(s.entropy)) for s in self.run_ctx.engine.score(requests)]
 
     def _tokens(self, prompt: Prompt) -> list[int]:
-        if prompt.prompt_token_ids is None and self.run_ctx.resources is not None:
-            return prompt_tokens(self.run_ctx.resources.require_policy(ALIAS), prompt)
+        if prompt.prompt_token_ids is None and self.run_ctx.lent is not None:
+            return prompt_tokens(self.run_ctx.lent.require_policy(ALIAS), prompt)
         return prompt.prompt_token_ids or []
 
     def _count(self, candidates: int, off: set[int], readmit: set[int], survivors: list[int], kept: list[int],

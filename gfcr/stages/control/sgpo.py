@@ -11,7 +11,7 @@ research notes report them (not read here).
 **Profiling** (in the first call, step 0, so under the initial policy): each profiled prompt
 gets ``profile_samples`` (``N``, default 8) samples from the engine, scored by its verifier;
 ``p0 = successes / N``. The samples are not trained on, but they are charged to step 0's
-``rollouts_generated`` and ``tokens_generated`` (``Resources.charge_generation``), so
+``rollouts_generated`` and ``tokens_generated`` (``Lent.charge_generation``), so
 budgets and ``gfcr compare`` count them, as the paper counts profiling in its compute.
 
 **Labels** (persistent, never refreshed):
@@ -101,7 +101,7 @@ from gfcr.registry import Seed, StageConfig
 from gfcr.stages.common.epochs import start_batch
 from gfcr.stages.common.run_context import RunContext
 from gfcr.stages.common.seeds import step_seed
-from gfcr.stages.resources import GenerationRequest, Resources, SamplingParams, prompt_tokens
+from gfcr.stages.resources import GenerationRequest, Lent, SamplingParams, prompt_tokens
 from gfcr.stages.verifiers.scoring import score_text
 
 ALIAS = "control.sgpo"
@@ -178,8 +178,8 @@ class Sgpo:
         self._profile_seed: int | None = None
         self._spent = (0, 0)  # rollouts and tokens the profile cost (charged to the step that ran it)
 
-    def setup(self, resources: Resources) -> None:
-        self.run_ctx.setup(resources, ALIAS, policy=True, engine=True)
+    def setup(self, lent: Lent) -> None:
+        self.run_ctx.setup(lent, ALIAS, policy=True, engine=True)
 
     def before_step(self, ctx: StepContext) -> None:
         self.run_ctx.before_step(ctx)
@@ -222,8 +222,8 @@ class Sgpo:
             tokens += sum(len(c.token_ids) for c in completions)
         self.use_profile(successes)
         rollouts = len(prompts) * cfg.profile_samples
-        if run.resources is not None:
-            run.resources.charge_generation(rollouts, tokens)
+        if run.lent is not None:
+            run.lent.charge_generation(rollouts, tokens)
         return rollouts, tokens
 
     def _profiled_prompts(self, pool: PromptPool) -> list[Prompt]:

@@ -7,7 +7,7 @@ Three parts, each a small function or class:
 - ``PromptEmbeddings``: a cache of one vector per prompt, the mean over the prompt's tokens of
   the policy's last hidden state (one forward pass, no gradients; ``fingerprints`` as
   ``control.dots`` uses it), computed the first time a prompt is seen and kept. The tokens
-  forwarded are charged to the step's ``tokens_scored`` (``Resources.charge_scoring``). The
+  forwarded are charged to the step's ``tokens_scored`` (``Lent.charge_scoring``). The
   vectors are saved with each checkpoint (``files/embeddings.npy``).
 - ``features``: the predictor's inputs, each coordinate standardised over every cached
   embedding (zero mean, unit variance; a coordinate with no spread stays 0) and divided by
@@ -52,7 +52,7 @@ from gfcr.registry import StageConfig
 from gfcr.stages.common.fingerprints import FORWARDS_POLICY, fingerprints
 from gfcr.stages.common.prompt_stats import beta_update, observe_group, stats_from_state, stats_to_state, \
     stats_with_prior
-from gfcr.stages.resources import Policy, Resources, prompt_tokens
+from gfcr.stages.resources import Policy, Lent, prompt_tokens
 
 EMBEDDINGS = "embeddings.npy"
 
@@ -126,7 +126,7 @@ class PromptEmbeddings:
         self.vectors = np.zeros((0, 0), dtype=np.float32)
         self.row: dict[str, int] = {}
 
-    def embed(self, prompts: Sequence[Prompt], policy: Policy | None, resources: Resources | None) -> tuple[int, int]:
+    def embed(self, prompts: Sequence[Prompt], policy: Policy | None, lent: Lent | None) -> tuple[int, int]:
         """Embed the prompts not cached yet; ``(prompts embedded, tokens forwarded)``."""
         new = [p for p in prompts if p.prompt_id not in self.row]
         if not new:
@@ -135,8 +135,8 @@ class PromptEmbeddings:
             raise RuntimeError(f"{self.alias} was not set up with a policy (it embeds the prompts with it)")
         rows = [((), prompt_tokens(policy, p)) for p in new]
         tokens = sum(len(r) for _, r in rows)
-        if resources is not None:
-            resources.charge_scoring(tokens)
+        if lent is not None:
+            lent.charge_scoring(tokens)
         tok = policy.tokenizer
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         self.add([p.prompt_id for p in new], fingerprints(policy.model, rows, pad, [-1]))
@@ -200,9 +200,9 @@ class SuccessEstimator:
         self.last_loss = float("nan")  # the window's loss before the latest fit
         self._loaded_ids: list[str] = []  # the embedded ids of a loaded state, for load_files
 
-    def ensure(self, prompts: Sequence[Prompt], policy: Policy | None, resources: Resources | None) -> tuple[int, int]:
+    def ensure(self, prompts: Sequence[Prompt], policy: Policy | None, lent: Lent | None) -> tuple[int, int]:
         """Embed what is new; create the model at the embeddings' dimension."""
-        done = self.embeddings.embed(prompts, policy, resources)
+        done = self.embeddings.embed(prompts, policy, lent)
         if self.model is None and self.embeddings.dim:
             self.model = LogisticSuccess(self.embeddings.dim)
         return done

@@ -41,7 +41,7 @@ Step-GRPO's other half, the step-aware relative reward (``compute_score``), is t
 Costs: each trial answer is a prefill of the row's context, its steps and the inducer (charged to
 ``tokens_scored``) and up to ``probe_tokens`` greedy tokens. A trial answer that is kept is part
 of the response and counts as generated there; the tokens of the others are charged to the step as
-generated (``Resources.charge_generation``), so budgets and ``gfcr compare`` see them. Scoring the
+generated (``Lent.charge_generation``), so budgets and ``gfcr compare`` see them. Scoring the
 appended tokens is charged to ``tokens_scored`` as every ``score`` call is.
 
 Metrics per step: ``checks`` (trial answers), ``exits`` (``repetition_exits`` of them by the
@@ -119,7 +119,7 @@ from gfcr.registry import StageConfig
 from gfcr.stages.engine import (
     Exit, GenerationRequest, InFlightView, LiveRow, SamplingParams, ScoreRequest, Steer,
 )
-from gfcr.stages.resources import Engine, Policy, Resources
+from gfcr.stages.resources import Engine, Policy, Lent
 
 DEER_INDUCER = "\n**Final Answer**\n\\boxed{"
 
@@ -217,7 +217,7 @@ class TruncateSteps:
         self.config = config
         self.policy: Policy | None = None
         self.engine: Engine | None = None
-        self.resources: Resources | None = None
+        self.lent: Lent | None = None
         self._inducer: tuple[int, ...] = ()
         self._seen: dict[tuple[str, int], int] = {}  # row -> characters of its text already scanned
         self._cut: dict[tuple[str, int], int] = {}  # row -> the cut of its last check
@@ -230,10 +230,10 @@ class TruncateSteps:
         self._cuts: list[int] = []
         self.before_step(None)
 
-    def setup(self, resources: Resources) -> None:
-        self.resources = resources
-        self.policy = resources.require_policy("control.truncate_steps")
-        self.engine = resources.require_engine("control.truncate_steps")
+    def setup(self, lent: Lent) -> None:
+        self.lent = lent
+        self.policy = lent.require_policy("control.truncate_steps")
+        self.engine = lent.require_engine("control.truncate_steps")
         self._inducer = tuple(self.policy.tokenizer.encode(self.config.inducer, add_special_tokens=False))
 
     def _decode(self, ids: Sequence[int]) -> str:
@@ -249,7 +249,7 @@ class TruncateSteps:
                                     SamplingParams(temperature=0.0, max_new_tokens=self.config.probe_tokens,
                                                    stop=tuple(self.config.answer_end)))
                   for row, cut, _, _ in due]
-        self.resources.charge_scoring(sum(len(p.prompt_token_ids) for p in probes))
+        self.lent.charge_scoring(sum(len(p.prompt_token_ids) for p in probes))
         answers = [c for (c,) in self.engine.generate(probes)]
         exits, why, rejected = [], {}, 0
         for (row, cut, marker, repeated), answer in zip(due, answers):
@@ -271,7 +271,7 @@ class TruncateSteps:
                 self._step["repetition_exits"] += repeated
             else:
                 rejected += len(answer.token_ids)
-        self.resources.charge_generation(0, rejected)
+        self.lent.charge_generation(0, rejected)
         return Steer(why=why, exit=self._exits_of(exits, view))
 
     def _capped(self, group: str) -> bool:

@@ -116,7 +116,7 @@ from gfcr.records import PromptPool, Rollout, RolloutGroup, RolloutGroups, StepC
 from gfcr.registry import EstimatesAdvantages, PipelineProblem, RecordsEntropy, StageConfig
 from gfcr.spec.problems import fixable
 from gfcr.stages.filter.down_sampling import kept_count, linear_ratio, max_variance_subset, top_fraction
-from gfcr.stages.resources import Engine, Policy, Resources, ScoreRequest, prompt_tokens
+from gfcr.stages.resources import Engine, Policy, Lent, ScoreRequest, prompt_tokens
 from gfcr.stages.components.advantage import AdvantageSpec, estimate_all
 
 Ratio = Annotated[float, Field(gt=0.0, le=1.0)]
@@ -195,14 +195,14 @@ class D3S:
         self._engine: Engine | None = None
         self._metrics: dict[str, float] = {}
 
-    def setup(self, resources: Resources) -> None:
+    def setup(self, lent: Lent) -> None:
         """The engine that scores entropies: required with ``entropy: scored``, borrowed when the
         pipeline has one otherwise (for rollouts that carry no recorded entropy)."""
         cfg = self.config
         needed = cfg.token_level and cfg.entropy == "scored"
-        if cfg.token_level and (needed or (resources.engine is not None and resources.policy is not None)):
-            self._policy = resources.require_policy("filter.d3s")
-            self._engine = resources.require_engine("filter.d3s")  # metered: scored tokens are charged
+        if cfg.token_level and (needed or (lent.engine is not None and lent.policy is not None)):
+            self._policy = lent.require_policy("filter.d3s")
+            self._engine = lent.require_engine("filter.d3s")  # metered: scored tokens are charged
 
     def ratios(self, step: int) -> tuple[float, float]:
         """``(rho_s, rho_t)`` at ``step``."""

@@ -73,7 +73,7 @@ joins the past cluster of 4 and loses ``min(0.1 ln 5, 0.2) = 0.1609``; the right
 >>> from gfcr.engines import load_policy
 >>> from gfcr.records import Prompt, PromptPool, Rollout, RolloutGroup, RolloutGroups, Segment, StepContext
 >>> from gfcr.spec import PolicySpec
->>> from gfcr.stages.resources import Resources
+>>> from gfcr.stages.resources import Lent
 >>> policy = load_policy(PolicySpec(model="tiny-arith"))
 >>> ids = lambda text: list(policy.tokenizer.encode(text, add_special_tokens=False))
 >>> def rollout(step, i, text, correct):
@@ -82,7 +82,7 @@ joins the past cluster of 4 and loses ``min(0.1 ln 5, 0.2) = 0.1609``; the right
 >>> def group(step, answers):
 ...     return RolloutGroup(f"a:0@s{step}", "a:0", step, len(answers), [rollout(step, i, *a) for i, a in enumerate(answers)])
 >>> stage = MEDS(MEDS.Config(anchor="first_token"))
->>> stage.setup(Resources(policy))
+>>> stage.setup(Lent(policy))
 >>> pool = PromptPool([Prompt("a:0", text="What is 12 + 30? Answer:")])
 >>> for step, answers in [(0, [(" 41", False)] * 4), (1, [(" 41", False), (" 41", False), (" 42", True)])]:
 ...     stage.before_step(StepContext("r", step, 0, step))
@@ -114,7 +114,7 @@ from gfcr.records import PromptPool, Rollout, RolloutGroup, RolloutGroups, StepC
 from gfcr.registry import MarksCorrect, PipelineProblem, StageConfig
 from gfcr.stages.common.fingerprints import FORWARDS_POLICY, answer_logits, boxed_anchor, check_layers, fingerprints, first_token_anchor
 from gfcr.stages.filter.error_memory import ErrorMemory, Key
-from gfcr.stages.resources import Policy, Resources, prompt_tokens
+from gfcr.stages.resources import Policy, Lent, prompt_tokens
 
 COMPONENT = "meds"
 COUNTS = ("fingerprinted", "no_answer", "penalised", "error_clusters", "tokens_fingerprinted")
@@ -186,13 +186,13 @@ class MEDS:
         self.config = config
         self.memory = ErrorMemory(config.memory_per_prompt, config.max_prompts, config.k, config.min_cluster_size)
         self._policy: Policy | None = None
-        self._resources: Resources | None = None
+        self._resources: Lent | None = None
         self._counts: dict[str, int] = dict.fromkeys(COUNTS, 0)
         self._penalties: list[float] = []
 
-    def setup(self, resources: Resources) -> None:
-        self._resources = resources
-        self._policy = resources.require_policy("filter.meds")
+    def setup(self, lent: Lent) -> None:
+        self._resources = lent
+        self._policy = lent.require_policy("filter.meds")
         try:
             check_layers(self.config.layers, int(self._policy.model.config.num_hidden_layers))
         except ValueError as exc:
@@ -257,7 +257,7 @@ class MEDS:
 
     def _require_policy(self) -> Policy:
         if self._policy is None:
-            raise RuntimeError("filter.meds fingerprints rollouts with the policy: call setup(resources) first")
+            raise RuntimeError("filter.meds fingerprints rollouts with the policy: call setup(lent) first")
         return self._policy
 
     def step_metrics(self) -> dict[str, float]:

@@ -110,7 +110,7 @@ class Uniqueness:
         self.clusterer = config.clustering.build()
         self._metrics = _empty_metrics()
 
-    def setup(self, resources: Any) -> None:
+    def setup(self, lent: Any) -> None:
         self.clusterer.setup()  # the embedding model loads before the first step, or its error shows
 
     def before_step(self, ctx: StepContext) -> None:

@@ -26,7 +26,7 @@ worker, untimed, before its first use. The scoring itself is ``gfcr.stages.verif
 runtime's evaluation on a held-out set; there ``timeout_s=None`` calls the verifier in this
 thread, unguarded.
 
-Fan-out: the stage scores through ``Resources.map`` (set in ``setup``), which runs a pure
+Fan-out: the stage scores through ``Lent.map`` (set in ``setup``), which runs a pure
 function over ``(text, VerifierSpec)`` items: in this process by default, in batches of Ray
 tasks under the Ray executor (docs/ray.md). The scores are then written onto the rollouts
 here, so the result is the same wherever the map ran; the worker pool runs wherever the
@@ -74,7 +74,7 @@ from pydantic import Field, field_validator
 from gfcr.records import PromptPool, RolloutGroups, VerifierSpec
 from gfcr.registry import Registry, StageConfig
 from gfcr.spec.problems import fixable
-from gfcr.stages.resources import Map, Resources, in_process_map
+from gfcr.stages.resources import Map, Lent, in_process_map
 from gfcr.stages.verifiers import VERIFIERS, Verifier, check_verifier_name
 from gfcr.stages.verifiers.scoring import DEFAULT_MEMORY_MB, response_text, score_item, score_texts, write_score
 
@@ -117,8 +117,8 @@ class Verify:
         self.verifiers = verifiers
         self.map: Map = in_process_map
 
-    def setup(self, resources: Resources) -> None:
-        self.map = resources.map  # in-process, or Ray tasks under the Ray executor
+    def setup(self, lent: Lent) -> None:
+        self.map = lent.map  # in-process, or Ray tasks under the Ray executor
 
     def spec_for(self, prompt_id: str, pool: PromptPool) -> VerifierSpec:
         if prompt_id not in pool:

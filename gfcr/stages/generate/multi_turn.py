@@ -53,10 +53,10 @@ every turn with ``" 1 Answer:"`` and ends after 2 model turns):
 >>> from gfcr.engines import TransformersEngine, load_policy
 >>> from gfcr.records import Allocation, AllocationEntry, Prompt, StepContext
 >>> from gfcr.spec import PolicySpec
->>> from gfcr.stages.resources import Resources
+>>> from gfcr.stages.resources import Lent
 >>> policy = load_policy(PolicySpec(model="tiny-arith"))
 >>> stage = MultiTurn(MultiTurn.Config(environment={"use": "testing.echo", "with": {"turns": 2}}, max_turn_tokens=4))
->>> stage.setup(Resources(policy, TransformersEngine(policy)))
+>>> stage.setup(Lent(policy, TransformersEngine(policy)))
 >>> groups = stage.run(Allocation(0, (AllocationEntry(Prompt("a:0", text="What is 12 + 30? Answer:"), 2),)),
 ...                    StepContext("run", step=0, seed=0, policy_version=0))
 >>> r = groups.groups[0].rollouts[0]
@@ -89,7 +89,7 @@ from gfcr.stages.engine import SamplingParams
 from gfcr.stages.environments import TOOL_PARSERS, environment_factory
 from gfcr.stages.generate.episodes import Episode, EnvironmentRef, run_episodes
 from gfcr.stages.generate.turn_tokens import TurnBoundary
-from gfcr.stages.resources import Engine, Policy, Resources
+from gfcr.stages.resources import Engine, Lent, Policy
 
 
 class MultiTurn:
@@ -143,9 +143,9 @@ class MultiTurn:
         self.factory = environment_factory(config.environment.use)  # an unknown name fails at build time
         self._metrics: dict[str, float] = {}
 
-    def setup(self, resources: Resources) -> None:
-        self.policy = resources.require_policy("generate.multi_turn")
-        self.engine = resources.require_engine("generate.multi_turn")
+    def setup(self, lent: Lent) -> None:
+        self.policy = lent.require_policy("generate.multi_turn")
+        self.engine = lent.require_engine("generate.multi_turn")
         try:
             TurnBoundary(self.policy, self.config.observation_role)
         except ValueError as exc:

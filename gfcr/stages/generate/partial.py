@@ -101,13 +101,13 @@ taking the one place of that call):
 >>> from gfcr.records import Allocation, AllocationEntry, Prompt, StepContext
 >>> from gfcr.spec import PolicySpec
 >>> from gfcr.stages.engine import Steer
->>> from gfcr.stages.resources import Resources
+>>> from gfcr.stages.resources import Lent
 >>> class StopAt3:
 ...     every = 3
 ...     def steer(self, view): return Steer(stop=True)
 >>> policy = load_policy(PolicySpec(model="tiny-arith"))
 >>> stage = Partial(Partial.Config(max_new_tokens=8, temperature=1.0))
->>> stage.setup(Resources(policy, TransformersEngine(policy)))
+>>> stage.setup(Lent(policy, TransformersEngine(policy)))
 >>> stage.attach_in_flight([StopAt3()])
 >>> prompt = Prompt("a:0", text="What is 12 + 30? Answer:")
 >>> first = stage.run(Allocation(0, (AllocationEntry(prompt, 2),)), StepContext("run", step=0, seed=0, policy_version=0))

@@ -1,4 +1,4 @@
-"""A rollout as a state tree (``gfcr.runtime.state_tree``: JSON and arrays, nothing pickled), for
+"""A rollout as a state tree (``gfcr.runtime.store.state_tree``: JSON and arrays, nothing pickled), for
 the stages that keep rollouts across steps in their checkpointed state: ``generate.partial``'s
 buffer and ``generate.speculative``'s draft store. Generation fields and outcome only; the
 update-time fields (advantage, loss mask, old log-probs) belong to the step that computed them."""

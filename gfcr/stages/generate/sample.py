@@ -34,10 +34,10 @@ Example (the ``tiny-arith`` policy on the transformers engine):
 >>> from gfcr.engines import TransformersEngine, load_policy
 >>> from gfcr.records import Allocation, AllocationEntry, Prompt, StepContext
 >>> from gfcr.spec import PolicySpec
->>> from gfcr.stages.resources import Resources
+>>> from gfcr.stages.resources import Lent
 >>> policy = load_policy(PolicySpec(model="tiny-arith"))
 >>> stage = Sample(Sample.Config(max_new_tokens=8))
->>> stage.setup(Resources(policy, TransformersEngine(policy)))
+>>> stage.setup(Lent(policy, TransformersEngine(policy)))
 >>> groups = stage.run(Allocation(0, (AllocationEntry(Prompt("a:0", text="What is 12 + 30? Answer:"), 4),)),
 ...                    StepContext("run", step=0, seed=0, policy_version=0))
 >>> group = groups.groups[0]
@@ -70,7 +70,7 @@ from gfcr.stages.common.seeds import step_seed
 from gfcr.stages.engine import (
     Completion, Exit, InFlightController, InFlightView, SamplingParams, Steer, splice,
 )
-from gfcr.stages.resources import Engine, GenerationRequest, Policy, Resources, prompt_tokens
+from gfcr.stages.resources import Engine, GenerationRequest, Policy, Lent, prompt_tokens
 
 STATUS = {"stop": RolloutStatus.COMPLETED, "length": RolloutStatus.TRUNCATED,
           "aborted": RolloutStatus.ABORTED_PARTIAL, "pruned": RolloutStatus.PRUNED,
@@ -114,9 +114,9 @@ class Sample:
         self.engine: Engine | None = None
         self.controller: InFlightController | None = None
 
-    def setup(self, resources: Resources) -> None:
-        self.policy = resources.require_policy(self._alias)
-        self.engine = resources.require_engine(self._alias)
+    def setup(self, lent: Lent) -> None:
+        self.policy = lent.require_policy(self._alias)
+        self.engine = lent.require_engine(self._alias)
 
     def attach_in_flight(self, controllers: Sequence[InFlightController]) -> None:
         """The in-flight controllers the engine consults while generating (composed, see the docstring)."""

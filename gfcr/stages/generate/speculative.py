@@ -56,10 +56,10 @@ policy unchanged every draft is accepted whole at any lenience):
 >>> from gfcr.engines import TransformersEngine, load_policy
 >>> from gfcr.records import Allocation, AllocationEntry, Prompt, StepContext
 >>> from gfcr.spec import PolicySpec
->>> from gfcr.stages.resources import Resources
+>>> from gfcr.stages.resources import Lent
 >>> policy = load_policy(PolicySpec(model="tiny-arith"))
 >>> stage = Speculative(Speculative.Config(max_new_tokens=8))
->>> stage.setup(Resources(policy, TransformersEngine(policy)))
+>>> stage.setup(Lent(policy, TransformersEngine(policy)))
 >>> entry = AllocationEntry(Prompt("a:0", text="What is 12 + 30? Answer:"), 4)
 >>> first = stage.run(Allocation(0, (entry,)), StepContext("run", step=0, seed=0, policy_version=0))
 >>> second = stage.run(Allocation(1, (entry,)), StepContext("run", step=1, seed=0, policy_version=0))

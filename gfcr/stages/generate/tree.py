@@ -60,10 +60,10 @@ Example (the ``tiny-arith`` policy; M = 2 trees, one iteration of N = 1 point an
 >>> from gfcr.engines import TransformersEngine, load_policy
 >>> from gfcr.records import Allocation, AllocationEntry, Prompt, StepContext
 >>> from gfcr.spec import PolicySpec
->>> from gfcr.stages.resources import Resources
+>>> from gfcr.stages.resources import Lent
 >>> policy = load_policy(PolicySpec(model="tiny-arith"))
 >>> stage = Tree(Tree.Config(top_n=1, iterations=1, branches=2, max_new_tokens=8))
->>> stage.setup(Resources(policy, TransformersEngine(policy)))
+>>> stage.setup(Lent(policy, TransformersEngine(policy)))
 >>> groups = stage.run(Allocation(0, (AllocationEntry(Prompt("a:0", text="What is 12 + 30? Answer:"), 2),)),
 ...                    StepContext("run", step=0, seed=0, policy_version=0))
 >>> group = groups.groups[0]
@@ -101,7 +101,7 @@ from gfcr.stages.common.seeds import step_seed
 from gfcr.stages.engine import Completion, ResponsePrefix, SamplingParams, splice
 from gfcr.stages.generate.sample import STATUS
 from gfcr.stages.generate.tree_topology import parents, segment_tree
-from gfcr.stages.resources import Engine, GenerationRequest, Policy, Resources, prompt_tokens
+from gfcr.stages.resources import Engine, GenerationRequest, Policy, Lent, prompt_tokens
 
 
 @dataclass
@@ -194,9 +194,9 @@ class Tree:
         self.engine: Engine | None = None
         self._metrics: dict[str, float] = {}
 
-    def setup(self, resources: Resources) -> None:
-        self.policy = resources.require_policy("generate.tree")
-        self.engine = resources.require_engine("generate.tree")
+    def setup(self, lent: Lent) -> None:
+        self.policy = lent.require_policy("generate.tree")
+        self.engine = lent.require_engine("generate.tree")
 
     def step_metrics(self) -> dict[str, float]:
         """This step's trees: leaves, branch points, and the tokens copied rather than generated."""

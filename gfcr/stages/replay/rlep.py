@@ -69,10 +69,10 @@ random permutation).
 Example (a group whose two fresh rollouts failed gets the two stored successes of its prompt):
 
 >>> from gfcr.records import PromptPool, RolloutGroups, StepContext
->>> from gfcr.stages.resources import Resources
+>>> from gfcr.stages.resources import Lent
 >>> from gfcr.stages.testing import scored_group
 >>> stage = RLEP(RLEP.Config(replayed_per_group=2, correction="tis"))
->>> stage.setup(Resources())
+>>> stage.setup(Lent())
 >>> for r in scored_group("p:0", [1, 1, 0], step=0).rollouts:
 ...     _ = stage.pool.add_rollout(r, step=0) if r.correct else None
 >>> len(stage.pool)  # the two successes have the same tokens: one is kept
@@ -117,7 +117,7 @@ from gfcr.records.rollout import REUSED_ORIGINS
 from gfcr.registry import PipelineProblem, ServesStore, StageConfig, UpdateNeed
 from gfcr.stages.common.stored import StoredRollout
 from gfcr.stages.replay.experience_pool import ExperiencePool, seed_jsonl, seed_run_dir
-from gfcr.stages.resources import Engine, Policy, Resources, ScoreRequest, prompt_tokens
+from gfcr.stages.resources import Engine, Policy, Lent, ScoreRequest, prompt_tokens
 
 ALIAS = "replay.rlep"
 
@@ -209,13 +209,13 @@ class RLEP:
         self._metrics: dict[str, float] = {}
         self._state: dict[str, Any] | None = None
 
-    def setup(self, resources: Resources) -> None:
+    def setup(self, lent: Lent) -> None:
         cfg = self.config
         if cfg.correction == "none" or (cfg.seed_from is not None and cfg.seed_from.jsonl is not None):
-            self._policy = resources.require_policy(ALIAS)
-            self._engine = resources.require_engine(ALIAS)
+            self._policy = lent.require_policy(ALIAS)
+            self._engine = lent.require_engine(ALIAS)
         if cfg.store is not None:
-            self._store = resources.require_stage(cfg.store, ALIAS)
+            self._store = lent.require_store(cfg.store, ALIAS)
         if cfg.seed_from is not None and cfg.seed_from.run_dir is not None:
             for entry in seed_run_dir(Path(cfg.seed_from.run_dir), cfg.seed_from.stage):
                 self.pool.add_entry(entry)
@@ -260,7 +260,8 @@ class RLEP:
         own = self.pool.candidates(prompt_id)
         if self._store is None:
             return own
-        stored = [e for e in self._store.store.for_prompt(prompt_id) if e.correct is True and e.origin not in REUSED_ORIGINS]
+        stored = [e for e in self._store().for_prompt(prompt_id)
+                  if e.correct is True and e.origin not in REUSED_ORIGINS]
         return own + stored
 
     def _rescore(self, appended: list[tuple[RolloutGroup, Rollout]], pool: PromptPool, ctx: StepContext) -> None:
@@ -295,7 +296,7 @@ class RLEP:
         """What the step replayed, and what the pool holds."""
         entries, prompts = len(self.pool), self.pool.prompt_count
         if self._store is not None:
-            stored = [e for e in self._store.store.entries() if e.correct is True]
+            stored = [e for e in self._store().entries() if e.correct is True]
             entries += len(stored)
             prompts = len({e.prompt_id for e in stored} | {e.prompt_id for e in self.pool.entries()})
         return {"rollouts_replayed": 0, "tokens_replayed": 0, "groups_short": 0, **self._metrics,

@@ -42,10 +42,10 @@ Fidelity: gfcr's own: the store the Replay stages share (not a published method)
 Example:
 
 >>> from gfcr.records import Prompt, PromptPool, RolloutGroups, StepContext, StepOutputs
->>> from gfcr.stages.resources import Resources
+>>> from gfcr.stages.resources import Lent
 >>> from gfcr.stages.testing import scored_group
 >>> stage = Store(Store.Config(background=False))
->>> stage.setup(Resources())
+>>> stage.setup(Lent())
 >>> pool = PromptPool([Prompt("p:0", text="2 + 2 ="), Prompt("p:1", text="7 - 5 =")])
 >>> a, b = scored_group("p:0", [1, 0]), scored_group("p:1", [1, 1])
 >>> for r, text in zip([*a.rollouts, *b.rollouts], ["4", "5", "2", "2"]):
@@ -96,9 +96,13 @@ class Store:
         self.store: ReplayStore | None = None
         self._state: dict[str, Any] | None = None
 
-    def setup(self, resources: Any) -> None:
+    def setup(self, lent: Any) -> None:
         embed = worker_embedder if self.config.embed_in == "process" else load_embedder
         self.store = ReplayStore(self.config, embed(self.config.embedder))
+
+    def owned_store(self) -> ReplayStore:
+        """The store, for the stages that read it (``OwnsStore``; ``replay.rlep``'s ``store``)."""
+        return self._require()
 
     def _require(self) -> ReplayStore:
         if self.store is None:

@@ -42,14 +42,20 @@ denominator, so the gradient is unchanged (a test checks this). An empty batch, 
 advantages are all zero, skips the update; a NaN or infinite loss or gradient norm skips it
 too (the reason is reported) and the run goes on.
 
+Who moves what: the stage computes the batch (``prepare``), each shard's gradients and its optimizer
+step (``train_shard``) and the report (``finish``): the ``Trains`` role. The runtime's trainer
+(``gfcr.runtime.training``) calls them, bumps the policy version and hands it to a weight mover
+(``gfcr.runtime.weights``), which brings the engine up to date.
+
 Trainer ranks: with ``resources: {replicas: N}`` on the update and ``executor: {kind: ray}``,
-the step runs in N Ray actors over ``torch.distributed`` (``gfcr.runtime.trainer_ranks``), each
-with its own copy of the policy and of this stage. The driver builds the batch and the plan as
-above, splits the forward rollouts into N contiguous shards balanced by response tokens, and
-each rank calls ``train_shard``: the same micro-batched backward against the whole batch's
-plan, then the gradients summed over the ranks (the batch term on rank 0 only), then the same
-clip and AdamW step. The sum of the shards' gradients is the single-process gradient, to float
-rounding; the driver's policy then loads rank 0's weights (``receive_weights``).
+the step runs in N Ray actors over ``torch.distributed`` (``gfcr.runtime.training.ranks``), each
+with its own copy of the policy and of this stage. The driver's stage builds the batch and the
+plan as above (it holds no optimizer), the trainer splits the forward rollouts into N contiguous
+shards balanced by response tokens, and each rank calls ``train_shard``: the same micro-batched
+backward against the whole batch's plan, then the gradients summed over the ranks (the batch term
+on rank 0 only), then the same clip and AdamW step. The sum of the shards' gradients is the
+single-process gradient, to float rounding; the trainer then loads rank 0's weights into the
+driver's policy.
 
 Deviations:
 - one optimizer step per batch (no PPO epochs or mini-batches yet), so on fresh rollouts
@@ -71,16 +77,17 @@ Example (one update of the ``tiny-arith`` policy on a hand-scored group):
 >>> from gfcr.records import Allocation, AllocationEntry, Prompt, PromptPool, RolloutGroups
 >>> from gfcr.spec import PolicySpec
 >>> from gfcr.stages.generate.sample import Sample
->>> from gfcr.stages.resources import Resources
+>>> from gfcr.runtime import LocalTrainer
+>>> from gfcr.stages.resources import Lent
 >>> policy = load_policy(PolicySpec(model="tiny-arith"))
->>> resources = Resources(policy, TransformersEngine(policy))
+>>> lent = Lent(policy, TransformersEngine(policy))
 >>> prompt = Prompt("a:0", text="What is 12 + 30? Answer:")
 >>> sample, update = Sample(Sample.Config(max_new_tokens=8)), GRPOUpdate(GRPOUpdate.Config(lr=1e-3))
->>> sample.setup(resources); update.setup(resources)
+>>> sample.setup(lent); update.setup(lent)
 >>> groups = sample.run(Allocation(0, (AllocationEntry(prompt, 4),)))
 >>> for i, r in enumerate(groups.rollouts()):
 ...     r.reward = float(i % 2)
->>> report = update.run(groups, PromptPool([prompt]))
+>>> report = LocalTrainer(policy).update(update, groups, PromptPool([prompt]))
 >>> report.policy_version, report.rollouts_in_update, report.skipped
 (1, 4, False)
 
@@ -104,7 +111,6 @@ resumed rollouts:
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -116,14 +122,15 @@ from gfcr.registry import BuildsTrees, FixesGroupSize, PipelineProblem, StageCon
 from gfcr.registry.components import (AddsBatchTerm, CorrectsTokens, LearnsParameters, LimitsStaleness,
                                       ReportsStepMetrics, declared, provides)
 from gfcr.spec.problems import fixable
-from gfcr.stages.resources import Policy, Ranks, Resources, TrainerGroup, policy_weights, prompt_tokens
+from gfcr.stages.resources import Lent, Policy, prompt_tokens
 from gfcr.stages.components.advantage import AdvantageSpec, estimate_all
 from gfcr.stages.components.aggregation import AggregationSpec, Row
 from gfcr.stages.components.base import PairingContext
 from gfcr.stages.components.correction import CorrectionSpec
 from gfcr.stages.components.loss import LossSpec
 from gfcr.stages.update.logprobs import padded, response_logprobs
-from gfcr.stages.update.ranks import ShardOutcome, ShardSums, receive_weights, split_items
+from gfcr.stages.training import Ranks, TrainBatch, step_here
+from gfcr.stages.update.ranks import ShardOutcome, ShardSums
 from gfcr.stages.update.tree_weights import shared_prefix_weights
 
 
@@ -235,19 +242,15 @@ class GRPOUpdate:
         self.correction = config.correction.build()
         self.off_policy = provides(self.correction, CorrectsTokens)  # else the ratio is against mu, as on-policy
         self.policy: Policy | None = None
-        self.resources: Resources | None = None
         self.optimizer: Any = None
         self.reference: Any = None
-        self.trainers: TrainerGroup | None = None  # the trainer ranks, where the update runs on several
 
-    def setup(self, resources: Resources) -> None:
+    def setup(self, lent: Lent) -> None:
         import torch
 
         cfg = self.config
-        self.resources = resources
-        self.policy = resources.require_policy("update.grpo")
-        if resources.start_trainers is not None:  # each rank builds this stage over its own policy copy
-            self.trainers = resources.start_trainers(type(self), cfg)
+        self.policy = lent.require_policy("update.grpo")
+        if not lent.steps_optimizer:  # the runtime's trainer ranks each build this stage and step there
             return
         groups = [{"params": list(self.policy.model.parameters())}]
         if provides(self.aggregation, LearnsParameters):  # param groups: [{"params": [...], "lr": ...}]
@@ -257,9 +260,18 @@ class GRPOUpdate:
         if cfg.kl_coef > 0:
             self.reference = self.policy.reference()
 
-    # --- the step -------------------------------------------------------------------------
+    # --- the step (the Trains role: the runtime's trainer calls prepare, train_shard, finish) ----
 
     def run(self, groups: RolloutGroups, pool: PromptPool) -> UpdateReport:
+        """One step in this process without the runtime (``gfcr.stages.training.step_here``): the
+        policy's version and the engine's weights stay where they are. The runner never calls it:
+        its trainer (``gfcr.runtime.training``) calls the three methods below and moves both."""
+        return step_here(self, self._policy().version, groups, pool)
+
+    def prepare(self, groups: RolloutGroups, pool: PromptPool) -> TrainBatch:
+        """The batch: every rollout of the included groups with its advantage written onto it, the
+        ones that enter the forward pass (``items``), the aggregation's plan over all of them, and
+        the batch's metrics; skipped when nothing would move the weights."""
         policy = self._policy()
         items, batch_groups, zero_var = self._batch(groups, pool)
         n_rollouts, n_tokens = batch_denominators(items)
@@ -269,10 +281,15 @@ class GRPOUpdate:
         if self.off_policy:
             metrics["off_policy_token_fraction"] = off_policy_fraction(items, policy.version)
         forward = [i for i in items if len(i.rollout) and (i.has_signal() or (self.config.kl_coef > 0 and i.counts()))]
-        if not forward:
-            reason = "empty batch" if not items else "every advantage is zero"
-            return UpdateReport(policy.version, skipped=True, skip_reason=reason, metrics=metrics)
-        shards = self._train(forward, plan)
+        skip = None if forward else "empty batch" if not items else "every advantage is zero"
+        return TrainBatch(forward, [len(i.rollout) for i in forward], plan, metrics, skip, policy.version)
+
+    def finish(self, batch: TrainBatch, shards: list[ShardOutcome]) -> UpdateReport:
+        """The step's report from the shards' answers (in rank order; none when the batch was
+        skipped). Its ``policy_version`` is the batch's; the trainer writes the version after."""
+        metrics, forward = batch.metrics, batch.items
+        if batch.skip_reason is not None:
+            return UpdateReport(batch.version, skipped=True, skip_reason=batch.skip_reason, metrics=metrics)
         outcome, loss = shards[0], shards[0].loss
         metrics.update(self._stats(ShardSums.merged([s.sums for s in shards]), forward, outcome.extra))
         if self.off_policy:  # pi_old as each rank computed it, onto the driver's rollouts
@@ -280,28 +297,10 @@ class GRPOUpdate:
         if outcome.grad_norm is not None:
             metrics["grad_norm"] = outcome.grad_norm
         if outcome.skip_reason is not None:
-            return UpdateReport(policy.version, skipped=True, skip_reason=outcome.skip_reason, loss=loss,
+            return UpdateReport(batch.version, skipped=True, skip_reason=outcome.skip_reason, loss=loss,
                                 metrics=metrics)
-        policy.version += 1
-        if self.trainers is not None:
-            receive_weights(policy, self.trainers)
-            self.trainers.version = policy.version
-        sync_start, synced = time.perf_counter(), 0
-        if self.resources is not None and self.resources.engine is not None:
-            synced = self.resources.engine.sync_weights(policy.version)
-        return UpdateReport(policy.version, len(forward), sum(len(i.rollout) for i in forward), loss=loss,
-                            metrics=metrics, sync_s=time.perf_counter() - sync_start, sync_bytes=synced)
-
-    def _train(self, forward: list[_Item], plan: Any) -> list[ShardOutcome]:
-        """One optimizer step on ``forward``: in this process, or split across the trainer ranks
-        (contiguous shards balanced by response tokens; the ranks first catch up with the
-        driver's weights where they lag, as after a resume)."""
-        policy = self._policy()
-        if self.trainers is None:
-            return [self.train_shard(forward, plan, policy.version, Ranks())]
-        if self.trainers.version != policy.version:
-            self.trainers.load_weights(policy_weights(policy), policy.version)
-        return self.trainers.step(split_items(forward, self.trainers.world_size), plan, policy.version)
+        return UpdateReport(batch.version, len(forward), sum(len(i.rollout) for i in forward), loss=loss,
+                            metrics=metrics)
 
     def train_shard(self, shard: list[_Item], plan: Any, version: int, ranks: Ranks) -> ShardOutcome:
         """This rank's part of one step: backward its ``shard`` against the whole batch's
@@ -324,7 +323,6 @@ class GRPOUpdate:
     def shard_gradients(self, shard: list[_Item], plan: Any, version: int, ranks: Ranks) -> tuple[ShardSums, float]:
         """The first half of ``train_shard``: the gradients of the whole batch's loss, in every
         rank's ``.grad``, and the loss (the batch term added on rank 0 only)."""
-        self._policy().version = version  # staleness is counted from the driver's version
         sums = self.backward(shard, plan, batch_term=ranks.rank == 0)
         return sums, self._sum_over_ranks(sums.loss, ranks)
 
@@ -458,8 +456,6 @@ class GRPOUpdate:
     # --- state ----------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        if self.trainers is not None:  # the optimizer (and learned aggregation weights) live in the ranks
-            return self.trainers.state_dict()
         state = {"optimizer": self.optimizer.state_dict() if self.optimizer is not None else None}
         if isinstance(self.aggregation, Stateful):
             state["aggregation"] = self.aggregation.state_dict()
@@ -468,9 +464,7 @@ class GRPOUpdate:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("aggregation") is not None and isinstance(self.aggregation, Stateful):
             self.aggregation.load_state_dict(state["aggregation"])
-        if self.trainers is not None:
-            self.trainers.load_state_dict(state)
-        elif state.get("optimizer") is not None:
+        if state.get("optimizer") is not None and self.optimizer is not None:  # None where trainer ranks step
             self.optimizer.load_state_dict(state["optimizer"])
 
 

@@ -1,20 +1,17 @@
-"""What ``update.grpo`` needs to run its step split across trainer ranks: the shards of a batch,
-the sums each rank's backward passes add up to (merged in the driver into the step's
-diagnostics), a rank's answer, and where rank 0's weights arrive in the driver.
+"""What ``update.grpo``'s step hands back from each shard: the sums each rank's backward passes
+add up to (merged in the driver into the step's diagnostics) and a rank's answer.
 
-The ranks themselves are Ray actors (``gfcr.runtime.trainer_ranks``); nothing here imports Ray
-or ``torch.distributed``: a rank sums tensors through ``gfcr.stages.resources.Ranks``.
+The runtime's trainer splits the batch and runs the ranks (``gfcr.runtime.training``); nothing
+here imports Ray or ``torch.distributed``: a rank sums tensors through
+``gfcr.stages.training.Ranks``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence, TypeVar
+from typing import Any
 
 from gfcr.stages.components.correction import CorrectionStats
-from gfcr.stages.resources import Policy, TrainerGroup
-
-T = TypeVar("T")
 
 
 @dataclass
@@ -54,23 +51,3 @@ class ShardOutcome:
     skip_reason: str | None
     old_logprobs: list[Any] | None  # [T] float32 per shard item, under an off-policy correction
     extra: dict[str, float]  # the aggregation's metrics, before the step
-
-
-def split_items(items: Sequence[T], k: int) -> list[list[T]]:
-    """``k`` contiguous, in-order shards of ``items`` balanced by response tokens: item ``i`` goes
-    to the shard holding the middle of its tokens (some shards may be empty)."""
-    total = sum(len(i.rollout) for i in items)
-    shards: list[list[T]] = [[] for _ in range(k)]
-    before = 0
-    for item in items:
-        n = len(item.rollout)
-        shards[min(k - 1, (k * (2 * before + n)) // (2 * total)) if total else 0].append(item)
-        before += n
-    return shards
-
-
-def receive_weights(policy: Policy, trainers: TrainerGroup) -> None:
-    """Where the trained weights arrive in the driver after a distributed step: rank 0's
-    ``state_dict``, through Ray's object store, loaded into the driver's copy of the policy
-    (which scores, checkpoints and feeds the engine replicas)."""
-    policy.model.load_state_dict(trainers.weights())

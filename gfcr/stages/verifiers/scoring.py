@@ -85,7 +85,7 @@ def score_text(text: str, spec: VerifierSpec, *, format_weight: float = 0.0, tim
 def score_item(item: tuple[str, VerifierSpec], *, format_weight: float = 0.0, timeout_s: float | None = 5.0,
                memory_mb: int | None = DEFAULT_MEMORY_MB, workers: int | None = None,
                verifiers: Registry[Verifier] = VERIFIERS) -> tuple[float, Score]:
-    """``score_text`` of one ``(text, spec)`` pair: the pure function ``Resources.map`` runs."""
+    """``score_text`` of one ``(text, spec)`` pair: the pure function ``Lent.map`` runs."""
     text, spec = item
     return score_text(text, spec, format_weight=format_weight, timeout_s=timeout_s, memory_mb=memory_mb,
                       workers=workers, verifiers=verifiers)

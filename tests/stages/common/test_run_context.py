@@ -7,7 +7,7 @@ import pytest
 from gfcr.errors import ModelError
 from gfcr.records import StepContext
 from gfcr.stages.common.run_context import RunContext
-from gfcr.stages.resources import MeteredEngine, Resources
+from gfcr.stages.resources import MeteredEngine, Lent
 
 
 def test_the_configured_seed_wins_and_the_step_follows_before_step():
@@ -21,12 +21,12 @@ def test_the_configured_seed_wins_and_the_step_follows_before_step():
 
 def test_setup_takes_only_what_the_stage_needs():
     run = RunContext(seed=None)
-    resources = Resources(engine=object())
+    resources = Lent(engine=object())
     run.setup(resources, "control.example", engine=True)
-    assert run.resources is resources and run.policy is None
+    assert run.lent is resources and run.policy is None
     assert isinstance(run.engine, MeteredEngine)  # scored tokens are charged to the step
 
 
 def test_a_missing_policy_names_the_stage():
     with pytest.raises(ModelError, match="`control.example` needs a policy"):
-        RunContext(seed=None).setup(Resources(), "control.example", policy=True, engine=True)
+        RunContext(seed=None).setup(Lent(), "control.example", policy=True, engine=True)

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from gfcr.graph import load_pipeline
 from gfcr.records import Allocation, AllocationEntry, Prompt, RolloutGroups, StepContext
-from gfcr.runtime.session import Run
+from gfcr.runtime.loop.session import Run
 from gfcr.stages.control.ar3po import Ar3po
 from gfcr.stages.testing import scored_group
 from tests.conftest import REPO

@@ -221,9 +221,9 @@ def test_two_steps_on_the_fake_engine_select_from_the_posterior_observed_in_step
         def __init__(self):
             self.seen = []
 
-        def after_stage(self, stage_id, ctx, output, seconds):
-            if stage_id == "pick":
-                self.seen.append(output)
+        def after_stage(self, event):
+            if event.stage_id == "pick":
+                self.seen.append(event.output)
 
     hook = Allocations()
     runner = LocalRunner(compile_pipeline(load_spec_text(SPEC)), hooks=(hook,))

@@ -157,7 +157,7 @@ def _without_time(records: list[dict]) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def full_run(tmp_path_factory) -> Path:
-    from gfcr.runtime.session import Run
+    from gfcr.runtime.loop.session import Run
 
     root = tmp_path_factory.mktemp("coba")
     Run.start(load_pipeline(write_spec(root)), root / "full").train()
@@ -177,7 +177,7 @@ def test_every_step_spends_what_it_allocates(full_run):
 
 
 def test_resume_from_a_checkpoint_gives_the_metrics_of_an_uninterrupted_run(full_run, tmp_path):
-    from gfcr.runtime.session import Run
+    from gfcr.runtime.loop.session import Run
 
     part = tmp_path / "part"
     Run.start(load_pipeline(write_spec(tmp_path), ["run.steps=2"]), part).train()
@@ -187,7 +187,7 @@ def test_resume_from_a_checkpoint_gives_the_metrics_of_an_uninterrupted_run(full
 
 @pytest.mark.slow
 def test_a_sigkilled_run_resumes_to_the_metrics_of_an_uninterrupted_run(full_run, tmp_path):
-    from gfcr.runtime.session import Run
+    from gfcr.runtime.loop.session import Run
 
     run_dir = tmp_path / "killed"
     sigkill_after_step(write_spec(tmp_path), run_dir, 2, tmp_path)
@@ -201,7 +201,7 @@ def test_mlflow_records_the_budget_and_what_was_spent_per_step(tmp_path):
     scored tokens reach MLflow per step, as in ``metrics.jsonl``."""
     from mlflow import MlflowClient
 
-    from gfcr.runtime.session import Run
+    from gfcr.runtime.loop.session import Run
     from gfcr.tracking.mlflow_tracker import start_tracking
 
     spec = write_spec(tmp_path)

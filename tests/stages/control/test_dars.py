@@ -234,7 +234,7 @@ def _without_time(records: list[dict]) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def full_run(tmp_path_factory) -> Path:
-    from gfcr.runtime.session import Run
+    from gfcr.runtime.loop.session import Run
 
     run_dir = tmp_path_factory.mktemp("dars") / "full"
     Run.start(load_pipeline(REPO / "pipelines" / "dars_arith.yaml", SMALL + ["run.steps=4"]), run_dir).train()
@@ -257,13 +257,13 @@ def test_spending_per_step_is_bounded_by_n_max_per_prompt(full_run):
 
 
 def test_the_top_up_joins_its_prompt_s_group_as_fresh_samples():
-    from gfcr.runtime.local import LocalRunner
-    from gfcr.stages.resources import Resources
+    from gfcr.runtime import LocalRunner, RuntimeServices
+    from gfcr.stages.resources import Lent
     from gfcr.engines import TransformersEngine, load_policy
 
     compiled = load_pipeline(REPO / "pipelines" / "dars_arith.yaml", SMALL)
     policy = load_policy(compiled.spec.policy)
-    report = LocalRunner(compiled, resources=Resources(policy, TransformersEngine(policy))).run_step()
+    report = LocalRunner(compiled, services=RuntimeServices(Lent(policy, TransformersEngine(policy)))).run_step()
     merged = [g for g in report.groups if g.verdict.reason and g.verdict.reason.startswith("merged into")]
     bases = {g.group_id: g for g in report.groups if g not in merged}
     assert merged and len(bases) == 4
@@ -284,7 +284,7 @@ def test_the_top_up_joins_its_prompt_s_group_as_fresh_samples():
 
 
 def test_resume_from_a_checkpoint_gives_the_metrics_of_an_uninterrupted_run(full_run, tmp_path):
-    from gfcr.runtime.session import Run
+    from gfcr.runtime.loop.session import Run
 
     part = tmp_path / "part"
     Run.start(load_pipeline(REPO / "pipelines" / "dars_arith.yaml", SMALL + ["run.steps=2"]), part).train()

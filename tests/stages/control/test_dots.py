@@ -157,10 +157,10 @@ def test_the_shipped_dots_pipelines_validate(name):
 def resources():
     from gfcr.engines import TransformersEngine, load_policy
     from gfcr.spec import PolicySpec
-    from gfcr.stages.resources import Resources
+    from gfcr.stages.resources import Lent
 
     policy = load_policy(PolicySpec(model="tiny-arith"))
-    return Resources(policy, TransformersEngine(policy))
+    return Lent(policy, TransformersEngine(policy))
 
 
 def arithmetic_pool(n: int) -> PromptPool:

@@ -12,7 +12,7 @@ import pytest
 
 from gfcr.graph import load_pipeline
 from gfcr.records import RolloutGroup, RolloutStatus, StepReport
-from gfcr.runtime.session import Run
+from gfcr.runtime.loop.session import Run
 from gfcr.stages.control.early_exit import EarlyExit
 from gfcr.stages.engine import InFlightView, LiveRow
 from gfcr.stages.testing import scored_group
@@ -100,7 +100,7 @@ def _metrics(run_dir: Path) -> list[dict]:
 
 
 def test_a_real_run_prunes_to_keep_rows_per_group_and_resumes_exactly(tmp_path):
-    from gfcr.runtime.lineage import read_lineage
+    from gfcr.runtime.store.lineage import read_lineage
 
     Run.start(load_pipeline(_spec(tmp_path, 5)), tmp_path / "whole").train()
     whole = _metrics(tmp_path / "whole")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gfcr.graph import load_pipeline
-from gfcr.runtime.session import Run
+from gfcr.runtime.loop.session import Run
 from tests.conftest import REPO
 from tests.killing import sigkill_after_step
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gfcr.graph import load_pipeline
-from gfcr.runtime.session import Run
+from gfcr.runtime.loop.session import Run
 from tests.killing import sigkill_after_step
 from tests.stages.control.test_selector_runs import BASE, FIXED, _metrics, _without_time
 

@@ -265,9 +265,9 @@ def test_a_greso_pipeline_runs_and_skips_prompts_after_zero_variance_groups():
         def __init__(self):
             self.seen = []
 
-        def after_stage(self, stage_id, ctx, output, seconds):
-            if stage_id == "pick":
-                self.seen.append(output)
+        def after_stage(self, event):
+            if event.stage_id == "pick":
+                self.seen.append(event.output)
 
     hook = Allocations()
     runner = LocalRunner(compile_pipeline(load_spec_text(SPEC)), hooks=(hook,))

@@ -22,7 +22,7 @@ from gfcr.records import (Observation, Prompt, PromptPool, PromptStats, Rollout,
 from gfcr.stages.common.prompt_stats import observe_group, stats_from_state, stats_to_state
 from gfcr.stages.control.hive import Hive, coarse_keep, edge_score, prompt_entropy_request, stage_one, stage_two
 from gfcr.stages.engine import Scored, ScoreRequest
-from gfcr.stages.resources import Resources
+from gfcr.stages.resources import Lent
 from gfcr.stages.testing import scored_group
 from tests.conftest import REPO
 
@@ -103,13 +103,13 @@ def test_off_edge_prompts_are_re_admitted_by_seeded_draws():
     config = dict(batch_size=4, candidate_ratio=2, seed=0)
     for explore, expect in [(0.0, 0), (1.0, 8)]:
         stage = Hive(Hive.Config(**config, explore=explore))
-        stage.setup(Resources(engine=FirstTokenEngine()))
+        stage.setup(Lent(engine=FirstTokenEngine()))
         stage.stats = {f"p:{i}": stats_of(obs(4, 4, 1.0)) for i in range(8)}
         alloc = call(stage, 3, pool)
         assert stage.step_metrics()["readmitted"] == expect and stage.step_metrics()["off_edge"] == 8 - expect
         assert len(alloc.active()) == min(expect, 4)
     stage = Hive(Hive.Config(**config, explore=0.5))
-    stage.setup(Resources(engine=FirstTokenEngine()))
+    stage.setup(Lent(engine=FirstTokenEngine()))
     stage.stats = {f"p:{i}": stats_of(obs(4, 4, 1.0)) for i in range(8)}
     alloc = call(stage, 3, pool)
     drawn = {f"p:{i}" for i in range(8) if visit_draw(0, 0, 3, f"p:{i}") < 0.5}
@@ -173,7 +173,7 @@ def test_a_call_on_hand_values():
     pool = pool_of([2, 8, 4, 16])
     stage = Hive(Hive.Config(batch_size=2, candidate_ratio=2, coarse_ratio=0.75, explore=0.0, seed=0))
     engine = FirstTokenEngine()
-    resources = Resources(engine=engine)
+    resources = Lent(engine=engine)
     stage.setup(resources)
     stage.stats = {"p:0": stats_of(obs(4, 2, 1.0)),   # u = 0.25 * 1.0 = 0.25
                    "p:1": stats_of(obs(4, 1, 0.5)),   # u = 0.1875 * 0.5 = 0.09375
@@ -209,7 +209,7 @@ def test_a_call_on_hand_values():
 def test_metrics_sum_over_the_rounds_of_a_step_and_reset_at_the_next():
     pool = pool_of([2, 3, 4, 5, 6, 7, 8, 9])
     stage = Hive(Hive.Config(batch_size=1, candidate_ratio=2, seed=0))
-    stage.setup(Resources(engine=FirstTokenEngine()))
+    stage.setup(Lent(engine=FirstTokenEngine()))
     call(stage, 0, pool)
     stage.run(pool)  # a second loop round in the same step
     m = stage.step_metrics()
@@ -222,7 +222,7 @@ def test_nothing_on_the_edge_scores_nothing_and_keeps_nothing():
     pool = pool_of([2, 3])
     stage = Hive(Hive.Config(batch_size=1, candidate_ratio=2, explore=0.0, seed=0))
     engine = FirstTokenEngine()
-    stage.setup(Resources(engine=engine))
+    stage.setup(Lent(engine=engine))
     stage.stats = {"p:0": stats_of(obs(4, 0, 1.0)), "p:1": stats_of(obs(4, 4, 1.0))}
     alloc = call(stage, 0, pool)
     assert alloc.active() == () and len(alloc) == 2 and engine.calls == []
@@ -234,7 +234,7 @@ def test_the_prompt_entropy_is_the_mean_next_token_entropy_over_the_prompt():
     engine = FakeEngine()
     tokens = list(engine.encode("12+34="))
     stage = Hive(Hive.Config(batch_size=1, candidate_ratio=1, coarse_ratio=1.0, temperature=0.5))
-    stage.setup(Resources(engine=engine))
+    stage.setup(Lent(engine=engine))
     (pe,) = stage.prompt_entropies([Prompt("p", text="x", prompt_token_ids=tokens)])
     # independently: the entropy of the tempered next-token distribution after x_1..x_t, t = 1..L
     want = [entropy_of(torch.log_softmax(fake_logits(tokens[:t], len(engine.ALPHABET)) / 0.5, -1)).item()
@@ -247,7 +247,7 @@ def test_the_prompt_entropy_under_the_real_policy_is_one_forward_pass_over_the_p
     from gfcr.spec import PolicySpec
 
     policy = load_policy(PolicySpec(model="tiny-arith"))
-    resources = Resources(policy, TransformersEngine(policy))
+    resources = Lent(policy, TransformersEngine(policy))
     prompts = [Prompt("a", text="What is 12 + 7? Answer:"), Prompt("b", text="What is 3 - 45? Answer:")]
     stage = Hive(Hive.Config(batch_size=1, candidate_ratio=2))
     stage.setup(resources)
@@ -305,7 +305,7 @@ def test_state_round_trip_gives_the_same_next_call():
 
     def fresh() -> Hive:
         stage = Hive(Hive.Config(batch_size=2, candidate_ratio=2, seed=0))
-        stage.setup(Resources(engine=FirstTokenEngine()))
+        stage.setup(Lent(engine=FirstTokenEngine()))
         return stage
 
     stage = fresh()
@@ -361,7 +361,7 @@ def test_a_pipeline_without_response_entropy_fails_validation(tmp_path):
 def test_without_an_engine_the_stage_says_how_to_add_one():
     from gfcr.errors import ModelError
     with pytest.raises(ModelError, match="needs an engine"):
-        Hive(Hive.Config(batch_size=1)).setup(Resources())
+        Hive(Hive.Config(batch_size=1)).setup(Lent())
 
 
 @pytest.mark.parametrize("path", ["pipelines/hive_arith.yaml", "pipelines/examples/hive_dapo_arith.yaml"])

@@ -18,8 +18,8 @@ from gfcr.graph import load_pipeline
 from gfcr.records import (
     Allocation, AllocationEntry, Prompt, PromptPool, RolloutGroups, StepContext, StepReport,
 )
-from gfcr.runtime.lineage import read_lineage
-from gfcr.runtime.session import Run
+from gfcr.runtime.store.lineage import read_lineage
+from gfcr.runtime.loop.session import Run
 from gfcr.stages.control.pilot_commit import PilotCommit, Verdict, maxvar_indices, verdict
 from gfcr.stages.replay.pilot_join import PilotJoin
 from gfcr.stages.testing import scored_group

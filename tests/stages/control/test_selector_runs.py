@@ -13,7 +13,7 @@ import pytest
 from mlflow import MlflowClient
 
 from gfcr.graph import load_pipeline
-from gfcr.runtime.session import Run
+from gfcr.runtime.loop.session import Run
 from gfcr.tracking.mlflow_tracker import start_tracking
 from tests.conftest import REPO
 from tests.killing import sigkill_after_step

@@ -148,10 +148,10 @@ def test_the_profile_samples_every_prompt_under_the_initial_policy_and_charges_t
     from gfcr.engines import TransformersEngine, load_policy
     from gfcr.records import VerifierSpec
     from gfcr.spec import PolicySpec
-    from gfcr.stages.resources import Resources
+    from gfcr.stages.resources import Lent
 
     policy = load_policy(PolicySpec(model="tiny-arith"))
-    resources = Resources(policy, TransformersEngine(policy))
+    resources = Lent(policy, TransformersEngine(policy))
     pairs = [(12 + 7 * i, 30 + 5 * i) for i in range(12)]
     data = PromptPool([Prompt(f"a:{i}", text=f"What is {a} + {b}? Answer:", verifier=VerifierSpec("arithmetic", str(a + b)))
                        for i, (a, b) in enumerate(pairs)])

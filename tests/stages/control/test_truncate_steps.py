@@ -16,11 +16,11 @@ import pytest
 from gfcr.engines.fake import FakeEngine
 from gfcr.graph import load_pipeline
 from gfcr.records import Allocation, AllocationEntry, Prompt, RolloutStatus, SegmentOrigin, StepContext
-from gfcr.runtime.session import Run
+from gfcr.runtime.loop.session import Run
 from gfcr.stages.control.truncate_steps import TruncateSteps, confidence, cut_at, find_marker
 from gfcr.stages.engine import GenerationRequest, SamplingParams, ScoreRequest
 from gfcr.stages.generate.sample import Sample
-from gfcr.stages.resources import Resources
+from gfcr.stages.resources import Lent
 from tests.conftest import REPO
 
 
@@ -87,7 +87,7 @@ FAKE = dict(markers=MARKERS, inducer="?", answer_end=["o", "u", "0", "1", "2"])
 
 def _generate(controller: TruncateSteps | None, max_new_tokens: int = 40):
     engine = FakeEngine()
-    resources = Resources(FakePolicy(engine), engine)
+    resources = Lent(FakePolicy(engine), engine)
     stage = Sample(Sample.Config(temperature=1.0, max_new_tokens=max_new_tokens))
     stage.setup(resources)
     if controller is not None:
@@ -211,7 +211,7 @@ def _metrics(run_dir: Path) -> list[dict]:
 
 
 def test_a_real_tiny_arith_run_exits_rows_into_the_update_and_resumes_exactly(tmp_path, write_spec):
-    from gfcr.runtime.lineage import read_lineage
+    from gfcr.runtime.store.lineage import read_lineage
 
     Run.start(load_pipeline(write_spec(ARITH.replace("STEPS", "4"), "whole.yaml")), tmp_path / "whole").train()
     whole = _metrics(tmp_path / "whole")
@@ -227,7 +227,7 @@ def test_a_real_tiny_arith_run_exits_rows_into_the_update_and_resumes_exactly(tm
 
 @pytest.mark.slow
 def test_smollm2_on_gsm8k_exits_at_a_line_with_a_boxed_answer(tmp_path):
-    from gfcr.runtime.lineage import read_lineage
+    from gfcr.runtime.store.lineage import read_lineage
 
     pipeline = REPO / "pipelines" / "truncate_steps_gsm8k_smollm2.yaml"
     data = REPO.parent / "shared" / "data" / "gsm8k" / "train.jsonl"

@@ -202,7 +202,7 @@ update: {use: update.grpo, from: again}
 # --- a short real run on tiny-arith -------------------------------------------------------------
 
 def test_every_step_of_a_real_run_spends_its_budget_exactly(tmp_path):
-    from gfcr.runtime.session import Run
+    from gfcr.runtime.loop.session import Run
 
     overrides = ["data.with.n=40", "stages.pick.with.batch_size=4", "eval.every=100", "eval.with.n=20",
                  "run.steps=3", "tracking.mlflow=null"]

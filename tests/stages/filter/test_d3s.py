@@ -18,7 +18,7 @@ from gfcr.cli.main import app
 from gfcr.graph import compile_pipeline
 from gfcr.records import Prompt, PromptPool, Rollout, RolloutGroup, RolloutGroups, Segment, StepContext
 from gfcr.runtime import LocalRunner
-from gfcr.runtime.session import build_resources
+from gfcr.runtime.loop.session import build_services
 from gfcr.spec import load_spec
 from gfcr.stages.filter.d3s import D3S
 from gfcr.stages.filter.down_sampling import kept_count, linear_ratio, max_variance_subset, top_fraction
@@ -107,11 +107,11 @@ def test_cross_group_pools_the_advantages_and_drops_groups_left_below_two():
 
 def test_scored_entropy_needs_an_engine_at_setup():
     from gfcr.errors import ModelError
-    from gfcr.stages.resources import Resources
+    from gfcr.stages.resources import Lent
 
     with pytest.raises(ModelError, match="`filter.d3s` needs a policy"):
-        D3S(D3S.Config(entropy="scored")).setup(Resources())
-    D3S(D3S.Config()).setup(Resources())  # recorded: an engine is borrowed only when there is one
+        D3S(D3S.Config(entropy="scored")).setup(Lent())
+    D3S(D3S.Config()).setup(Lent())  # recorded: an engine is borrowed only when there is one
 
 
 def test_max_variance_subset_matches_exhaustive_search():
@@ -217,9 +217,9 @@ def test_entropy_is_scored_through_the_engine_and_charged(tiny, entropy, drop_re
     # Either way the scored entropies equal the sampled ones (same policy, same temperature, no update).
     from gfcr.records import Allocation, AllocationEntry
     from gfcr.stages.generate.sample import Sample
-    from gfcr.stages.resources import Resources
+    from gfcr.stages.resources import Lent
 
-    resources = Resources(*tiny)
+    resources = Lent(*tiny)
     prompt = Prompt("a:0", text="What is 12 + 30? Answer:")
     sample = Sample(Sample.Config(max_new_tokens=6, entropy=True))
     sample.setup(resources)
@@ -303,7 +303,7 @@ def test_unscored_rollouts_are_refused_naming_the_group():
 def test_the_pipeline_runs_steps_with_removals_masks_and_metrics():
     # two steps of the shipped pipeline (tiny-arith, 16 prompts x 8 rollouts, entropy recorded)
     pipeline = compile_pipeline(load_spec(PIPELINE))
-    runner = LocalRunner(pipeline, resources=build_resources(pipeline.spec))
+    runner = LocalRunner(pipeline, services=build_services(pipeline.spec))
     first, second = runner.run_step(), runner.run_step()
     kept = [r for g in first.groups if g.verdict.included for r in g.rollouts]
     removed = [m for g in first.groups for m in g.removed]

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from gfcr.cli.main import app
 from gfcr.graph import load_pipeline
 from gfcr.records import RolloutGroups
-from gfcr.runtime.session import Run
+from gfcr.runtime.loop.session import Run
 from gfcr.stages.filter.entropy import EntropyGate, mean_entropy
 from gfcr.stages.testing import scored_group
 from tests.conftest import REPO

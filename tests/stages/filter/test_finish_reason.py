@@ -15,7 +15,7 @@ from gfcr.cli.main import app
 from gfcr.graph import compile_pipeline
 from gfcr.records import RolloutGroup, RolloutGroups
 from gfcr.runtime import LocalRunner
-from gfcr.runtime.lineage import lineage_rows
+from gfcr.runtime.store.lineage import lineage_rows
 from gfcr.spec import load_spec_text
 from gfcr.stages.filter.finish_reason import FinishReasonFilter
 from gfcr.stages.testing import scored_group

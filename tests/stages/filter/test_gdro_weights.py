@@ -115,7 +115,7 @@ def test_the_weights_scale_the_advantages_in_update_grpo():
     from gfcr.engines import TransformersEngine, load_policy
     from gfcr.records import Prompt, PromptPool
     from gfcr.spec import PolicySpec
-    from gfcr.stages.resources import Resources
+    from gfcr.stages.resources import Lent
     from gfcr.stages.update.grpo import GRPOUpdate
 
     stage = _stage()
@@ -124,7 +124,7 @@ def test_the_weights_scale_the_advantages_in_update_grpo():
     stage.run(groups)
     policy = load_policy(PolicySpec(model="tiny-arith"))
     update = GRPOUpdate(GRPOUpdate.Config(lr=1e-3))
-    update.setup(Resources(policy, TransformersEngine(policy)))
+    update.setup(Lent(policy, TransformersEngine(policy)))
     update.run(groups, PromptPool([Prompt("a", text="1 + 1 ="), Prompt("b", text="2 + 2 =")]))
     a, b = ([r.advantage for r in g.rollouts] for g in groups)
     q0, q2 = _q(1.0, 0.0)

@@ -20,13 +20,13 @@ from gfcr.engines import load_policy
 from gfcr.errors import ModelError
 from gfcr.graph import load_pipeline
 from gfcr.records import Origin, Prompt, PromptPool, Rollout, RolloutGroup, RolloutGroups, Segment, StepContext
-from gfcr.runtime.session import Run
-from gfcr.runtime.state_tree import read_tree, write_tree
+from gfcr.runtime.loop.session import Run
+from gfcr.runtime.store.state_tree import read_tree, write_tree
 from gfcr.spec import PolicySpec
 from gfcr.stages.common.fingerprints import answer_logits, boxed_anchor, fingerprints, first_token_anchor
 from gfcr.stages.filter.error_memory import ErrorMemory, hdbscan_labels
 from gfcr.stages.filter.meds import MEDS, meds_penalty, shaped
-from gfcr.stages.resources import Resources
+from gfcr.stages.resources import Lent
 from tests.conftest import REPO
 from tests.killing import sigkill_after_step
 
@@ -49,8 +49,8 @@ def group(policy, prompt: str, step: int, answers: list[tuple[str, bool]]) -> Ro
     return RolloutGroup(gid, prompt, step, len(rollouts), rollouts)
 
 
-def stage(policy, **config) -> tuple[MEDS, Resources]:
-    resources = Resources(policy)
+def stage(policy, **config) -> tuple[MEDS, Lent]:
+    resources = Lent(policy)
     s = MEDS(MEDS.Config(**{"anchor": "first_token", **config}))
     s.setup(resources)
     return s, resources
@@ -231,7 +231,7 @@ def test_setup_refuses_layers_out_of_range_and_a_pipeline_without_a_policy(polic
     with pytest.raises(ModelError, match=r"\[5\] out of range for a policy with 2 decoder layers"):
         stage(policy, layers=[0, 5])
     with pytest.raises(ModelError, match="needs a policy"):
-        MEDS(MEDS.Config()).setup(Resources())
+        MEDS(MEDS.Config()).setup(Lent())
 
 
 def test_an_unscored_rollout_is_an_error_naming_its_group(policy):

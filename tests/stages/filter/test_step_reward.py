@@ -12,7 +12,7 @@ import pytest
 from gfcr.graph import compile_pipeline
 from gfcr.records import Rollout, RolloutGroup, RolloutGroups, Segment
 from gfcr.runtime import LocalRunner
-from gfcr.runtime.session import build_resources
+from gfcr.runtime.loop.session import build_services
 from gfcr.spec import load_spec_text
 from gfcr.stages.filter.step_reward import StepReward, count_steps
 
@@ -74,7 +74,7 @@ def test_a_quickstart_step_with_the_stage_after_the_verifier():
     text = text.replace(reward_line, reward_line + "  steps:   {use: filter.step_reward, from: reward}\n")
     text = text.replace("update: {use: update.grpo, from: reward,", "update: {use: update.grpo, from: steps,")
     pipeline = compile_pipeline(load_spec_text(text))
-    report = LocalRunner(pipeline, resources=build_resources(pipeline.spec)).run_step()
+    report = LocalRunner(pipeline, services=build_services(pipeline.spec)).run_step()
     rollouts = [r for g in report.groups for r in g.rollouts]
     assert rollouts and all("step_bonus" in r.reward_components for r in rollouts)
     for r in rollouts:  # tiny-arith writes no "Wait": one step each, so no step term

@@ -18,11 +18,11 @@ from gfcr.engines import TransformersEngine, load_policy
 from gfcr.errors import ModelError
 from gfcr.graph import load_pipeline
 from gfcr.records import Prompt, PromptPool, Rollout, RolloutGroup, RolloutGroups, Segment, StepContext
-from gfcr.runtime.session import Run
+from gfcr.runtime.loop.session import Run
 from gfcr.spec import PolicySpec
 from gfcr.stages.filter.strategy_clusters import EmbeddingClustering, components
 from gfcr.stages.filter.uniqueness import Uniqueness, uniqueness_weight
-from gfcr.stages.resources import Resources
+from gfcr.stages.resources import Lent
 from gfcr.stages.update.grpo import GRPOUpdate
 from tests.conftest import REPO
 
@@ -148,7 +148,7 @@ def test_the_weight_scales_the_advantage_in_update_grpo():
     Uniqueness(Uniqueness.Config(clustering={"use": "exact"})).run(groups)
     assert [r.sample_weight for r in rollouts] == [0.5, 0.5, 1.0, 1.0]
     update = GRPOUpdate(GRPOUpdate.Config(lr=1e-3))  # mean_std: sample std (ddof 1), eps 1e-6
-    update.setup(Resources(policy, TransformersEngine(policy)))
+    update.setup(Lent(policy, TransformersEngine(policy)))
     update.run(groups, PromptPool([prompt]))
     # rewards [1, 1, 1, 0]: mean 3/4, sample std sqrt((3 * 1/16 + 9/16) / 3) = 1/2
     # GRPO advantages [1/2, 1/2, 1/2, -3/2], times the weights [1/2, 1/2, 1, 1]
@@ -178,7 +178,7 @@ def test_a_rollout_without_a_verdict_is_an_error_naming_its_group():
 def test_a_missing_embedder_folder_fails_at_setup(tmp_path):
     s = Uniqueness(Uniqueness.Config(clustering={"use": "embedding", "embedder": str(tmp_path / "nope")}))
     with pytest.raises(ModelError, match="not a sentence-transformers folder"):
-        s.setup(Resources())
+        s.setup(Lent())
 
 
 BAD = textwrap.dedent("""\

@@ -16,7 +16,7 @@ from gfcr.stages.engine import ScoreRequest
 from gfcr.stages.environments import EnvironmentFailed
 from gfcr.stages.generate.multi_turn import MultiTurn
 from gfcr.stages.generate.turn_tokens import TurnBoundary
-from gfcr.stages.resources import Resources
+from gfcr.stages.resources import Lent
 from gfcr.stages.update.grpo import GRPOUpdate
 
 
@@ -56,7 +56,7 @@ def prompts(n: int) -> list[Prompt]:
 def run(policy, config: dict, n_prompts: int = 10, n: int = 5, engine=None, step: int = 0):
     stage = MultiTurn(MultiTurn.Config.model_validate(config))
     engine = engine or TransformersEngine(policy)
-    stage.setup(Resources(policy, engine))
+    stage.setup(Lent(policy, engine))
     pool = prompts(n_prompts)
     groups = stage.run(Allocation(step, tuple(AllocationEntry(p, n) for p in pool)), StepContext("run", step, 0, 0))
     return stage, groups, PromptPool(pool)
@@ -112,7 +112,7 @@ def check_ids(policy, engine, groups, pool, temperature) -> int:
         model = r.trained_mask() if r.trained_mask() is not None else np.ones(len(r), bool)
         np.testing.assert_allclose(scored.logprobs[model], r.behavior_logprobs[model], atol=2e-5)
     update = GRPOUpdate(GRPOUpdate.Config(lr=1e-4))
-    update.setup(Resources(policy, engine.engine))
+    update.setup(Lent(policy, engine.engine))
     items, _, _ = update._batch(groups, pool)
     for item in items:
         r = item.rollout
@@ -196,7 +196,7 @@ def test_an_environment_by_import_path():
 def test_a_chat_template_that_rewrites_messages_is_refused_at_setup(policy, monkeypatch):
     monkeypatch.setattr(policy.tokenizer, "chat_template", "{% for m in messages %}{{ m.role }}{% endfor %}")
     with pytest.raises(GfcrError, match="does not render an assistant message as written"):
-        MultiTurn(MultiTurn.Config.model_validate(ECHO)).setup(Resources(policy, TransformersEngine(policy)))
+        MultiTurn(MultiTurn.Config.model_validate(ECHO)).setup(Lent(policy, TransformersEngine(policy)))
 
 
 @pytest.fixture(scope="module")
@@ -260,7 +260,7 @@ def test_the_update_never_trains_on_environment_tokens():
                         s.behavior_logprobs = np.full(len(s), -0.7, np.float32)
         before = copy.deepcopy(policy.model.state_dict())
         update = GRPOUpdate(GRPOUpdate.Config(lr=1e-3))
-        update.setup(Resources(policy, TransformersEngine(policy)))
+        update.setup(Lent(policy, TransformersEngine(policy)))
         report = update.run(groups, pool)
         return report, before, policy.model.state_dict()
 

@@ -10,8 +10,8 @@ import pytest
 
 from gfcr.errors import StageError
 from gfcr.graph import load_pipeline
-from gfcr.runtime.session import Run
-from gfcr.runtime.lineage import read_lineage
+from gfcr.runtime.loop.session import Run
+from gfcr.runtime.store.lineage import read_lineage
 
 REPO = Path(__file__).resolve().parents[3]
 PIPELINE = REPO / "pipelines" / "examples" / "multi_turn_calc_arith.yaml"

@@ -15,13 +15,13 @@ import pytest
 from gfcr.engines.fake import FakeEngine
 from gfcr.graph import load_pipeline
 from gfcr.records import Allocation, AllocationEntry, Origin, Prompt, RolloutStatus, StepContext, StepReport
-from gfcr.runtime.lineage import read_lineage
-from gfcr.runtime.session import Run
-from gfcr.runtime.state_tree import read_tree, write_tree
+from gfcr.runtime.store.lineage import read_lineage
+from gfcr.runtime.loop.session import Run
+from gfcr.runtime.store.state_tree import read_tree, write_tree
 from gfcr.stages.control.stop_at_target import StopAtTarget
 from gfcr.stages.engine import GenerationRequest, InFlightView, LiveRow, SamplingParams, Steer
 from gfcr.stages.generate.partial import TO_BUFFER, Partial
-from gfcr.stages.resources import Resources
+from gfcr.stages.resources import Lent
 from tests.conftest import REPO
 from tests.engines.test_decode_loop import FakePolicy
 from tests.killing import sigkill_after_step
@@ -42,7 +42,7 @@ class StopAfter:
 def stage_on_fake(**config) -> tuple[Partial, FakeEngine]:
     engine = FakeEngine()
     stage = Partial(Partial.Config(max_new_tokens=config.pop("max_new_tokens", MAX), **config))
-    stage.setup(Resources(FakePolicy(engine), engine))
+    stage.setup(Lent(FakePolicy(engine), engine))
     return stage, engine
 
 

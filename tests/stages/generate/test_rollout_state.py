@@ -3,7 +3,7 @@ engine replica and the Ray node it ran on (issue 32: every rollout's lineage rec
 
 from __future__ import annotations
 
-from gfcr.runtime.state_tree import read_tree, write_tree
+from gfcr.runtime.store.state_tree import read_tree, write_tree
 from gfcr.stages.generate.rollout_state import rollout_from_state, rollout_state
 from gfcr.stages.testing import scored_group
 

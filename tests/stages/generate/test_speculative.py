@@ -15,13 +15,13 @@ import pytest
 from gfcr.engines.fake import FakeEngine
 from gfcr.graph import load_pipeline
 from gfcr.records import Allocation, AllocationEntry, Origin, Prompt, SegmentOrigin, StepContext, StepReport
-from gfcr.runtime.session import Run
-from gfcr.runtime.state_tree import read_tree, write_tree
+from gfcr.runtime.loop.session import Run
+from gfcr.runtime.store.state_tree import read_tree, write_tree
 from gfcr.stages.common.seeds import step_seed
 from gfcr.stages.engine import ScoreRequest, row_seed
 from gfcr.stages.generate.sample import Sample
 from gfcr.stages.generate.speculative import Speculative, accepted_length
-from gfcr.stages.resources import Resources
+from gfcr.stages.resources import Lent
 from tests.conftest import REPO
 from tests.engines.test_decode_loop import FakePolicy
 
@@ -49,9 +49,9 @@ def test_lenience_zero_is_standard_speculative_acceptance_in_frequency():
     assert np.mean(hits) == pytest.approx(0.3, abs=0.01)
 
 
-def stage_on_fake(**config) -> tuple[Speculative, Resources]:
+def stage_on_fake(**config) -> tuple[Speculative, Lent]:
     engine = FakeEngine()
-    resources = Resources(FakePolicy(engine), engine)
+    resources = Lent(FakePolicy(engine), engine)
     stage = Speculative(Speculative.Config(max_new_tokens=config.pop("max_new_tokens", 10), **config))
     stage.setup(resources)
     return stage, resources
@@ -69,7 +69,7 @@ def test_a_prompts_first_sampling_is_generate_samples_exactly():
     stage, _ = stage_on_fake()
     engine = FakeEngine()
     sample = Sample(Sample.Config(max_new_tokens=10))
-    sample.setup(Resources(FakePolicy(engine), engine))
+    sample.setup(Lent(FakePolicy(engine), engine))
     ours, theirs = stage.run(alloc(0), ctx(0)), sample.run(alloc(0), ctx(0))
     assert [[(r.rollout_id, r.response_token_ids) for r in g.rollouts] for g in ours.groups] == \
            [[(r.rollout_id, r.response_token_ids) for r in g.rollouts] for g in theirs.groups]

@@ -14,9 +14,9 @@ import pytest
 from gfcr.engines.fake import FakeEngine
 from gfcr.graph import load_pipeline
 from gfcr.records import Allocation, AllocationEntry, Prompt, RolloutGroup, StepReport
-from gfcr.runtime.session import Run
+from gfcr.runtime.loop.session import Run
 from gfcr.stages.generate.tree import Tree
-from gfcr.stages.resources import Resources
+from gfcr.stages.resources import Lent
 from tests.conftest import REPO
 from tests.engines.test_decode_loop import FakePolicy
 
@@ -38,7 +38,7 @@ class CountingEngine(FakeEngine):
 def run_tree(m=2, prompts=2, **config) -> tuple[list[RolloutGroup], CountingEngine]:
     engine = CountingEngine()
     stage = Tree(Tree.Config(max_new_tokens=config.pop("max_new_tokens", 12), **config))
-    stage.setup(Resources(FakePolicy(engine), engine))
+    stage.setup(Lent(FakePolicy(engine), engine))
     allocation = Allocation(0, tuple(AllocationEntry(Prompt(f"p:{i}", text=f"{i}+{i}="), m) for i in range(prompts)))
     return stage.run(allocation).groups, engine
 
@@ -163,7 +163,7 @@ def test_a_short_tiny_arith_run_with_tree_advantages(tmp_path, pipeline):
 
 
 def test_lineage_rows_carry_the_tree_and_each_branch_s_fork_point():
-    from gfcr.runtime.lineage import lineage_rows
+    from gfcr.runtime.store.lineage import lineage_rows
 
     groups, _ = run_tree(m=2, prompts=1, top_n=1, iterations=1, branches=2)
     rows = lineage_rows(StepReport("run", 0, 0, tuple(groups), None, {}, {}))

@@ -17,8 +17,8 @@ from rich.console import Console
 from gfcr.cli.lineage_cmd import chain_table
 from gfcr.cli.main import app
 from gfcr.graph import load_pipeline
-from gfcr.runtime.lineage import read_lineage
-from gfcr.runtime.session import Run
+from gfcr.runtime.store.lineage import read_lineage
+from gfcr.runtime.loop.session import Run
 from gfcr.tracking.lineage_chain import rollout_chain
 
 cli = CliRunner()

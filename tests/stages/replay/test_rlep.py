@@ -23,11 +23,11 @@ from gfcr.graph import load_pipeline
 from gfcr.records import (
     Prompt, PromptPool, Rollout, RolloutGroup, RolloutGroups, Segment, SegmentOrigin, StepContext, VerifierSpec,
 )
-from gfcr.runtime.lineage import read_lineage
-from gfcr.runtime.session import Run
+from gfcr.runtime.store.lineage import read_lineage
+from gfcr.runtime.loop.session import Run
 from gfcr.spec import PolicySpec
 from gfcr.stages.replay.rlep import RLEP
-from gfcr.stages.resources import Resources, ScoreRequest
+from gfcr.stages.resources import Lent, ScoreRequest
 from gfcr.stages.update.grpo import GRPOUpdate
 from gfcr.tracking.mlflow_tracker import start_tracking
 from tests.conftest import REPO
@@ -72,7 +72,7 @@ def _mixed_group(policy, correction: str):
     prompt = Prompt("a:0", text="What is 12 + 30? Answer:", verifier=VerifierSpec("arithmetic", "42"))
     engine = TransformersEngine(policy)
     stage = RLEP(RLEP.Config(replayed_per_group=2, correction=correction))
-    stage.setup(Resources(policy, engine))
+    stage.setup(Lent(policy, engine))
     for i, text in enumerate([" 42", "42"]):
         stage.pool.add_rollout(_rollout(policy, "a:0@s1", i, text, 1.0, version=1), step=1)
     fresh = [_rollout(policy, "a:0@s3", i, t, r, version=3) for i, (t, r) in
@@ -88,7 +88,7 @@ def test_advantages_are_computed_over_the_mixed_group_by_hand(policy):
     assert sorted(r.replayed_from for r in group.rollouts[4:]) == ["a:0@s1/0", "a:0@s1/1"]
     assert [r.rollout_id for r in group.rollouts[4:]] == ["a:0@s3/4", "a:0@s3/5"]
     update = GRPOUpdate(GRPOUpdate.Config(lr=1e-3))  # mean_std: sample std (ddof 1), eps 1e-6
-    update.setup(Resources(policy, engine))
+    update.setup(Lent(policy, engine))
     report = update.run(RolloutGroups([group]), PromptPool([prompt]))
     # rewards [0, 0, 0, 1, 1, 1]: mean 0.5, sample std sqrt(6 * 0.25 / 5) = sqrt(0.3)
     a = 0.5 / (math.sqrt(0.3) + 1e-6)
@@ -244,7 +244,7 @@ def test_mlflow_records_the_store_size_and_the_replayed_rollouts_per_step(tmp_pa
 
 def test_a_pool_seeded_from_another_run_holds_its_store_s_correct_rollouts(full_run):
     stage = RLEP(RLEP.Config(correction="tis", online=False, seed_from={"run_dir": str(full_run), "stage": "store"}))
-    stage.setup(Resources())
+    stage.setup(Lent())
     stored = pq.read_table(full_run / "checkpoints" / "step-000006" / "stages" / "store" / "files"
                            / "entries.parquet").to_pylist()
     expected = sorted(f"full::{r['rollout_id']}" for r in stored if r["correct"])
@@ -257,7 +257,7 @@ def test_a_jsonl_seed_is_tokenized_with_the_policy_and_rescored_when_replayed(po
     seed.write_text('{"prompt": "What is 12 + 30? Answer:", "response": " 42"}\n'
                     '{"prompt_id": "a:0", "response": " 41", "reward": 0.0}\n')
     stage = RLEP(RLEP.Config(correction="tis", online=False, seed_from={"jsonl": str(seed)}))
-    stage.setup(Resources(policy, TransformersEngine(policy)))
+    stage.setup(Lent(policy, TransformersEngine(policy)))
     group = RolloutGroup("a:0@s0", "a:0", 0, 1, [_rollout(policy, "a:0@s0", 0, " 3", 0.0, version=0)])
     stage.run(RolloutGroups([group]), PromptPool([prompt]), StepContext("r", 0, 0, 0))
     (replayed,) = group.rollouts[1:]  # the reward-0 line is not a success
@@ -272,7 +272,7 @@ def test_a_bad_jsonl_seed_names_every_bad_line(policy, tmp_path):
     seed = tmp_path / "seed.jsonl"
     seed.write_text('{"prompt_id": "nope", "response": " 42"}\nnot json\n{"prompt_id": "a:0"}\n')
     stage = RLEP(RLEP.Config(correction="tis", online=False, seed_from={"jsonl": str(seed)}))
-    stage.setup(Resources(policy, TransformersEngine(policy)))
+    stage.setup(Lent(policy, TransformersEngine(policy)))
     with pytest.raises(DataError) as info:
         stage.run(RolloutGroups(), PromptPool([Prompt("a:0", text="1 + 1")]), StepContext("r", 0, 0, 0))
     assert [p.where.line for p in info.value.problems] == [1, 2, 3]
@@ -282,5 +282,5 @@ def test_a_bad_jsonl_seed_names_every_bad_line(policy, tmp_path):
 def test_seeding_from_a_run_without_a_store_says_how_to_fix_it(tmp_path):
     stage = RLEP(RLEP.Config(correction="tis", online=False, seed_from={"run_dir": str(tmp_path)}))
     with pytest.raises(GfcrError, match="has no checkpoints") as info:
-        stage.setup(Resources())
+        stage.setup(Lent())
     assert "replay.store" in info.value.fix

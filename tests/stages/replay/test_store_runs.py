@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from gfcr.cli.main import app
 from gfcr.graph import load_pipeline
-from gfcr.runtime.session import Run
+from gfcr.runtime.loop.session import Run
 from gfcr.tracking.mlflow_tracker import start_tracking
 from tests.conftest import REPO
 from tests.killing import sigkill_after_step

@@ -23,7 +23,8 @@ from gfcr.records import Prompt, PromptPool, Rollout, RolloutGroup, RolloutGroup
 from gfcr.registry.catalog import ADVANTAGE_ESTIMATORS, AGGREGATIONS, CORRECTIONS, LOSSES
 from gfcr.registry.components import declared
 from gfcr.spec.yaml_source import parse_yaml
-from gfcr.stages.resources import Resources
+from gfcr.runtime import LocalTrainer
+from gfcr.stages.resources import Lent
 from gfcr.stages.update.grpo import GRPOUpdate
 from tests.stages.update.test_tree_and_off_policy import ToyPolicy
 
@@ -141,7 +142,7 @@ def test_it_takes_a_real_update_step(kind, alias):
     policy = ToyPolicy()
     stage = GRPOUpdate(GRPOUpdate.Config.model_validate_json(
         json.dumps({"lr": 1e-2, "micro_batch_size": 3, **_update_config(kind, alias)}), strict=True))
-    stage.setup(Resources(policy))
+    stage.setup(Lent(policy))
     before = [p.detach().clone() for p in policy.model.parameters()]
     groups, pool = _batch()
     if (kind, alias) in NEEDS_TREES:
@@ -149,13 +150,13 @@ def test_it_takes_a_real_update_step(kind, alias):
             ids = [r.rollout_id for r in g.rollouts]
             g.tree = TreeIndex(children={"root": [f"n{i}" for i in range(len(ids))]},
                                leaves={"root": ids, **{f"n{i}": [rid] for i, rid in enumerate(ids)}})
-    report = stage.run(groups, pool)
+    report = LocalTrainer(policy).update(stage, groups, pool)
     assert not report.skipped, report.skip_reason
-    assert math.isfinite(report.loss) and report.policy_version == 1
+    assert math.isfinite(report.loss) and report.policy_version == 1 == policy.version
     assert any(not torch.equal(a, b) for a, b in zip(before, policy.model.parameters()))
     state = stage.state_dict()
     again = GRPOUpdate(stage.config)
-    again.setup(Resources(ToyPolicy()))
+    again.setup(Lent(ToyPolicy()))
     again.load_state_dict(state)
 
 

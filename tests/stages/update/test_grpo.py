@@ -9,7 +9,8 @@ import torch
 
 from gfcr.records import Allocation, AllocationEntry, Prompt, PromptPool, RolloutGroups
 from gfcr.stages.generate.sample import Sample
-from gfcr.stages.resources import Resources
+from gfcr.runtime import LocalTrainer
+from gfcr.stages.resources import Lent
 from gfcr.stages.update.grpo import GRPOUpdate
 
 PROMPTS = [Prompt(f"a:{i}", text=f"What is {10 + i} + {20 + 3 * i}? Answer:") for i in range(4)]
@@ -22,7 +23,7 @@ def resources():
     from gfcr.spec import PolicySpec
 
     policy = load_policy(PolicySpec(model="tiny-arith"))
-    return Resources(policy, TransformersEngine(policy))
+    return Lent(policy, TransformersEngine(policy))
 
 
 def _groups(resources, rewards: list[list[float]]) -> RolloutGroups:
@@ -72,7 +73,7 @@ def test_an_update_moves_the_weights_and_reports_what_it_used(resources):
     stage = _update(resources, lr=1e-3)
     before = [p.detach().clone() for p in resources.policy.model.parameters()]
     version = resources.policy.version
-    report = stage.run(groups, POOL)
+    report = LocalTrainer(resources.policy).update(stage, groups, POOL)
     assert not report.skipped and report.policy_version == version + 1 == resources.policy.version
     assert report.rollouts_in_update == 4  # the all-correct group has zero advantage everywhere
     assert report.tokens_in_update == sum(len(r) for r in groups.groups[0].rollouts)
@@ -85,7 +86,7 @@ def test_an_update_moves_the_weights_and_reports_what_it_used(resources):
 def test_empty_and_all_zero_batches_skip_the_update(resources):
     stage = _update(resources)
     version = resources.policy.version
-    empty = stage.run(RolloutGroups(), POOL)
+    empty = LocalTrainer(resources.policy).update(stage, RolloutGroups(), POOL)
     assert empty.skipped and empty.skip_reason == "empty batch" and empty.policy_version == version
     flat = stage.run(_groups(resources, [[1, 1], [0, 0]]), POOL)
     assert flat.skipped and flat.skip_reason == "every advantage is zero" and resources.policy.version == version
@@ -97,7 +98,7 @@ def test_a_non_finite_loss_skips_the_update_and_keeps_the_weights(resources):
     stage = _update(resources)
     before = [p.detach().clone() for p in resources.policy.model.parameters()]
     version = resources.policy.version
-    report = stage.run(groups, POOL)
+    report = LocalTrainer(resources.policy).update(stage, groups, POOL)
     assert report.skipped and "non-finite" in report.skip_reason and resources.policy.version == version
     assert all(torch.equal(a, b) for a, b in zip(before, resources.policy.model.parameters()))
     assert all(p.grad is None for p in resources.policy.model.parameters())

@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 
 from gfcr.graph import load_pipeline
-from gfcr.runtime.session import Run
+from gfcr.runtime.loop.session import Run
 
 REPO = Path(__file__).resolve().parents[3]
 

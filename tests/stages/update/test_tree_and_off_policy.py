@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from gfcr.records import Prompt, PromptPool, Rollout, RolloutGroup, RolloutGroups, Segment, TreeIndex
-from gfcr.stages.resources import Resources
+from gfcr.stages.resources import Lent
 from gfcr.stages.update.grpo import GRPOUpdate
 from gfcr.stages.update.tree_weights import shared_prefix_weights
 
@@ -65,7 +65,7 @@ def token_logprobs(model, response: list[int]) -> torch.Tensor:
 def stage_and_policy(version: int = 0, **config) -> tuple[GRPOUpdate, ToyPolicy]:
     policy = ToyPolicy(version=version)
     stage = GRPOUpdate(GRPOUpdate.Config(micro_batch_size=2, max_grad_norm=None, **config))
-    stage.setup(Resources(policy))
+    stage.setup(Lent(policy))
     return stage, policy
 
 

@@ -13,9 +13,9 @@ import pytest
 
 from gfcr.graph import load_pipeline
 from gfcr.records import VerifierSpec
-from gfcr.runtime.lineage import read_lineage
-from gfcr.runtime.rundir import RunDir
-from gfcr.runtime.session import Run
+from gfcr.runtime.store.lineage import read_lineage
+from gfcr.runtime.store.rundir import RunDir
+from gfcr.runtime.loop.session import Run
 from gfcr.stages.filter.verify import Verify
 from gfcr.stages.verifiers import VERIFIERS, Score
 from gfcr.stages.verifiers.arithmetic import verify_arithmetic

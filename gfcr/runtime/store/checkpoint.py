@@ -33,7 +33,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -41,15 +41,14 @@ from safetensors.torch import load_model, save_file, save_model
 
 from gfcr.errors import CheckpointError
 from gfcr.registry import OwnsFiles, Stateful
-from gfcr.runtime.diskspace import disk_write, tree_bytes
-from gfcr.runtime.local import LocalRunner
-from gfcr.runtime.rundir import RunDir, gfcr_version
-from gfcr.runtime.manifest import (  # noqa: F401  (re-exported: where checkpoints were always read)
+from gfcr.runtime.store.diskspace import disk_write, tree_bytes
+from gfcr.runtime.store.rundir import RunDir, gfcr_version
+from gfcr.runtime.store.manifest import (  # noqa: F401  (re-exported: where checkpoints were always read)
     _DAMAGED, FORMAT, KIND, MANIFEST, POLICY, RUNNER, _sha256, checkpoint_problems, latest_checkpoint,
     read_manifest, verify_checkpoint,
 )
-from gfcr.runtime.state_tree import check_safetensors, load_tensors, read_tree, write_tree
-from gfcr.stages.resources import Resources
+from gfcr.runtime.store.state_tree import check_safetensors, load_tensors, read_tree, write_tree
+from gfcr.stages.resources import Lent
 
 RNG_TORCH, RNG_NUMPY, RNG_PYTHON = "rng/torch.safetensors", "rng/numpy.json", "rng/python.json"
 LIFECYCLE = "lifecycle"  # lifecycle/state.json + tensors.safetensors: the pipelined schedule's weight history
@@ -57,7 +56,20 @@ LIFECYCLE = "lifecycle"  # lifecycle/state.json + tensors.safetensors: the pipel
 
 # --- writing ---------------------------------------------------------------------------------
 
-def save_checkpoint(run_dir: RunDir, runner: LocalRunner, resources: Resources, keep: int = 2) -> Path:
+
+class Checkpointed(Protocol):
+    """What a checkpoint saves and loads of a runner (``gfcr.runtime.loop.local.LocalRunner``)."""
+
+    step: int
+    stages: dict[str, Any]
+    schedule: Any  # a stale lifecycle's schedule (its weight history), or None
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def save_checkpoint(run_dir: RunDir, runner: Checkpointed, lent: Lent, keep: int = 2) -> Path:
     """Write the checkpoint of ``runner.step`` atomically, then keep the newest ``keep``."""
     final = run_dir.checkpoint(runner.step)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -66,7 +78,7 @@ def save_checkpoint(run_dir: RunDir, runner: LocalRunner, resources: Resources, 
     try:  # a full disk: the partial copy is removed below, the older checkpoints are untouched
         with disk_write(f"checkpoint of step {runner.step}", final,
                         lambda: max(tree_bytes(tmp), tree_bytes(newest) if newest is not None else 0)):
-            _write(tmp, runner, resources)
+            _write(tmp, runner, lent)
             _fsync_tree(tmp)
             _replace_dir(tmp, final)
     finally:
@@ -75,10 +87,10 @@ def save_checkpoint(run_dir: RunDir, runner: LocalRunner, resources: Resources, 
     return final
 
 
-def _write(root: Path, runner: LocalRunner, resources: Resources) -> None:
+def _write(root: Path, runner: Checkpointed, lent: Lent) -> None:
     state = runner.state_dict()
     stages: dict[str, Any] = state["stages"]
-    policy = resources.policy
+    policy = lent.policy
     _write_json(root / RUNNER, {"step": state["step"], "policy_version": state["policy_version"],
                                 "stages": sorted(stages)})
     if policy is not None:
@@ -86,7 +98,7 @@ def _write(root: Path, runner: LocalRunner, resources: Resources) -> None:
     _write_rng(root)
     for sid, tree in stages.items():
         write_tree(tree, root / "stages" / sid, where=f"stage `{sid}`")
-    if runner.schedule is not None:  # the pipelined lifecycle's weights of the last `lag + 1` steps
+    if runner.schedule is not None:  # a stale lifecycle's weights of the last `lag + 2` steps
         write_tree(runner.schedule.state_dict(), root / LIFECYCLE, where="the pipelined lifecycle")
     for sid, stage in runner.stages.items():
         if isinstance(stage, OwnsFiles):
@@ -147,13 +159,13 @@ def _replace_dir(tmp: Path, final: Path) -> None:
 
 # --- reading ---------------------------------------------------------------------------------
 
-def load_checkpoint(path: Path, runner: LocalRunner, resources: Resources) -> None:
+def load_checkpoint(path: Path, runner: Checkpointed, lent: Lent) -> None:
     """Restore the run's state from checkpoint directory ``path`` (verified first: a damaged
     checkpoint fails before anything is changed)."""
     manifest = verify_checkpoint(path)
     position = _read_json(path, RUNNER)
     stage_states = _read_stages(path, runner, position)
-    _load_policy(path, manifest, resources)
+    _load_policy(path, manifest, lent)
     runner.load_state_dict({"step": position["step"], "policy_version": position["policy_version"],
                             "stages": stage_states})
     if runner.schedule is not None:
@@ -168,7 +180,7 @@ def load_checkpoint(path: Path, runner: LocalRunner, resources: Resources) -> No
     _load_rng(path)
 
 
-def _read_stages(path: Path, runner: LocalRunner, position: dict[str, Any]) -> dict[str, Any]:
+def _read_stages(path: Path, runner: Checkpointed, position: dict[str, Any]) -> dict[str, Any]:
     stateful = {sid for sid, s in runner.stages.items() if isinstance(s, Stateful)}
     saved = set(position["stages"])
     if missing := sorted(stateful - saved):
@@ -183,22 +195,22 @@ def _read_stages(path: Path, runner: LocalRunner, position: dict[str, Any]) -> d
     return {sid: read_tree(path / "stages" / sid, checkpoint=path) for sid in position["stages"]}
 
 
-def _load_policy(path: Path, manifest: dict[str, Any], resources: Resources) -> None:
+def _load_policy(path: Path, manifest: dict[str, Any], lent: Lent) -> None:
     has_weights = (path / POLICY).is_file()
-    if has_weights != (resources.policy is not None):
+    if has_weights != (lent.policy is not None):
         what = "holds policy weights but the pipeline has no policy" if has_weights else \
             "holds no policy weights but the pipeline has a policy"
         raise CheckpointError(f"{path} {what}", "resume with the spec.yaml this checkpoint was saved with")
-    if resources.policy is None:
+    if lent.policy is None:
         return
     check_safetensors(path / POLICY, path)  # a pickle or a foreign file is refused before the model is touched
     try:
-        model = resources.policy.model
+        model = lent.policy.model
         load_model(model, str(path / POLICY), strict=True, device=str(next(model.parameters()).device))
     except RuntimeError as exc:  # missing/unexpected keys or a shape mismatch: another model's weights
-        raise CheckpointError(f"{path / POLICY} does not fit the policy `{resources.policy.name}`: {exc}",
+        raise CheckpointError(f"{path / POLICY} does not fit the policy `{lent.policy.name}`: {exc}",
                               "resume with the policy.model this checkpoint was trained from") from None
-    resources.policy.version = int(manifest["weights_version"])
+    lent.policy.version = int(manifest["weights_version"])
 
 
 def _load_rng(path: Path) -> None:

@@ -2,7 +2,7 @@
 
 The runner is typed against the lifecycle roles of ``gfcr.registry.lifecycle``. After
 building the stages it attaches every generate stage's in-flight controllers
-(``attach_in_flight``), then calls ``setup(resources)`` on every ``SetsUp`` stage (the policy
+(``attach_in_flight``), then calls ``setup(lent)`` on every ``SetsUp`` stage (the policy
 and engine the runtime lends). Per step: ``before_step(ctx)`` on every ``BeforeStep`` stage;
 the plan's items in order (a loop block repeats its body, each round with a fresh
 ``StepContext`` carrying the round, until its until stage is ``done()``, ``max_rounds``
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, Callable, Hashable, Protocol
 
 import numpy as np
@@ -37,10 +38,13 @@ from gfcr.records import (
     Allocation, ControlDecision, PromptPool, Provided, RolloutGroup, RolloutGroups, StepContext, StepOutputs,
     StepReport, UpdateReport,
 )
-from gfcr.registry.lifecycle import BeforeStep, EndsLoop, HostsInFlight, Observes, ReportsMetrics, SetsUp, Stateful
+from gfcr.registry.lifecycle import (
+    BeforeStep, EndsLoop, HostsInFlight, Observes, ReportsMetrics, SetsUp, Stateful, Trains,
+)
 from gfcr.registry.contract import Port
+from gfcr.runtime.loop.events import HookChannel, RunEvent
+from gfcr.runtime.services import RuntimeServices
 from gfcr.spec import UPDATE_ID
-from gfcr.stages.resources import Resources
 
 # what a feedback input reads in round 0, before its until stage has produced anything
 _EMPTY: dict[type, Callable[[int], Any]] = {
@@ -51,13 +55,14 @@ _EMPTY: dict[type, Callable[[int], Any]] = {
 
 
 class RunnerHooks(Protocol):
-    """Optional callbacks for progress bars and tracking; implement any subset."""
+    """Optional callbacks for progress bars and tracking, each given the ``RunEvent``
+    (``gfcr.runtime.loop.events``); implement any subset."""
 
-    def before_step(self, ctx: StepContext) -> None: ...
-    def after_stage(self, stage_id: str, ctx: StepContext, output: Any, seconds: float) -> None: ...
-    def after_step(self, report: StepReport) -> None: ...
-    def loop_round(self, loop: LoopBlock, step: int, rounds: int) -> None: ...  # a round ended, not done
-    def loop_stopped(self, loop: LoopBlock, step: int, rounds: int, limit: str) -> None: ...  # at a limit
+    def before_step(self, event: RunEvent) -> None: ...  # ctx
+    def after_stage(self, event: RunEvent) -> None: ...  # stage_id, ctx, output, seconds
+    def after_step(self, event: RunEvent) -> None: ...  # report
+    def loop_round(self, event: RunEvent) -> None: ...  # loop, rounds: a round ended, not done
+    def loop_stopped(self, event: RunEvent) -> None: ...  # loop, rounds, limit: at a limit
 
 
 def build_stages(pipeline: CompiledPipeline) -> dict[str, Any]:
@@ -129,22 +134,25 @@ class LocalRunner:
     """Runs a compiled pipeline in this process.
 
     ``pool`` defaults to the pipeline's data source; ``stages`` to fresh instances, set up
-    with ``resources``.
+    with what ``services`` lends them (``services.lent``). The update node runs through the
+    trainer ``services`` gives for it (``gfcr.runtime.training``) when the update ``Trains``.
     """
 
     def __init__(self, pipeline: CompiledPipeline, *, pool: PromptPool | None = None,
                  stages: dict[str, Any] | None = None, run_id: str | None = None,
-                 hooks: tuple[Any, ...] = (), resources: Resources | None = None, schedule: Any = None):
+                 hooks: tuple[Any, ...] | HookChannel = (), services: RuntimeServices | None = None,
+                 schedule: Any = None):
         self.pipeline = pipeline
-        self.schedule = schedule  # a PipelinedSchedule (gfcr.runtime.lifecycle), or None: the synchronous lifecycle
+        self.schedule = schedule  # a PipelinedSchedule (gfcr.runtime.loop.lifecycle), or None: the synchronous lifecycle
         self.pool = pool if pool is not None else pipeline.data.load()
         self.run_id = run_id or pipeline.spec.name
-        self.hooks = hooks
+        self.channel = hooks if isinstance(hooks, HookChannel) else HookChannel(hooks)
         self.step = 0
         self.policy_version = 0
-        self.resources = resources or Resources()
+        self.services = services or RuntimeServices()
+        self.lent = self.services.lent
         self.stages = stages if stages is not None else build_stages(pipeline)
-        self.resources.stages = self.stages  # a Replay stage may read another's store (replay.rlep)
+        self.services.lend_stores(self.stages)  # a Replay stage may read another's store (replay.rlep)
         setup_ctx = StepContext(self.run_id, 0, pipeline.spec.run.seed, 0)
         for sid, node in pipeline.nodes.items():
             host = self.stages[sid]
@@ -152,13 +160,18 @@ class LocalRunner:
                 self._call(sid, setup_ctx, host.attach_in_flight, [self.stages[c] for c in node.in_flight])
         for sid, stage in self.stages.items():
             if isinstance(stage, SetsUp):
-                self._call(sid, setup_ctx, stage.setup, self.resources)
+                self._call(sid, setup_ctx, stage.setup, self.lent)
+        update = self.stages.get(UPDATE_ID)
+        self.trainer = self._call(UPDATE_ID, setup_ctx, self.services.trainer_for, update)
 
-    def _hook(self, name: str, *args: Any) -> None:
-        for hook in self.hooks:
-            method = getattr(hook, name, None)
-            if method is not None:
-                method(*args)
+    @property
+    def hooks(self) -> tuple[Any, ...]:
+        """The hooks of the runner's channel (shared with the run around it)."""
+        return self.channel.hooks
+
+    @hooks.setter
+    def hooks(self, hooks: tuple[Any, ...]) -> None:
+        self.channel.hooks = tuple(hooks)
 
     def run(self, steps: int | None = None) -> list[StepReport]:
         """Run ``steps`` steps (default: the spec's ``run.steps``) and return their reports."""
@@ -180,7 +193,7 @@ class LocalRunner:
     def produce_step(self, step: int) -> Produced:
         """The pipelined schedule's first half of ``step``: its stages but the update, on the
         weights of ``lag`` steps before, then ``observe`` of the report without its update
-        (``gfcr.runtime.lifecycle``). May run ahead of ``train_step``, in another thread."""
+        (``gfcr.runtime.loop.lifecycle``). May run ahead of ``train_step``, in another thread."""
         state = self._begin(step, self.schedule.generation_for(step))
         *produce, update = self.pipeline.plan  # the update is the sink: last in every plan
         assert update == UPDATE_ID, self.pipeline.plan
@@ -201,14 +214,14 @@ class LocalRunner:
 
     def _begin(self, step: int, version: int) -> _StepState:
         ctx = StepContext(self.run_id, step, self.pipeline.spec.run.seed, version)
-        self._hook("before_step", ctx)
+        self.channel.emit("before_step", ctx.step, ctx=ctx)
         for sid, stage in self.stages.items():
             if isinstance(stage, BeforeStep):
                 self._call(sid, ctx, stage.before_step, ctx)
         return _StepState(ctx)
 
     def _end(self, report: StepReport) -> StepReport:
-        self._hook("after_step", report)
+        self.channel.emit("after_step", report.step, report=report)
         self.policy_version = report.policy_version
         self.step += 1
         return report
@@ -238,12 +251,14 @@ class LocalRunner:
                 self._run_stage(self.pipeline.nodes[sid], state)
             if self._call(loop.until, state.ctx, until.done):
                 break
-            self._hook("loop_round", loop, step_ctx.step, round + 1)
+            self.channel.emit("loop_round", step_ctx.step, loop=loop, rounds=round + 1)
             if loop.max_seconds is not None and time.monotonic() - start >= loop.max_seconds:
-                self._hook("loop_stopped", loop, step_ctx.step, round + 1, f"max_seconds={loop.max_seconds:g}")
+                self.channel.emit("loop_stopped", step_ctx.step, loop=loop, rounds=round + 1,
+                                  limit=f"max_seconds={loop.max_seconds:g}")
                 break
         else:
-            self._hook("loop_stopped", loop, step_ctx.step, loop.max_rounds, f"max_rounds={loop.max_rounds}")
+            self.channel.emit("loop_stopped", step_ctx.step, loop=loop, rounds=loop.max_rounds,
+                              limit=f"max_rounds={loop.max_rounds}")
         state.ctx = step_ctx
 
     def _runtime_input(self, port: Port, state: _StepState) -> Any:
@@ -262,14 +277,23 @@ class LocalRunner:
                 kwargs[b.param] = _EMPTY[b.type](state.ctx.step)
         before = {gid: fingerprint(g) for gid, g in state.groups.items()}
         start = time.perf_counter()
-        output = self._execute(node.id, state.ctx, self.stages[node.id].run, kwargs)
+        output = self._execute(node.id, state.ctx, self._runs(node.id), kwargs)
         seconds = time.perf_counter() - start
         state.seconds[node.id] = state.seconds.get(node.id, 0.0) + seconds
         state.outputs[node.id] = output
         self._stamp(node.id, state, before, output)
         if isinstance(output, Allocation):
             state.decisions.extend(decided(node.id, state.ctx.round, kwargs.values(), output))
-        self._hook("after_stage", node.id, state.ctx, output, seconds)
+        self.channel.emit("after_stage", state.ctx.step, stage_id=node.id, ctx=state.ctx, output=output,
+                          seconds=seconds)
+
+    def _runs(self, sid: str) -> Callable[..., Any]:
+        """What executes stage ``sid``: its ``run``, or, for an update that ``Trains``, the trainer
+        (which calls its ``prepare``, ``train_shard`` and ``finish`` and moves the version)."""
+        stage = self.stages[sid]
+        if sid == UPDATE_ID and isinstance(stage, Trains):
+            return partial(self.trainer.update, stage)
+        return stage.run
 
     def _stamp(self, sid: str, state: _StepState, before: dict[str, Hashable], output: Any) -> None:
         """Record what stage ``sid`` created, dropped and changed (groups it output or mutated)."""
@@ -330,8 +354,8 @@ class LocalRunner:
         """What is read once a step: the stages' ``step_metrics()`` and the runtime's counters."""
         metrics = {sid: dict(self._call(sid, state.ctx, stage.step_metrics)) for sid, stage in self.stages.items()
                    if isinstance(stage, ReportsMetrics)}
-        rollouts_charged, tokens_charged = self.resources.take_generation_charge()
-        return _Taken(metrics, rollouts_charged, tokens_charged, self.resources.take_tokens_scored())
+        rollouts_charged, tokens_charged = self.lent.take_generation_charge()
+        return _Taken(metrics, rollouts_charged, tokens_charged, self.lent.take_tokens_scored())
 
     def _report(self, state: _StepState, taken: _Taken) -> StepReport:
         update = state.outputs.get(UPDATE_ID)
@@ -357,14 +381,21 @@ class LocalRunner:
         return {
             "step": self.step,
             "policy_version": self.policy_version,
-            "stages": {sid: s.state_dict() for sid, s in self.stages.items() if isinstance(s, Stateful)},
+            "stages": {sid: self._stage_state(sid, s) for sid, s in self.stages.items() if isinstance(s, Stateful)},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step, self.policy_version = int(state["step"]), int(state["policy_version"])
+        self.trainer.resume_at(self.policy_version)
         for sid, stage_state in state["stages"].items():
             stage = self.stages[sid]
             if not isinstance(stage, Stateful):
                 raise StageError(sid, self.step, self.run_id,
                                  TypeError(f"the checkpoint holds state for `{sid}`, which is not stateful"))
-            stage.load_state_dict(stage_state)
+            if sid == UPDATE_ID:  # under trainer ranks, the optimizer lives in the ranks
+                self.trainer.load_state_dict(stage, stage_state)
+            else:
+                stage.load_state_dict(stage_state)
+
+    def _stage_state(self, sid: str, stage: Stateful) -> dict[str, Any]:
+        return self.trainer.state_dict(stage) if sid == UPDATE_ID else stage.state_dict()

@@ -16,9 +16,9 @@ import numpy as np
 
 from gfcr.errors import CheckpointError, GfcrError, RunDirError
 from gfcr.graph import load_pipeline
-from gfcr.runtime.checkpoint import checkpoint_problems, latest_checkpoint, verify_checkpoint
-from gfcr.runtime.rundir import RunDir
-from gfcr.runtime.state_tree import read_tree
+from gfcr.runtime.store.checkpoint import checkpoint_problems, latest_checkpoint, verify_checkpoint
+from gfcr.runtime.store.rundir import RunDir
+from gfcr.runtime.store.state_tree import read_tree
 from gfcr.stages.common.embedding import load_embedder
 from gfcr.stages.replay.rollout_store import ReplayStore
 from gfcr.stages.replay.store import Store

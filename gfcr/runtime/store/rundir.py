@@ -7,7 +7,7 @@
       lineage/step-000007.parquet   one row per rollout of step 7
       lineage/control-000007.parquet  one row per prompt a Control stage picked or skipped in step 7
       checkpoints/step-000008/      the state after 8 steps (policy, optimizer, stages, RNG):
-                                    a directory with a manifest, see gfcr/runtime/checkpoint.py
+                                    a directory with a manifest, see gfcr/runtime/store/checkpoint.py
       summary.json           the closing summary (eval before/after, totals, where things are)
 
 Every file is written to a temporary name in the same folder, flushed and fsynced, then
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from gfcr.errors import RunDirError
-from gfcr.runtime.rundir_lock import only_the_lock
+from gfcr.runtime.store.rundir_lock import only_the_lock
 
 CHECKPOINT = re.compile(r"^step-(\d{6})$")
 LEGACY_CHECKPOINT = re.compile(r"^step-(\d{6})\.pt$")  # format 1 (a pickle): found to explain, never loaded

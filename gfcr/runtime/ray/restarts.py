@@ -1,6 +1,6 @@
 """Engine replicas that die mid-step: restarted by Ray, given the current weights, their calls made again.
 
-An engine replica (``gfcr.runtime.ray_executor.EngineReplica``) is a Ray actor created with
+An engine replica (``gfcr.runtime.ray.executor.EngineReplica``) is a Ray actor created with
 ``max_restarts`` = ``executor.max_replica_restarts`` (2 by default). When its process dies (SIGKILL,
 the kernel's OOM killer, a crash in a kernel), Ray starts a new process for it from the actor's
 constructor, which loads the *initial* weights. Ray could also re-run the call that was in flight

@@ -72,7 +72,7 @@ class PipelinedSchedule:
     Without a policy (the fake engine's pipelines) only the versions are recorded.
 
     A pipelined run, overlapped or not, runs torch with one intra-op thread per side
-    (``gfcr.runtime.session.one_torch_thread``): a matrix product's float sums depend on the
+    (``gfcr.runtime.loop.session.one_torch_thread``): a matrix product's float sums depend on the
     threads it gets, and two threads of one process share torch's pool unevenly."""
 
     def __init__(self, lag: int, trained: Any = None, generation: Any = None):

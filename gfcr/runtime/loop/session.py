@@ -33,26 +33,31 @@ from gfcr.errors import CheckpointError, EvalError, RunDirError
 from gfcr.graph import CompiledPipeline, load_pipeline
 from gfcr.records import StepReport
 from gfcr.registry import STAGES, Registry
-from gfcr.runtime.checkpoint import load_checkpoint, save_checkpoint
-from gfcr.runtime.diskspace import disk_write, tree_bytes
-from gfcr.runtime.manifest import intact_checkpoint, no_intact_checkpoint, strict_refusal
-from gfcr.runtime.evaluation import EvalResult, evaluate
-from gfcr.runtime.lineage import write_control_lineage, write_lineage
-from gfcr.runtime.local import LocalRunner
-from gfcr.runtime.rundir import RunDir, check_new_run_dir, gfcr_version, new_run_dir, write_text
-from gfcr.runtime.rundir_lock import lock_run_dir, only_the_lock, release_run_dir
+from gfcr.runtime.store.checkpoint import load_checkpoint, save_checkpoint
+from gfcr.runtime.store.diskspace import disk_write, tree_bytes
+from gfcr.runtime.store.manifest import intact_checkpoint, no_intact_checkpoint, strict_refusal
+from gfcr.runtime.loop.evaluation import EvalResult, evaluate
+from gfcr.runtime.store.lineage import write_control_lineage, write_lineage
+from gfcr.runtime.loop.events import HookChannel
+from gfcr.runtime.loop.local import LocalRunner
+from gfcr.runtime.store.rundir import RunDir, check_new_run_dir, gfcr_version, new_run_dir, write_text
+from gfcr.runtime.store.rundir_lock import lock_run_dir, only_the_lock, release_run_dir
 from gfcr.spec import PipelineSpec
-from gfcr.stages.resources import Resources
+from gfcr.runtime.services import RuntimeServices
+from gfcr.runtime.weights import make_mover, mover_name
+from gfcr.stages.resources import Lent
 
 
-def build_resources(spec: PipelineSpec) -> Resources:
-    """Load the policy and start its engine (nothing when the pipeline has no policy)."""
+def build_services(spec: PipelineSpec, mover: str | None = None) -> RuntimeServices:
+    """Load the policy and start its engine (nothing when the pipeline has no policy), with the
+    weight mover ``mover`` (default: ``mover_name(spec)``)."""
+    name = mover or mover_name(spec)
     if spec.executor.kind == "ray":  # engine replicas and verification on Ray (docs/ray.md)
-        from gfcr.runtime.ray_executor import ray_resources
+        from gfcr.runtime.ray.executor import ray_services
 
-        return ray_resources(spec)
+        return ray_services(spec, name)
     if spec.policy is None:
-        return Resources()
+        return RuntimeServices(mover=make_mover(name, None))
     from gfcr.engines import TransformersEngine, load_policy
 
     if spec.policy.engine == "vllm":  # the policy trains beside it; vLLM loads its weights after each update
@@ -61,40 +66,44 @@ def build_resources(spec: PipelineSpec) -> Resources:
         require_vllm(spec.policy.where())  # before the policy loads: a missing package fails in a second
         policy = load_policy(spec.policy)
         engine = VLLMEngine(policy, spec.policy.vllm_settings(), seed=spec.run.seed)
-        return Resources(policy, engine, closers=[engine.close])
+        return RuntimeServices(Lent(policy, engine), make_mover(name, engine), closers=[engine.close])
     policy = load_policy(spec.policy)
-    if spec.lifecycle.mode != "sync":  # generation samples a second copy, which lags the trained one
-        return Resources(policy, TransformersEngine(load_policy(spec.policy), score_path=spec.policy.score_path))
-    return Resources(policy, TransformersEngine(policy, score_path=spec.policy.score_path))
+    if spec.lifecycle.mode != "sync":  # generation samples a second copy, which the schedule keeps lagging
+        engine = TransformersEngine(load_policy(spec.policy), score_path=spec.policy.score_path)
+        return RuntimeServices(Lent(policy, engine), make_mover("none", engine))
+    engine = TransformersEngine(policy, score_path=spec.policy.score_path)
+    return RuntimeServices(Lent(policy, engine), make_mover(name, engine))
 
 
-def build_schedule(spec: PipelineSpec, resources: Resources) -> Any:
+def build_schedule(spec: PipelineSpec, lent: Lent) -> Any:
     """The stale lifecycle's schedule over the trained policy and the engine's copy (neither in a
     pipeline without a policy: versions only); None under ``sync``."""
     if spec.lifecycle.mode == "sync":
         return None
-    from gfcr.runtime.lifecycle import AsyncSchedule, PipelinedSchedule
+    from gfcr.runtime.loop.lifecycle import AsyncSchedule, PipelinedSchedule
 
     kind = AsyncSchedule if spec.lifecycle.mode == "async" else PipelinedSchedule
-    if resources.policy is None or resources.engine is None:
+    if lent.policy is None or lent.engine is None:
         return kind(spec.lifecycle.staleness_bound())
-    return kind(spec.lifecycle.staleness_bound(), resources.policy, resources.engine.policy)
+    return kind(spec.lifecycle.staleness_bound(), lent.policy, lent.engine.policy)
 
 
 class Run:
     """One pipeline run bound to its directory."""
 
     def __init__(self, pipeline: CompiledPipeline, run_dir: RunDir, hooks: tuple[Any, ...] = ()):
-        self.pipeline, self.dir, self.hooks = pipeline, run_dir, hooks
+        self.pipeline, self.dir = pipeline, run_dir
+        self.channel = HookChannel(hooks)  # one channel: the runner's events and the run's
         self.spec = pipeline.spec
         self.pool = pipeline.data.load()
         self.eval_pool = pipeline.eval.load() if pipeline.eval is not None else None
-        self.resources = build_resources(self.spec)
+        self.services = build_services(self.spec)
         runner_cls = LocalRunner
         if self.spec.executor.kind != "local":
-            from gfcr.runtime.prefect_runner import PrefectRunner as runner_cls  # type: ignore[assignment]
-        self.runner = runner_cls(pipeline, pool=self.pool, run_id=run_dir.path.name, resources=self.resources,
-                                 schedule=build_schedule(self.spec, self.resources))
+            from gfcr.runtime.loop.prefect_runner import PrefectRunner as runner_cls  # type: ignore[assignment]
+        self.runner = runner_cls(pipeline, pool=self.pool, run_id=run_dir.path.name, services=self.services,
+                                 hooks=self.channel,
+                                 schedule=build_schedule(self.spec, self.services.lent))
         self.last_checkpoint: Path | None = None
         self.skipped_checkpoints: list[CheckpointError] = []
         self.restarted = False  # resumed from step 0: killed before its first checkpoint
@@ -147,7 +156,7 @@ class Run:
             raise _no_checkpoint(rd, damaged)  # before the policy loads: it fails in a second
         run = cls(pipeline, rd, hooks)
         if checkpoint is not None:
-            load_checkpoint(checkpoint, run.runner, run.resources)
+            load_checkpoint(checkpoint, run.runner, run.services.lent)
             run.last_checkpoint = checkpoint
         # else: killed before its first checkpoint; a new Run is the state of step 0, and its seeded
         # run replays exactly the steps the killed one had recorded
@@ -167,14 +176,14 @@ class Run:
         (a subflow run when called inside a flow; ``new_flow_run=False`` runs in the current one)."""
         if self.spec.executor.kind == "local" or not new_flow_run:
             return self._train()
-        from gfcr.runtime.prefect_runner import run_in_flow
+        from gfcr.runtime.loop.prefect_runner import run_in_flow
 
         return run_in_flow(self.spec.name, self.dir.path.name, self._train,
                            lambda: getattr(self.runner, "task_runs", 0))
 
     def _train(self) -> dict[str, Any]:
         start = self._line_written = time.perf_counter()
-        self._hook("before_run", self)
+        self.channel.emit("before_run", self.runner.step, run=self)
         spent = self._spent()
         if self.runner.schedule is not None:
             with one_torch_thread():  # the same float sums overlapped or not (PipelinedSchedule's docstring)
@@ -193,8 +202,8 @@ class Run:
         text = json.dumps(summary, indent=2) + "\n"
         with disk_write("run summary", self.dir.summary, lambda: len(text.encode())):
             write_text(self.dir.summary, text)
-        self._hook("after_run", summary)
-        self.resources.close()  # engine actors, a Ray cluster gfcr started
+        self.channel.emit("after_run", self.runner.step, summary=summary)
+        self.services.close()  # engine actors, a Ray cluster gfcr started
         release_run_dir(self.dir.path)  # finished: `gfcr resume --steps N` may go on from here
         return summary
 
@@ -215,11 +224,11 @@ class Run:
         if self.runner.schedule is not None:  # how stale the batch was (sync runs keep their keys)
             record["staleness"] = staleness_counts(report)
             record["time"].update(waits or {})
-        record.update({key: take() for key, take in self.resources.runtime_metrics.items()})
+        record.update({key: take() for key, take in self.services.runtime_metrics.items()})
         self._record(step, record, report)
         spent["rollouts"] += record["rollouts_generated"]
         spent["tokens"] += record["tokens_generated"]
-        self._hook("after_step", record)
+        self.channel.emit("step_recorded", step, record=record, report=report)
         every = self.spec.run.checkpoint_every
         if every is not None and self.runner.step % every == 0:
             self._checkpoint()
@@ -230,7 +239,7 @@ class Run:
         recorded, while this thread trains the produced steps in order (``train_step``). The
         producer stops at the run's steps or budget, as the sequential run would, and waits
         before a step the trainer is to checkpoint before, so every checkpoint is the state the
-        sequential run would have (``gfcr.runtime.lifecycle``)."""
+        sequential run would have (``gfcr.runtime.loop.lifecycle``)."""
         runner, schedule = self.runner, self.runner.schedule
         gate = StepGate(self.spec.run.checkpoint_every, runner.step)
         produced: queue.Queue = queue.Queue()
@@ -301,28 +310,32 @@ class Run:
 
     def _evaluate(self, step: int) -> EvalResult:
         assert self.eval_pool is not None and self.spec.eval is not None
-        policy, engine = self.resources.policy, self.resources.engine
+        policy, engine = self.services.lent.policy, self.services.lent.engine
         if self.runner.schedule is not None and policy is not None:  # the trained policy, not the lagging copy
             from gfcr.engines import TransformersEngine
 
             engine = TransformersEngine(policy, score_path=self.spec.policy.score_path if self.spec.policy else "forward")
         if policy is None or engine is None:
             raise EvalError("`eval` needs a policy to evaluate", "add `policy: {model: ...}` or remove `eval`")
-        self._hook("before_eval", step)
+        self.channel.emit("before_eval", step)
         spec, pool = self.spec.eval, self.eval_pool
         result = self.runner.call_as("eval", lambda: evaluate(policy, engine, pool, spec.max_new_tokens,
                                                                spec.batch_size))
-        self._hook("after_eval", step, result)
+        self.channel.emit("after_eval", step, result=result)
         return result
 
     def _checkpoint(self) -> None:
-        self.last_checkpoint = save_checkpoint(self.dir, self.runner, self.resources, self.spec.run.keep_checkpoints)
+        self.last_checkpoint = save_checkpoint(self.dir, self.runner, self.services.lent,
+                                               self.spec.run.keep_checkpoints)
 
-    def _hook(self, name: str, *args: Any) -> None:
-        for hook in self.hooks:
-            method = getattr(hook, name, None)
-            if method is not None:
-                method(*args)
+    @property
+    def hooks(self) -> tuple[Any, ...]:
+        """The hooks of the run's channel, which its runner emits on too (``gfcr.runtime.loop.events``)."""
+        return self.channel.hooks
+
+    @hooks.setter
+    def hooks(self, hooks: tuple[Any, ...]) -> None:
+        self.channel.hooks = tuple(hooks)
 
     def _summary(self, final: EvalResult | None, seconds: float) -> dict[str, Any]:
         records = self.dir.read_metrics()

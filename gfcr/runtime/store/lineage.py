@@ -52,7 +52,7 @@ skipped (a skipped prompt has no rollout, so no row above), in the order the sta
   gave none) and ``reason`` (the sentence for people).
 
 A stage that passes an upstream entry on unchanged (``control.fixed_n`` setting the group
-size) decided nothing about it and has no row (``gfcr.runtime.local.decided``). Join the two
+size) decided nothing about it and has no row (``gfcr.runtime.loop.local.decided``). Join the two
 tables on ``(step, prompt_id)``.
 """
 
@@ -68,7 +68,7 @@ import pyarrow.parquet as pq
 
 from gfcr.errors import RunDirError
 from gfcr.records import ControlDecision, Rollout, RolloutGroup, StepReport
-from gfcr.runtime.rundir import atomic_path
+from gfcr.runtime.store.rundir import atomic_path
 
 SCHEMA = pa.schema([
     ("run_id", pa.string()), ("step", pa.int64()), ("rollout_id", pa.string()), ("group_id", pa.string()),

@@ -19,7 +19,7 @@ embedded, ephemeral server (a SQLite database under ``PREFECT_HOME``) for the li
 ``configure_prefect`` sets what gfcr needs before Prefect is imported: no console logging (a
 run's logs still reach the Prefect API and UI), no telemetry, a longer server start-up
 timeout for small machines, and a guard that stops the embedded server when the process that
-started it dies, even by SIGKILL (``gfcr.runtime.server_guard``). Settings the user has already
+started it dies, even by SIGKILL (``gfcr.runtime.loop.server_guard``). Settings the user has already
 made are left alone.
 
 Stage code never imports Prefect: only this module and the CLI do.
@@ -36,9 +36,10 @@ from typing import Any, Callable, Sequence, TypeVar
 from gfcr.errors import StageError
 from gfcr.graph import CompiledPipeline
 from gfcr.records import PromptPool, StepContext
-from gfcr.runtime.local import LocalRunner
-from gfcr.runtime.server_guard import guard_embedded_server, wait_for_restarts
-from gfcr.stages.resources import Resources
+from gfcr.runtime.loop.events import HookChannel
+from gfcr.runtime.loop.local import LocalRunner
+from gfcr.runtime.loop.server_guard import guard_embedded_server, wait_for_restarts
+from gfcr.runtime.services import RuntimeServices
 
 T = TypeVar("T")
 
@@ -91,7 +92,7 @@ def check_prefect_api() -> None:
     the embedded server. Called before a run directory is written."""
     from prefect.settings import PREFECT_API_URL
 
-    from gfcr.runtime.endpoint import probe
+    from gfcr.runtime.preflight.endpoint import probe
 
     url = PREFECT_API_URL.value()
     if url:
@@ -115,7 +116,8 @@ class PrefectRunner(LocalRunner):
 
     def __init__(self, pipeline: CompiledPipeline, *, pool: PromptPool | None = None,
                  stages: dict[str, Any] | None = None, run_id: str | None = None,
-                 hooks: tuple[Any, ...] = (), resources: Resources | None = None, schedule: Any = None):
+                 hooks: tuple[Any, ...] | HookChannel = (), services: RuntimeServices | None = None,
+                 schedule: Any = None):
         configure_prefect()
         check_prefect_api()
         from prefect import task
@@ -132,7 +134,7 @@ class PrefectRunner(LocalRunner):
         self._eval = task(_named_call("eval"), name="eval", task_run_name="{label}", cache_policy=NO_CACHE,
                           persist_result=False)
         self.task_runs = 0  # started so far: how many the server must record before the process may exit
-        super().__init__(pipeline, pool=pool, stages=stages, run_id=run_id, hooks=hooks, resources=resources,
+        super().__init__(pipeline, pool=pool, stages=stages, run_id=run_id, hooks=hooks, services=services,
                          schedule=schedule)
 
     def _execute(self, sid: str, ctx: StepContext, run: Callable, kwargs: dict[str, Any]) -> Any:

@@ -32,7 +32,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from gfcr.errors import CheckpointError
-from gfcr.runtime.manifest import NOT_GFCR_FIX, refuse_pickle
+from gfcr.runtime.store.manifest import NOT_GFCR_FIX, refuse_pickle
 
 TAG = "__gfcr__"
 STATE_JSON, TENSORS = "state.json", "tensors.safetensors"

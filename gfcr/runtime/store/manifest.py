@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gfcr.errors import CheckpointError
-from gfcr.runtime.rundir import RunDir
+from gfcr.runtime.store.rundir import RunDir
 
 KIND = "gfcr-checkpoint"
 FORMAT = 2

@@ -14,9 +14,9 @@ aggregation ``plan``. Each rank backwards its shard, divided by the *whole batch
 the per-shard gradients add up to the single-process gradient: they are summed over the ranks
 (``all_reduce`` SUM, not mean), and the aggregation's once-a-step term is added on rank 0 only.
 Every rank then clips and steps alike, so the replicas stay equal. The driver takes rank 0's
-weights afterwards (``gfcr.stages.update.grpo.receive_weights``, through Ray's object store), and
+weights afterwards (``gfcr.runtime.training.RankTrainer``, through Ray's object store), and
 rank 0 is the source of the engine replicas' weight group (``open_weight_source``, ``send_weights``;
-``gfcr.runtime.ray_executor.CollectiveSync``): the engines get the new weights from the trainer.
+``gfcr.runtime.ray.executor.CollectiveSync``): the engines get the new weights from the trainer.
 
 Why explicit ``all_reduce`` and a replicated optimizer rather than DDP or FSDP2: the exact
 gradient needs a SUM of gradients that are already divided by batch-wide totals, and a
@@ -42,11 +42,12 @@ from typing import Any, Callable
 import ray
 
 from gfcr.errors import GfcrError, WorkerLost
-from gfcr.runtime.ray_placement import Reservation, placement_bundles, reserve
-from gfcr.runtime.weight_sync import WeightSender, check_layout, layout_of
+from gfcr.runtime.ray.placement import Reservation, placement_bundles, reserve
+from gfcr.runtime.weights.collective import WeightSender, check_layout, layout_of
 from gfcr.spec import PolicySpec
 from gfcr.spec import Resources as Placement
-from gfcr.stages.resources import Ranks, Resources, policy_weights
+from gfcr.stages.resources import Lent, policy_weights
+from gfcr.stages.training import Ranks
 
 READY_TIMEOUT_S = 600.0  # loading the policy in a rank; a pending actor means the cluster is too small
 JOIN_TIMEOUT = timedelta(minutes=5)  # torch.distributed rendezvous and each collective
@@ -85,10 +86,10 @@ class TrainerRank:
         self.backend = "nccl" if policy.where() == "cuda" else "gloo"
         self.policy = load_policy(policy)
         self.stage = stage_class(config)
-        self.stage.setup(Resources(self.policy))
+        self.stage.setup(Lent(self.policy))
         self.sender: WeightSender | None = None  # rank 0: the source of the engines' weight group
 
-    # --- rank 0 as the source of the weight group (gfcr.runtime.ray_executor.CollectiveSync) ----
+    # --- rank 0 as the source of the weight group (gfcr.runtime.ray.executor.CollectiveSync) ----
 
     def open_weight_source(self, world_size: int, layout: Any, backend: str, timeout_s: float) -> tuple[str, int]:
         """Open a weight group's rendezvous on this rank's node; returns its host and port."""
@@ -125,14 +126,16 @@ class TrainerRank:
                                 timeout=JOIN_TIMEOUT)
         return self.rank
 
-    def step(self, shard: list[Any], *args: Any) -> Any:
-        return self.stage.train_shard(shard, *args, Ranks(self.rank, self.world_size, all_reduce_sum))
+    def step(self, shard: list[Any], plan: Any, version: int) -> Any:
+        self.policy.version = version  # staleness is counted from the driver's version
+        return self.stage.train_shard(shard, plan, version, Ranks(self.rank, self.world_size, all_reduce_sum))
 
-    def gradients(self, shard: list[Any], *args: Any, reduce: Callable[[list[Any]], None] = all_reduce_sum
-                  ) -> dict[str, Any]:
+    def gradients(self, shard: list[Any], plan: Any, version: int,
+                  reduce: Callable[[list[Any]], None] = all_reduce_sum) -> dict[str, Any]:
         """The policy's gradients summed over the ranks for one step, without stepping (the
         gradient-equality check; ``reduce`` replaces the sum, to show that a wrong one is caught)."""
-        self.stage.shard_gradients(shard, *args, Ranks(self.rank, self.world_size, reduce))
+        self.policy.version = version
+        self.stage.shard_gradients(shard, plan, version, Ranks(self.rank, self.world_size, reduce))
         grads = optimizer_gradients(self.stage.optimizer)
         self.stage.optimizer.zero_grad(set_to_none=True)
         return grads
@@ -259,13 +262,13 @@ class RayTrainerGroup:
         return False
 
 
-def trainer_starter(policy: PolicySpec, placement: Placement, resources: Resources,
+def trainer_starter(policy: PolicySpec, placement: Placement, closers: list[Callable[[], None]],
                     started: Callable[[RayTrainerGroup], None] = lambda group: None) -> Any:
-    """``Resources.start_trainers`` for this run: starts the group, has the run's end close it, and
-    hands it to ``started`` (the Ray executor makes rank 0 its engines' weight source)."""
+    """``RuntimeServices.start_trainers`` for this run: starts the group, has the run's end close it
+    (``closers``), and hands it to ``started`` (the Ray executor makes rank 0 its engines' weight source)."""
     def start(stage_class: type, config: Any) -> RayTrainerGroup:
         group = RayTrainerGroup.start(policy, placement, stage_class, config)
-        resources.closers.append(group.close)
+        closers.append(group.close)
         started(group)
         return group
     return start
