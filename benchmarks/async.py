@@ -20,9 +20,10 @@ rest of the wall: the update and the step's records) gives the overlap limit, ``
 max(producer side, trainer side)``: the most a perfect overlap of the two could gain; each
 overlapped cell's speed-up over sync is reported as a fraction of it.
 
-Sync runs torch with its default threads (2 here); a pipelined run, overlapped or not, with one
-per side (gfcr.runtime.loop.session.one_torch_thread), so the twin column separates what the thread
-count costs from what the overlap gains.
+Sync runs torch with its default threads (2 here), and again with one (``OMP_NUM_THREADS=1``); a
+pipelined run, overlapped or not, with one per side (gfcr.runtime.loop.session.one_torch_thread),
+so the sync-with-one-thread and twin columns separate what the thread count does from what the
+overlap does.
 
 Writes ``benchmarks/results/async.json`` and prints a markdown table.
 """
@@ -44,6 +45,7 @@ GFCR = [sys.executable, "-m", "gfcr.cli.main"]
 COMMON = ["executor.kind=local", "tracking.mlflow=null", "eval=null", "policy.engine=hf", "update.with.correction.use=tis"]
 CELLS = {
     "sync": [],
+    "sync, 1 torch thread": ["env:OMP_NUM_THREADS=1"],  # the pipelined sides' thread count, for a fair base
     "pipelined twin, lag 1": ["lifecycle.mode=pipelined", "lifecycle.lag=1", "lifecycle.overlap=false"],
     "pipelined overlap, lag 1": ["lifecycle.mode=pipelined", "lifecycle.lag=1"],
     "async, max_staleness 2": ["lifecycle.mode=async", "lifecycle.max_staleness=2"],
@@ -74,9 +76,11 @@ def run_cell(pipeline: str, overrides: list[str], steps: int) -> list[dict[str, 
             path, common = Path(tmp) / "fake.yaml", FAKE_COMMON
             path.write_text(FAKE)
         run_dir = Path(tmp) / "run"
-        args = [a for o in common + overrides + [f"run.steps={steps}"] for a in ("--set", o)]
+        env = dict(o.removeprefix("env:").split("=", 1) for o in overrides if o.startswith("env:"))
+        sets = [o for o in overrides if not o.startswith("env:")]
+        args = [a for o in common + sets + [f"run.steps={steps}"] for a in ("--set", o)]
         done = subprocess.run([*GFCR, "run", str(path), "--run-dir", str(run_dir), *args], capture_output=True,
-                              text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, cwd=tmp)
+                              text=True, env={**os.environ, "HF_HUB_OFFLINE": "1", **env}, cwd=tmp)
         if done.returncode != 0:
             raise SystemExit(f"{pipeline} {overrides} failed:\n{done.stdout}\n{done.stderr}")
         return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -127,7 +131,7 @@ def table(results: dict[str, Any]) -> str:
         limit = sync["step_s"] / max(sync["generation_s"], sync["update_s"])
         for name, c in cells.items():
             speedup = sync["step_s"] / c["step_s"]
-            fraction = f"{speedup / limit:.2f} (limit {limit:.2f}x)" if name not in ("sync",) and "twin" not in name else ""
+            fraction = f"{speedup / limit:.2f} (limit {limit:.2f}x)" if not name.startswith("sync") and "twin" not in name else ""
             lines.append(f"| {pipeline} | {name} | {c['step_s']:.2f} | {c['tokens_per_s']:.0f} | "
                          f"{c.get('producer_wait_s', float('nan')):.2f} | {c.get('trainer_wait_s', float('nan')):.2f} | "
                          f"{speedup:.2f}x | {fraction} |")
