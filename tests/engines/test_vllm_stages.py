@@ -26,7 +26,8 @@ import pytest
 
 from gfcr.graph import load_pipeline
 from gfcr.registry import STAGES, NeedsOfEngine, declares, stage_info
-from gfcr.runtime import RuntimeServices, session
+from gfcr.runtime import RuntimeServices
+from gfcr.runtime.loop import session
 from gfcr.runtime.store.lineage import read_lineage
 from gfcr.runtime.loop.session import Run
 from gfcr.spec.models import ENGINE_LACKS
