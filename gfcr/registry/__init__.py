@@ -12,16 +12,17 @@ from gfcr.registry.lifecycle import (
 )
 from gfcr.registry.lifecycle import (  # capabilities: what a stage's Config says it is
     BuildsTrees, ChecksHost, ChecksRows, CountsPrompts, DropsFinishes, EstimatesAdvantages, FixesGroupSize,
-    MarksCorrect, NeedsOfEngine, PicksBatch, RecordsEntropy, ReplaysFresh, ServesStore, SizesEachGroup,
+    MarksCorrect, NeedsOfEngine, PicksBatch, ReadsRewards, RecordsEntropy, ReplaysFresh, ServesStore, SizesEachGroup,
+    UPSTREAM_NEEDS, UpstreamNeed,
 )
 
 __all__ = [
     "BuildsTrees", "ChecksHost", "ChecksPipeline", "ChecksRows", "CountsPrompts", "DropsFinishes", "EstimatesAdvantages",
     "FixesGroupSize", "MarksCorrect",
-    "NeedsOfEngine", "PicksBatch", "RecordsEntropy", "ReplaysFresh", "ServesStore", "SizesEachGroup",
+    "NeedsOfEngine", "PicksBatch", "ReadsRewards", "RecordsEntropy", "ReplaysFresh", "ServesStore", "SizesEachGroup",
     "BeforeStep", "EndsLoop", "HostsInFlight", "InFlightController", "NeedsOfUpdate", "Observes", "OwnsFiles",
     "HostNote", "PipelineProblem", "ReportsMetrics", "SetsUp",
-    "Stage", "Stateful", "TrainsOnRanks", "UpdateNeed", "declares", "has_role",
+    "Stage", "Stateful", "TrainsOnRanks", "UPSTREAM_NEEDS", "UpdateNeed", "UpstreamNeed", "declares", "has_role",
     "BUILTIN_DATA_SOURCES", "BUILTIN_STAGES", "DATA_SOURCES", "FAMILIES", "Port", "Registry", "STAGES",
     "Seed", "StageConfig", "StageInfo", "describe_stage", "make_data_registry", "make_stage_registry",
     "stage_info", "stage_infos",

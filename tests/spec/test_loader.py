@@ -41,10 +41,10 @@ def test_empty_and_non_mapping_files():
 
 def test_overrides_are_typed_and_reach_configs(write_spec):
     spec = load_spec(write_spec(BASE), ["run.steps=7", "stages.pick.with.batch_size=16",
-                                        "stages.keep.use=filter.dynamic_sampling",
-                                        "stages.keep.with={target_groups: 2}", "eval.source=arithmetic"])
+                                        "stages.keep.use=filter.overlong",
+                                        "stages.keep.with={max_length: 8, buffer: 4}", "eval.source=arithmetic"])
     assert spec.run.steps == 7 and spec.stages["pick"].with_ == {"batch_size": 16}
-    assert spec.stages["keep"].use == "filter.dynamic_sampling" and spec.eval.source == "arithmetic"
+    assert spec.stages["keep"].use == "filter.overlong" and spec.eval.source == "arithmetic"
     assert str(spec.source.locate(("run", "steps"))) == "--set run.steps=7"
     compile_pipeline(spec)
 
