@@ -485,4 +485,16 @@ def load_pipeline(path: str | Path, overrides: Iterable[str] = (), stages: Regis
     ``gfcr validate`` shows both kinds of problems; wiring is checked once the schema holds.
     """
     raw_checks = functools.partial(entry_problems, stages=stages, data_sources=data_sources)
-    return compile_pipeline(load_spec(path, overrides, raw_checks=raw_checks, plugins=plugins), stages, data_sources)
+    spec = load_spec(path, overrides, raw_checks=raw_checks, plugins=plugins,
+                     config_keys=functools.partial(config_keys, stages=stages))
+    return compile_pipeline(spec, stages, data_sources)
+
+
+def config_keys(alias: str, stages: Registry[type] = STAGES) -> frozenset[str] | None:
+    """The ``with`` keys stage ``alias`` accepts (None for an alias the registry does not know:
+    the compiler reports it), for a stage swap by ``--set`` (``gfcr.spec.overrides``)."""
+    try:
+        fields = stage_info(alias, stages).config.model_fields
+    except RegistryError:
+        return None
+    return frozenset(f.alias or name for name, f in fields.items())

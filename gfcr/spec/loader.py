@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from gfcr.errors import Location, Problem, SpecError, did_you_mean, known
 from gfcr.spec.models import UPDATE_ID, PipelineSpec, resolve_plugin_path
-from gfcr.spec.overrides import apply_overrides
+from gfcr.spec.overrides import ConfigKeys, apply_overrides
 from gfcr.spec.problems import dotted, problems_from_validation
 from gfcr.spec.yaml_source import SourceMap, parse_yaml
 
@@ -23,7 +23,7 @@ RawChecks = Callable[[Any, SourceMap], list[Problem]]
 
 
 def load_spec(path: str | Path, overrides: Iterable[str] = (), raw_checks: RawChecks | None = None,
-              plugins: Iterable[str] = ()) -> PipelineSpec:
+              plugins: Iterable[str] = (), config_keys: ConfigKeys | None = None) -> PipelineSpec:
     """Read a pipeline YAML file (a path, or the name of a shipped pipeline: ``quickstart``), apply
     ``--set`` overrides, add the ``--plugin`` modules to its ``plugins`` and validate it."""
     path = pipeline_path(path)
@@ -35,7 +35,7 @@ def load_spec(path: str | Path, overrides: Iterable[str] = (), raw_checks: RawCh
                                  f"{hint + ' (a shipped pipeline); ' if hint else ''}check the path, or name a "
                                  "shipped pipeline (`gfcr run quickstart`; they are the files of `pipelines/`)")]
                         ) from None
-    return load_spec_text(text, str(path), overrides, raw_checks, plugins)
+    return load_spec_text(text, str(path), overrides, raw_checks, plugins, config_keys)
 
 
 def shipped_pipelines() -> dict[str, Path]:
@@ -56,7 +56,8 @@ def pipeline_path(name_or_path: str | Path) -> Path:
 
 
 def load_spec_text(text: str, file: str | None = None, overrides: Iterable[str] = (),
-                   raw_checks: RawChecks | None = None, plugins: Iterable[str] = ()) -> PipelineSpec:
+                   raw_checks: RawChecks | None = None, plugins: Iterable[str] = (),
+                   config_keys: ConfigKeys | None = None) -> PipelineSpec:
     data, source, problems = parse_yaml(text, file)
     if data is None and not problems:
         problems.append(Problem(Location(file, 1, 1), "", "the file is empty",
@@ -66,15 +67,18 @@ def load_spec_text(text: str, file: str | None = None, overrides: Iterable[str] 
                                 "start with `name: ...` at the top level"))
     if problems:
         raise SpecError(problems)
-    return build_spec(data, source, overrides, raw_checks, plugins)
+    return build_spec(data, source, overrides, raw_checks, plugins, config_keys)
 
 
 def build_spec(data: dict[str, Any], source: SourceMap | None = None, overrides: Iterable[str] = (),
-               raw_checks: RawChecks | None = None, plugins: Iterable[str] = ()) -> PipelineSpec:
+               raw_checks: RawChecks | None = None, plugins: Iterable[str] = (),
+               config_keys: ConfigKeys | None = None) -> PipelineSpec:
     """Validate plain data (from YAML or Python) into a ``PipelineSpec``.
 
     ``raw_checks`` (given by the graph layer, which knows the registries) adds its problems
-    when the schema fails, so that all of a file's problems are reported together.
+    when the schema fails, so that all of a file's problems are reported together;
+    ``config_keys`` (likewise) lets a stage swap by ``--set`` drop the old stage's keys
+    (``gfcr.spec.overrides``).
 
     >>> spec = build_spec({"name": "demo", "data": {"source": "arithmetic"},
     ...     "stages": {"pick": {"use": "control.uniform", "with": {"batch_size": 4}}},
@@ -84,7 +88,7 @@ def build_spec(data: dict[str, Any], source: SourceMap | None = None, overrides:
     """
     source = source or SourceMap()
     data = _copy(data)
-    problems = apply_overrides(PipelineSpec, data, source, list(overrides))
+    problems = apply_overrides(PipelineSpec, data, source, list(overrides), config_keys)
     add_plugins(data, source, list(plugins))
     try:
         spec = PipelineSpec.model_validate(data)
