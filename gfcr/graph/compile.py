@@ -29,7 +29,7 @@ from gfcr.graph.model import Binding, CompiledPipeline, DataBinding, LoopBlock, 
 from gfcr.graph.placement import placement_problems, trainer_problems
 from gfcr.records import StepOutputs
 from gfcr.registry import (DATA_SOURCES, STAGES, UPSTREAM_NEEDS, ChecksPipeline, FixesGroupSize, NeedsOfEngine,
-                           NeedsOfUpdate, Port, Registry, StageInfo, UpdateNeed, has_role, stage_info)
+                           NeedsOfUpdate, Port, Registry, StageInfo, UpdateNeed, has_role, path_keys, stage_info)
 from gfcr.registry.plugins import import_plugin
 from gfcr.spec import UPDATE_ID, PipelineSpec, SourceMap, StageSpec, load_spec
 from gfcr.spec.loader import check_references
@@ -330,14 +330,18 @@ class _Compiler:
                        configs: dict[str, BaseModel | None]) -> None:
         """Each stage that reads what only some stages make (``UPSTREAM_NEEDS``: rewards from a
         verifier) has such a stage upstream of it; a stage that ends loops is inside a loop block."""
-        for sid, config in configs.items():
+        lacking: dict[Any, set[str]] = {need: set() for need in UPSTREAM_NEEDS}
+        for sid in sorted(configs, key=lambda s: self.order[s]):
+            config = configs[sid]
             needs = [n for n in UPSTREAM_NEEDS if isinstance(config, n.needs) and getattr(config, _flag(n.needs))]
             if not needs:
                 continue
             view = self.view(sid, graph, infos, configs)
             generator = next(iter(view.in_family("generate", upstream=True)), "<generate stage>")
             for need in needs:
-                if not view.having(need.provider, upstream=True):
+                # the first reader on a path is told; those after it are fixed by the same verifier
+                if not view.having(need.provider, upstream=True) and not lacking[need] & {u for u, _ in view.upstream}:
+                    lacking[need].add(sid)
                     self.problem(self.upstream_path(sid), f"`{sid}` ({infos[sid].alias}) {need.what}",
                                  need.fix.format(stage=sid, generator=generator))
         for sid, info in infos.items():
@@ -486,8 +490,21 @@ def load_pipeline(path: str | Path, overrides: Iterable[str] = (), stages: Regis
     """
     raw_checks = functools.partial(entry_problems, stages=stages, data_sources=data_sources)
     spec = load_spec(path, overrides, raw_checks=raw_checks, plugins=plugins,
-                     config_keys=functools.partial(config_keys, stages=stages))
+                     config_keys=functools.partial(config_keys, stages=stages),
+                     path_keys=functools.partial(declared_paths, stages=stages, data_sources=data_sources))
     return compile_pipeline(spec, stages, data_sources)
+
+
+def declared_paths(kind: str, name: str, stages: Registry[type] = STAGES,
+                   data_sources: Registry[type] = DATA_SOURCES) -> list[tuple[str, ...]]:
+    """The ``with`` keys of stage (``kind`` "stage") or data source ("data") ``name`` that hold
+    paths (``FilePath`` fields), for ``gfcr.spec.loader.resolve_paths``; none for an unknown name
+    (the compiler reports it)."""
+    try:
+        config = stage_info(name, stages).config if kind == "stage" else data_sources.get(name).Config
+    except RegistryError:
+        return []
+    return path_keys(config)
 
 
 def config_keys(alias: str, stages: Registry[type] = STAGES) -> frozenset[str] | None:

@@ -4,7 +4,7 @@ from gfcr.registry.catalog import (
     BUILTIN_DATA_SOURCES, BUILTIN_STAGES, DATA_SOURCES, STAGES, make_data_registry, make_stage_registry,
     stage_info, stage_infos,
 )
-from gfcr.registry.contract import FAMILIES, Port, Seed, StageConfig, StageInfo, describe_stage
+from gfcr.registry.contract import FAMILIES, FilePath, Port, Seed, StageConfig, StageInfo, describe_stage, path_keys
 from gfcr.registry.core import Registry
 from gfcr.registry.lifecycle import (
     BeforeStep, ChecksPipeline, EndsLoop, HostsInFlight, InFlightController, NeedsOfUpdate, Observes, OwnsFiles,
@@ -24,6 +24,6 @@ __all__ = [
     "HostNote", "PipelineProblem", "ReportsMetrics", "SetsUp",
     "Stage", "Stateful", "TrainsOnRanks", "UPSTREAM_NEEDS", "UpdateNeed", "UpstreamNeed", "declares", "has_role",
     "BUILTIN_DATA_SOURCES", "BUILTIN_STAGES", "DATA_SOURCES", "FAMILIES", "Port", "Registry", "STAGES",
-    "Seed", "StageConfig", "StageInfo", "describe_stage", "make_data_registry", "make_stage_registry",
+    "FilePath", "Seed", "StageConfig", "StageInfo", "describe_stage", "path_keys", "make_data_registry", "make_stage_registry",
     "stage_info", "stage_infos",
 ]

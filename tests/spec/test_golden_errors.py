@@ -113,10 +113,13 @@ UPSTREAM_CASES = [
                                                            "  keep:    {use: filter.nonzero_variance, from: merged}"),
          "merged:  {use: filter.merge_rounds", "stages.merged.use", "ends a loop block", "until: merged"),
     Case("filter.dynamic_sampling on accuracy with no verifier in its loop",
-         edit(unscored("dapo_arith.yaml"), "target_groups: 16}", "target_groups: 16, metric: acc}"),
+         edit(edit(edit(unscored("dapo_arith.yaml"), "  keep:    {use: filter.nonzero_variance, from: rollout}\n", ""),
+                   "from: keep, with: {target_groups: 16}", "from: rollout, with: {target_groups: 16, metric: acc}"),
+              "rollout, keep,", "rollout,"),
          "enough:  {use: filter.dynamic_sampling", "stages.enough.from", NO_REWARDS, needs_verifier("enough")),
-    Case("filter.nonzero_variance with no verifier in its loop", unscored("dapo_arith.yaml"),
-         "keep:    {use: filter.nonzero_variance", "stages.keep.from", NO_REWARDS, needs_verifier("keep")),
+    Case("filter.nonzero_variance with no verifier in its loop (the readers after it are not told again)",
+         unscored("dapo_arith.yaml"), "keep:    {use: filter.nonzero_variance", "stages.keep.from", NO_REWARDS,
+         needs_verifier("keep")),
     Case("update.grpo reading the generator", edit(edit(QUICK, VERIFY, ""), "from: reward", "from: rollout"),
          "update: {use: update.grpo", "update.from", NO_REWARDS, needs_verifier("update")),
     Case("filter.d3s with no verifier", unscored("d3s_arith.yaml"), "from: rollout\n    with:", "stages.d3s.from",
@@ -683,3 +686,11 @@ def test_a_missing_upstream_stage_stops_gfcr_run_before_anything_is_written(case
         assert case.fix in " ".join(result.output.split())
         assert "Traceback" not in result.output
         assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]
+
+
+def test_only_the_first_reader_without_a_verifier_is_told(write_spec):
+    """The shipped DAPO without its verifier: `keep` is told to read a verifier; `enough` (on accuracy)
+    and the update, after it, are fixed by the same verifier and not told again."""
+    text = edit(unscored("dapo_arith.yaml"), "target_groups: 16}", "target_groups: 16, metric: acc}")
+    problems = problems_of(write_spec(text, "bad.yaml"), [])
+    assert [p.path for p in problems] == ["stages.keep.from"]
