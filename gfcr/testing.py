@@ -1,4 +1,4 @@
-"""The stage conformance kit: the four checks every registered stage passes, for your own stages.
+"""The stage conformance kit: the five checks every registered stage passes, for your own stages.
 
 gfcr's own suite (``tests/stages/test_conformance.py``) runs them over every registered alias;
 a stage of yours, registered by a plugin module or an installed package, is checked the same
@@ -23,7 +23,9 @@ The checks (each raises ``ConformanceError``, an ``AssertionError``, saying what
 3. ``check_docstring_example``: the module's and the class's doctests run and pass (at least
    one example);
 4. ``check_deviations``: a ``Deviations`` paragraph, or ``testing = True`` on the class and
-   ``TEST STAGE`` in its docstring.
+   ``TEST STAGE`` in its docstring;
+5. ``check_fidelity``: a ``Fidelity:`` paragraph in one of the fixed forms
+   (``gfcr.registry.stage_docs``), or a test stage as above.
 
 It imports no pytest: a plain ``assert``-style error works under any runner.
 """
@@ -43,11 +45,12 @@ from typing import Any, Callable, Iterator
 import yaml
 
 from gfcr.registry import STAGES, Registry, stage_info
+from gfcr.registry.stage_docs import FidelityError, fidelity_statement, parse_fidelity
 from gfcr.spec.dump import dump_yaml
 from gfcr.spec.yaml_source import parse_yaml
 
 __all__ = ["CHECKS", "ConformanceError", "check_config_round_trip", "check_deviations", "check_docstring_example",
-           "check_ports", "check_stage"]
+           "check_fidelity", "check_ports", "check_stage"]
 
 
 class ConformanceError(AssertionError):
@@ -107,9 +110,9 @@ def check_docstring_example(alias: str, registry: Registry[type] = STAGES) -> No
     tests = [t for t in finder.find(module) if t.name in (module.__name__, f"{module.__name__}.{cls.__qualname__}")]
     _require(sum(len(t.examples) for t in tests) > 0, f"{alias}: the docstring needs a runnable `>>>` example")
     report = io.StringIO()
-    for test in tests:
-        runner.run(test, out=report.write)
-    _require(runner.summarize(verbose=False).failed == 0, f"{alias}: its docstring example fails:\n{report.getvalue()}")
+    # the failures counted from each run: ``runner.summarize`` would print doctest's own banner
+    failed = sum(runner.run(test, out=report.write).failed for test in tests)
+    _require(failed == 0, f"{alias}: its docstring example fails:\n{report.getvalue()}")
 
 
 def check_deviations(alias: str, registry: Registry[type] = STAGES) -> None:
@@ -120,12 +123,28 @@ def check_deviations(alias: str, registry: Registry[type] = STAGES) -> None:
              f"{alias}: say where the stage deviates from its paper or reference code (a `Deviations:` paragraph)")
 
 
+def check_fidelity(alias: str, registry: Registry[type] = STAGES) -> None:
+    """A ``Fidelity:`` paragraph in one of the fixed forms (``gfcr.registry.stage_docs``), or a
+    labelled test stage."""
+    info = stage_info(alias, registry)
+    if info.testing:
+        return
+    statement = fidelity_statement(inspect.getdoc(info.cls) or "") or fidelity_statement(
+        inspect.getdoc(inspect.getmodule(info.cls)) or "")
+    _require(statement is not None, f"{alias}: state how faithful the stage is in a `Fidelity:` paragraph, e.g. "
+                                    "`Fidelity: gfcr's own: <what it is>` or `Fidelity: from the abstract: no public code`")
+    try:
+        parse_fidelity(statement, where=alias)
+    except FidelityError as exc:
+        raise ConformanceError(str(exc)) from None
+
+
 CHECKS: tuple[Callable[[str, Registry[type]], None], ...] = (
-    check_ports, check_config_round_trip, check_docstring_example, check_deviations)
+    check_ports, check_config_round_trip, check_docstring_example, check_deviations, check_fidelity)
 
 
 def check_stage(alias: str, registry: Registry[type] = STAGES) -> list[str]:
-    """Run the four checks on ``alias``; raise the first ``ConformanceError``, else return their names."""
+    """Run the five checks on ``alias``; raise the first ``ConformanceError``, else return their names."""
     for check in CHECKS:
         check(alias, registry)
     return [check.__name__ for check in CHECKS]

@@ -8,6 +8,8 @@ through ``GroupStats`` (``n_correct`` of ``n_scored``); a group no verifier judg
 Deviations: not a published method. It is the upper bound of the pass-rate band that online
 difficulty filtering keeps, without the lower bound and without resampling the dropped prompts.
 
+Fidelity: gfcr's own: an example plugin stage; no method to check against.
+
 Example:
 
 >>> from gfcr.records import Rollout, RolloutGroup, RolloutGroups, Segment

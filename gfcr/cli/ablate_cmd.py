@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
-from gfcr.cli.common import ExecutorOption, PluginOption, SetOption, err, fail, import_plugins, out
+from gfcr.cli.common import ExecutorOption, PluginOption, SetOption, err, fail, import_plugins, out, print_notes
 from gfcr.errors import GfcrError
 
 
@@ -36,7 +36,7 @@ def ablate(file: Path,
         out.print(f"ablation of {escape(str(file))}: {cells} variant(s) x {len(seed_list)} seed(s) = "
                   f"{cells * len(seed_list)} runs, {parallel} at a time")
         ablation = run_ablation(file, grid, seed_list, base=base, parallel=parallel, out_dir=out_dir,
-                                on_cell=_print_cell)
+                                on_cell=_print_cell, on_notes=print_notes)
     except GfcrError as exc:
         fail(exc)
         raise typer.Exit(2) from None
@@ -46,6 +46,8 @@ def ablate(file: Path,
         from gfcr.tracking.report import markdown_table
 
         out.print(markdown_table(ablation.report.rows, ablation.report.target))
+        for note in ablation.report.notes:  # variants whose results are identical, as `gfcr compare` says them
+            out.print(f"note: {note}", markup=False)
         out.print(f"report: {ablation.report.html}\n        {ablation.report.markdown}")
     if ablation.failed:
         for result in ablation.failed:

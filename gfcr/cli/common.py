@@ -46,11 +46,18 @@ def compile_file(file: Path, overrides: list[str] | None, inputs: bool = False,
     from gfcr.graph import load_pipeline
 
     pipeline = load_pipeline(file, overrides or [], plugins=plugins or [])
+    print_notes(pipeline.spec.source.notes)
     if inputs:
         from gfcr.runtime.preflight.inputs import check_inputs
 
         check_inputs(pipeline)
     return pipeline
+
+
+def print_notes(notes: list[str]) -> None:
+    """What loading a spec changed that the user should hear (a stage swap's dropped keys)."""
+    for note in notes:
+        out.print(f"[yellow]note:[/] {escape(note)}", markup=True)
 
 
 def import_plugins(plugins: list[str] | None) -> None:

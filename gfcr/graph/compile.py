@@ -29,8 +29,8 @@ from gfcr.graph.model import Binding, CompiledPipeline, DataBinding, LoopBlock, 
 from gfcr.graph.lifecycle import lifecycle_problems
 from gfcr.graph.placement import placement_problems, trainer_problems
 from gfcr.records import StepOutputs
-from gfcr.registry import (DATA_SOURCES, STAGES, ChecksPipeline, FixesGroupSize, NeedsOfEngine, NeedsOfUpdate, Port,
-                           Registry, StageInfo, UpdateNeed, has_role, stage_info)
+from gfcr.registry import (DATA_SOURCES, STAGES, UPSTREAM_NEEDS, ChecksPipeline, FixesGroupSize, NeedsOfEngine,
+                           NeedsOfUpdate, Port, Registry, StageInfo, UpdateNeed, has_role, path_keys, stage_info)
 from gfcr.registry.plugins import import_plugin
 from gfcr.spec import UPDATE_ID, PipelineSpec, SourceMap, StageSpec, load_spec
 from gfcr.spec.loader import check_references
@@ -47,6 +47,11 @@ IN_FLIGHT_EXAMPLE = ("e.g. `stop: {use: control.stop_at_target, with: {groups: 8
 def _stage_path(sid: str) -> tuple:
     """Key path of a node in the spec: ``stages.<id>``, or ``update``."""
     return (UPDATE_ID,) if sid == UPDATE_ID else ("stages", sid)
+
+
+def _flag(capability: type) -> str:
+    """The one member a flag capability (``ReadsRewards``: ``reads_rewards``) declares."""
+    return next(iter(capability.__annotations__))
 
 
 def _update_needs(upstream: list[str], infos: dict[str, StageInfo],
@@ -322,6 +327,43 @@ class _Compiler:
             for p in info.cls.check_pipeline(configs[sid], self.view(sid, graph, infos, configs)):
                 self.problem(_stage_path(sid) + ("with",) + tuple(p.key), p.message, p.fix)
 
+    def check_upstream(self, graph: nx.MultiDiGraph, infos: dict[str, StageInfo],
+                       configs: dict[str, BaseModel | None]) -> None:
+        """Each stage that reads what only some stages make (``UPSTREAM_NEEDS``: rewards from a
+        verifier) has such a stage upstream of it; a stage that ends loops is inside a loop block."""
+        lacking: dict[Any, set[str]] = {need: set() for need in UPSTREAM_NEEDS}
+        for sid in sorted(configs, key=lambda s: self.order[s]):
+            config = configs[sid]
+            needs = [n for n in UPSTREAM_NEEDS if isinstance(config, n.needs) and getattr(config, _flag(n.needs))]
+            if not needs:
+                continue
+            view = self.view(sid, graph, infos, configs)
+            generator = next(iter(view.in_family("generate", upstream=True)), "<generate stage>")
+            for need in needs:
+                # the first reader on a path is told; those after it are fixed by the same verifier
+                if not view.having(need.provider, upstream=True) and not lacking[need] & {u for u, _ in view.upstream}:
+                    lacking[need].add(sid)
+                    self.problem(self.upstream_path(sid), f"`{sid}` ({infos[sid].alias}) {need.what}",
+                                 need.fix.format(stage=sid, generator=generator))
+        for sid, info in infos.items():
+            if info.can_end_loop and sid not in self.loop_of:
+                self.problem(_stage_path(sid) + ("use",),
+                             f"`{sid}` ({info.alias}) ends a loop block (it decides when enough is collected), but it "
+                             "is in none: outside a loop it runs once a step and only truncates the batch",
+                             self.loop_fix(sid, graph))
+
+    def upstream_path(self, sid: str) -> tuple:
+        """Where a missing upstream stage is reported: the stage's ``from``, else the stage."""
+        stage = self.spec.all_stages()[sid]
+        return _stage_path(sid) + (("from",) if stage.from_ is not None else ())
+
+    def loop_fix(self, sid: str, graph: nx.MultiDiGraph) -> str:
+        body = sorted(nx.ancestors(graph, sid) - {UPDATE_ID} | {sid}, key=self.order.get)
+        readers = sorted({v for _, v in graph.out_edges(sid)}, key=self.order.get)
+        read = f", and `from: collect` on {known(readers)}" if readers else ""
+        return (f"make it the until stage of a loop block: `loops: {{collect: {{stages: [{', '.join(body)}], "
+                f"until: {sid}, max_rounds: 3}}}}`{read}")
+
     def check_engine(self, infos: dict[str, StageInfo], configs: dict[str, BaseModel | None]) -> None:
         """Each stage whose Config needs of the engine what ``policy.engine`` lacks, at the key it comes from."""
         if self.spec.policy is None:  # no policy: the stages bring their own (fake) engine
@@ -425,6 +467,7 @@ class _Compiler:
         if len(infos) == len(all_stages) and self.check_cycles(graph):
             self.check_outputs(graph, infos)
             self.check_pipelines(graph, infos, {sid: r[1] for sid, r in resolved.items() if r is not None})
+            self.check_upstream(graph, infos, configs)
             plan = self.plan(graph, infos)
         if self.problems or plan is None or data is None:
             raise GraphError(self.problems)
@@ -450,4 +493,29 @@ def load_pipeline(path: str | Path, overrides: Iterable[str] = (), stages: Regis
     ``gfcr validate`` shows both kinds of problems; wiring is checked once the schema holds.
     """
     raw_checks = functools.partial(entry_problems, stages=stages, data_sources=data_sources)
-    return compile_pipeline(load_spec(path, overrides, raw_checks=raw_checks, plugins=plugins), stages, data_sources)
+    spec = load_spec(path, overrides, raw_checks=raw_checks, plugins=plugins,
+                     config_keys=functools.partial(config_keys, stages=stages),
+                     path_keys=functools.partial(declared_paths, stages=stages, data_sources=data_sources))
+    return compile_pipeline(spec, stages, data_sources)
+
+
+def declared_paths(kind: str, name: str, stages: Registry[type] = STAGES,
+                   data_sources: Registry[type] = DATA_SOURCES) -> list[tuple[str, ...]]:
+    """The ``with`` keys of stage (``kind`` "stage") or data source ("data") ``name`` that hold
+    paths (``FilePath`` fields), for ``gfcr.spec.loader.resolve_paths``; none for an unknown name
+    (the compiler reports it)."""
+    try:
+        config = stage_info(name, stages).config if kind == "stage" else data_sources.get(name).Config
+    except RegistryError:
+        return []
+    return path_keys(config)
+
+
+def config_keys(alias: str, stages: Registry[type] = STAGES) -> frozenset[str] | None:
+    """The ``with`` keys stage ``alias`` accepts (None for an alias the registry does not know:
+    the compiler reports it), for a stage swap by ``--set`` (``gfcr.spec.overrides``)."""
+    try:
+        fields = stage_info(alias, stages).config.model_fields
+    except RegistryError:
+        return None
+    return frozenset(f.alias or name for name, f in fields.items())

@@ -4,7 +4,7 @@ from gfcr.registry.catalog import (
     BUILTIN_DATA_SOURCES, BUILTIN_STAGES, DATA_SOURCES, STAGES, make_data_registry, make_stage_registry,
     stage_info, stage_infos,
 )
-from gfcr.registry.contract import FAMILIES, Port, Seed, StageConfig, StageInfo, describe_stage
+from gfcr.registry.contract import FAMILIES, FilePath, Port, Seed, StageConfig, StageInfo, describe_stage, path_keys
 from gfcr.registry.core import Registry
 from gfcr.registry.lifecycle import (
     BeforeStep, ChecksPipeline, EndsLoop, HostsInFlight, InFlightController, NeedsOfUpdate, Observes, OwnsFiles,
@@ -13,18 +13,18 @@ from gfcr.registry.lifecycle import (
 )
 from gfcr.registry.lifecycle import (  # capabilities: what a stage's Config says it is
     BuildsTrees, ChecksHost, ChecksRows, CountsPrompts, DeclaresCorrection, DropsFinishes, EstimatesAdvantages,
-    FixesGroupSize, MarksCorrect, NeedsOfEngine, NeedsSyncLifecycle, PicksBatch, RecordsEntropy, ReplaysFresh,
-    ServesStore, SizesEachGroup,
+    FixesGroupSize, MarksCorrect, NeedsOfEngine, NeedsSyncLifecycle, PicksBatch, ReadsRewards, RecordsEntropy,
+    ReplaysFresh, ServesStore, SizesEachGroup, UPSTREAM_NEEDS, UpstreamNeed,
 )
 
 __all__ = [
     "BuildsTrees", "ChecksHost", "ChecksPipeline", "ChecksRows", "CountsPrompts", "DeclaresCorrection", "DropsFinishes",
     "EstimatesAdvantages", "FixesGroupSize", "MarksCorrect", "NeedsOfEngine", "NeedsSyncLifecycle", "PicksBatch",
-    "RecordsEntropy", "ReplaysFresh", "ServesStore", "SizesEachGroup",
+    "ReadsRewards", "RecordsEntropy", "ReplaysFresh", "ServesStore", "SizesEachGroup",
     "BeforeStep", "EndsLoop", "HostsInFlight", "InFlightController", "NeedsOfUpdate", "Observes", "OwnsFiles",
     "HostNote", "PipelineProblem", "ReportsMetrics", "SetsUp",
-    "OwnsStore", "Stage", "Stateful", "Trains", "UpdateNeed", "declares", "has_role",
+    "OwnsStore", "Stage", "Stateful", "Trains", "UPSTREAM_NEEDS", "UpdateNeed", "UpstreamNeed", "declares", "has_role",
     "BUILTIN_DATA_SOURCES", "BUILTIN_STAGES", "DATA_SOURCES", "FAMILIES", "Port", "Registry", "STAGES",
-    "Seed", "StageConfig", "StageInfo", "describe_stage", "make_data_registry", "make_stage_registry",
+    "FilePath", "Seed", "StageConfig", "StageInfo", "describe_stage", "path_keys", "make_data_registry", "make_stage_registry",
     "stage_info", "stage_infos",
 ]

@@ -75,6 +75,34 @@ class StageConfig(BaseModel):
 Seed = Annotated[int, Field(ge=0)]
 
 
+class _FilePath:
+    """The mark of a Config field that holds a file or folder path (``FilePath``)."""
+
+    def __repr__(self) -> str:
+        return "FilePath"
+
+
+FILE_PATH = _FilePath()
+# a file or folder a stage or data source reads: written relative, it is relative to the pipeline
+# file's folder (``gfcr.spec.loader.resolve_paths``), as every path in a spec is
+FilePath = Annotated[str, FILE_PATH, Field(min_length=1)]
+
+
+def path_keys(config: type) -> list[tuple[str, ...]]:
+    """The key paths of ``config``'s ``FilePath`` fields, a nested Config's included
+    (``replay.rlep``'s ``("seed_from", "jsonl")``), by their YAML names."""
+    found: list[tuple[str, ...]] = []
+    for name, field in getattr(config, "model_fields", {}).items():
+        key = field.alias or name
+        if FILE_PATH in field.metadata or any(FILE_PATH in getattr(a, "__metadata__", ()) for a in
+                                              typing.get_args(field.annotation)):
+            found.append((key,))
+        for inner in typing.get_args(field.annotation) or (field.annotation,):
+            if isinstance(inner, type) and issubclass(inner, BaseModel):
+                found += [(key, *sub) for sub in path_keys(inner)]
+    return found
+
+
 @dataclass(frozen=True)
 class Port:
     name: str

@@ -224,6 +224,15 @@ class MarksCorrect(Protocol):
 
 
 @runtime_checkable
+class ReadsRewards(Protocol):
+    """Reads each rollout's reward or verdict (a filter on reward variance, an advantage
+    estimator), which only a stage that scores rollouts (``MarksCorrect``) upstream of it
+    writes: ``UPSTREAM_NEEDS`` has ``gfcr validate`` refuse the pipeline without one."""
+
+    reads_rewards: bool
+
+
+@runtime_checkable
 class DropsFinishes(Protocol):
     """Drops the rollouts whose finish reason is in ``dropped_finishes`` from their groups."""
 
@@ -290,6 +299,26 @@ class DeclaresCorrection(Protocol):
     def declared_correction(self) -> str | None: ...
 
 
+@dataclass(frozen=True)
+class UpstreamNeed:
+    """A stage whose Config declares ``needs`` reads what only a stage declaring ``provider``
+    makes, so one must be upstream of it (``gfcr validate`` checks each path into it, feedback
+    edges left out): ``what`` says what it reads, ``fix`` how to give it (``{stage}`` is the
+    stage's id, ``{generator}`` the nearest generate stage upstream of it)."""
+
+    needs: type
+    provider: type
+    what: str
+    fix: str
+
+
+UPSTREAM_NEEDS: tuple[UpstreamNeed, ...] = (
+    UpstreamNeed(ReadsRewards, MarksCorrect, "reads the rollouts' rewards, but no stage upstream of it scores them",
+                 "put a verifier between generation and `{stage}`: `reward: {{use: filter.verify, from: {generator}}}`, "
+                 "then `from: reward` on `{stage}`"),
+)
+
+
 # --- what a data source (``DATA_SOURCES``) may offer ``gfcr validate`` ----------------------------------
 
 
@@ -327,8 +356,8 @@ class CountsPrompts(Protocol):
 
 
 CAPABILITIES: tuple[type, ...] = (PicksBatch, FixesGroupSize, SizesEachGroup, RecordsEntropy, MarksCorrect,
-                                  DropsFinishes, BuildsTrees, ServesStore, ReplaysFresh, EstimatesAdvantages,
-                                  NeedsOfEngine, NeedsSyncLifecycle, DeclaresCorrection)
+                                  ReadsRewards, DropsFinishes, BuildsTrees, ServesStore, ReplaysFresh,
+                                  EstimatesAdvantages, NeedsOfEngine, NeedsSyncLifecycle, DeclaresCorrection)
 
 
 def capability_members(capability: type) -> tuple[str, ...]:

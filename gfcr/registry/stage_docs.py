@@ -3,9 +3,12 @@ the module docstring (and the class's), so a new stage shows up without anyone e
 
 - ``what``: the module docstring's first paragraph, without its leading ``<alias>:`` (the
   class docstring's, for a module that holds several stages);
-- ``paper``: the first sentence that cites an arXiv id, or None;
+- ``paper``: the first sentence that cites an arXiv id, or None (the ``Deviations`` and
+  ``Fidelity:`` paragraphs left out: an id there says how the stage relates to a paper, not
+  which one it implements; ``fidelity`` shows the latter);
 - ``fidelity``: the stage's ``Fidelity:`` paragraph, parsed (``parse_fidelity``), or None when
-  it has none (a plugin's stage may leave it out; every built-in states it, a test checks);
+  it has none (every built-in states it; the conformance kit's ``check_fidelity`` holds a
+  plugin's stage to it too);
 - ``yaml``: the ``.. code-block:: yaml`` examples, dedented (the conformance tests run them).
 
 The ``Fidelity:`` paragraph (in the module docstring, or the class's) starts with one of four
@@ -128,7 +131,8 @@ def stage_doc(alias: str, cls: type, strict: bool = True) -> StageDoc:
     own = paragraphs and paragraphs[0].startswith(f"{alias}:")
     if not own:  # a module of several stages (the test stages): the class says what it does
         paragraphs = _paragraphs(class_doc)
-    sentences = [_unprefixed(s, alias) for p in paragraphs for s in _sentences(p)]
+    cited = [p for p in paragraphs if not p.startswith(("Deviations", "Fidelity:"))]  # how it differs: no citation
+    sentences = [_unprefixed(s, alias) for p in cited for s in _sentences(p)]
     paper = _first(sentences, re.compile(r"arXiv"))
     statement = fidelity_statement(class_doc) or fidelity_statement(module_doc)
     fidelity, problem = None, None

@@ -7,6 +7,7 @@ Every problem found is collected and raised together as one ``SpecError``. Stage
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -14,16 +15,20 @@ from pydantic import ValidationError
 
 from gfcr.errors import Location, Problem, SpecError, did_you_mean, known
 from gfcr.spec.models import UPDATE_ID, PipelineSpec, resolve_plugin_path
-from gfcr.spec.overrides import apply_overrides
+from gfcr.spec.overrides import ConfigKeys, apply_overrides
 from gfcr.spec.problems import dotted, problems_from_validation
 from gfcr.spec.yaml_source import SourceMap, parse_yaml
 
 
 RawChecks = Callable[[Any, SourceMap], list[Problem]]
+# (entry kind, name) -> the key paths under its `with` that hold a file or folder path: kind
+# "stage" with a stage alias, "data" with a data source name; given by the graph layer
+PathKeys = Callable[[str, str], "list[tuple[str, ...]]"]
 
 
 def load_spec(path: str | Path, overrides: Iterable[str] = (), raw_checks: RawChecks | None = None,
-              plugins: Iterable[str] = ()) -> PipelineSpec:
+              plugins: Iterable[str] = (), config_keys: ConfigKeys | None = None,
+              path_keys: PathKeys | None = None) -> PipelineSpec:
     """Read a pipeline YAML file (a path, or the name of a shipped pipeline: ``quickstart``), apply
     ``--set`` overrides, add the ``--plugin`` modules to its ``plugins`` and validate it."""
     path = pipeline_path(path)
@@ -35,7 +40,7 @@ def load_spec(path: str | Path, overrides: Iterable[str] = (), raw_checks: RawCh
                                  f"{hint + ' (a shipped pipeline); ' if hint else ''}check the path, or name a "
                                  "shipped pipeline (`gfcr run quickstart`; they are the files of `pipelines/`)")]
                         ) from None
-    return load_spec_text(text, str(path), overrides, raw_checks, plugins)
+    return load_spec_text(text, str(path), overrides, raw_checks, plugins, config_keys, path_keys)
 
 
 def shipped_pipelines() -> dict[str, Path]:
@@ -56,7 +61,8 @@ def pipeline_path(name_or_path: str | Path) -> Path:
 
 
 def load_spec_text(text: str, file: str | None = None, overrides: Iterable[str] = (),
-                   raw_checks: RawChecks | None = None, plugins: Iterable[str] = ()) -> PipelineSpec:
+                   raw_checks: RawChecks | None = None, plugins: Iterable[str] = (),
+                   config_keys: ConfigKeys | None = None, path_keys: PathKeys | None = None) -> PipelineSpec:
     data, source, problems = parse_yaml(text, file)
     if data is None and not problems:
         problems.append(Problem(Location(file, 1, 1), "", "the file is empty",
@@ -66,15 +72,19 @@ def load_spec_text(text: str, file: str | None = None, overrides: Iterable[str] 
                                 "start with `name: ...` at the top level"))
     if problems:
         raise SpecError(problems)
-    return build_spec(data, source, overrides, raw_checks, plugins)
+    return build_spec(data, source, overrides, raw_checks, plugins, config_keys, path_keys)
 
 
 def build_spec(data: dict[str, Any], source: SourceMap | None = None, overrides: Iterable[str] = (),
-               raw_checks: RawChecks | None = None, plugins: Iterable[str] = ()) -> PipelineSpec:
+               raw_checks: RawChecks | None = None, plugins: Iterable[str] = (),
+               config_keys: ConfigKeys | None = None, path_keys: PathKeys | None = None) -> PipelineSpec:
     """Validate plain data (from YAML or Python) into a ``PipelineSpec``.
 
     ``raw_checks`` (given by the graph layer, which knows the registries) adds its problems
-    when the schema fails, so that all of a file's problems are reported together.
+    when the schema fails, so that all of a file's problems are reported together;
+    ``config_keys`` (likewise) lets a stage swap by ``--set`` drop the old stage's keys
+    (``gfcr.spec.overrides``); ``path_keys`` (likewise) names the ``with`` keys that hold paths,
+    which ``resolve_paths`` makes absolute.
 
     >>> spec = build_spec({"name": "demo", "data": {"source": "arithmetic"},
     ...     "stages": {"pick": {"use": "control.uniform", "with": {"batch_size": 4}}},
@@ -84,8 +94,10 @@ def build_spec(data: dict[str, Any], source: SourceMap | None = None, overrides:
     """
     source = source or SourceMap()
     data = _copy(data)
-    problems = apply_overrides(PipelineSpec, data, source, list(overrides))
+    problems = apply_overrides(PipelineSpec, data, source, list(overrides), config_keys)
     add_plugins(data, source, list(plugins))
+    if path_keys is not None:
+        resolve_paths(data, source, path_keys)
     try:
         spec = PipelineSpec.model_validate(data)
     except ValidationError as exc:
@@ -97,6 +109,46 @@ def build_spec(data: dict[str, Any], source: SourceMap | None = None, overrides:
         raise SpecError(problems + (raw_checks(data, source) if raw_checks else []))
     spec._source = source
     return spec
+
+
+def _base(source: SourceMap, path: tuple) -> Path:
+    """The folder a relative path written at ``path`` is relative to: the pipeline file's, or the
+    current directory for a value set by ``--set`` or a spec built in Python."""
+    where = source.locate(path)
+    return Path(where.file).parent if source.file and where.file == source.file else Path.cwd()
+
+
+def _absolute(value: Any, base: Path) -> Any:
+    if not isinstance(value, str) or not value or value.startswith(("s3://", "http://", "https://")):
+        return value
+    path = Path(value).expanduser()  # links kept: the folder a user named is the one shown
+    return value if path.is_absolute() else os.path.normpath(base.absolute() / path)
+
+
+def resolve_paths(data: dict[str, Any], source: SourceMap, path_keys: PathKeys) -> None:
+    """The one rule for paths in a spec: a relative path is relative to the pipeline file's folder
+    (the current directory for ``--set`` values and specs built in Python). Each path a stage or
+    data source declares (``FilePath``) and a local ``policy.model`` folder is made absolute in
+    ``data``, so the run directory's copy of the spec finds the same files."""
+    entries = [("stage", ("stages", sid), e) for sid, e in (data.get("stages") or {}).items()] \
+        if isinstance(data.get("stages"), dict) else []
+    entries += [("stage", ("update",), data.get("update")), ("data", ("data",), data.get("data")),
+                ("data", ("eval",), data.get("eval"))]
+    for kind, where, entry in entries:
+        name = entry.get("use" if kind == "stage" else "source") if isinstance(entry, dict) else None
+        values = entry.get("with") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or not isinstance(values, dict):
+            continue
+        for keys in path_keys(kind, name):
+            holder = values
+            for key in keys[:-1]:
+                holder = holder.get(key) if isinstance(holder, dict) else None
+            if isinstance(holder, dict) and keys[-1] in holder:
+                holder[keys[-1]] = _absolute(holder[keys[-1]], _base(source, (*where, "with", *keys)))
+    policy = data.get("policy")
+    model = policy.get("model") if isinstance(policy, dict) else None
+    if isinstance(model, str) and (set(model) & {"/", "\\"} or model.startswith((".", "~"))):
+        policy["model"] = _absolute(model, _base(source, ("policy", "model")))
 
 
 def add_plugins(data: dict[str, Any], source: SourceMap, extra: list[str]) -> None:

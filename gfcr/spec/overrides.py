@@ -3,11 +3,17 @@
 A path must name a key the schema knows (``run.steps``) or an existing stage or loop
 (``stages.pick.use``); any key may be set inside a ``with`` mapping, where the stage's own
 Config validates it later. The value is parsed as YAML (``--set update.with.loss.with.clip=[0.2,0.28]``).
+
+A stage swap (``--set stages.budget.use=control.coba``, a new ``use`` for a stage or the update)
+keeps the stage's ``with`` keys the new stage's Config accepts and drops those it does not, with a
+note naming them (``SourceMap.notes``); keys set by an override of the same command are always
+kept, for the new Config to check. ``config_keys`` (given by the graph layer, which knows the
+registry) says which keys a stage alias accepts.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from gfcr.errors import Location, Problem, did_you_mean, known
 from gfcr.spec.problems import child_type, model_keys
@@ -48,9 +54,47 @@ def _walk(root_type: Any, data: dict, keys: list[str], where: Location) -> tuple
     raise AssertionError("unreachable")
 
 
-def apply_overrides(root_type: Any, data: dict, source: SourceMap, overrides: list[str]) -> list[Problem]:
+ConfigKeys = Callable[[str], "frozenset[str] | None"]  # a stage alias -> the keys its Config accepts (None: unknown)
+
+
+def _swapped_entry(keys: list[str]) -> tuple[str, ...] | None:
+    """The path of the stage entry whose ``use`` ``keys`` sets (``stages.budget``, ``update``), else None."""
+    if keys[-1:] == ["use"] and (keys[:-1] == ["update"] or (len(keys) == 3 and keys[0] == "stages")):
+        return tuple(keys[:-1])
+    return None
+
+
+def _entry(data: dict, path: tuple[str, ...]) -> Any:
+    for key in path:
+        data = data.get(key) if isinstance(data, dict) else None
+    return data
+
+
+def _drop_unfit_keys(data: dict, swaps: dict[tuple[str, ...], str], set_paths: list[tuple[str, ...]],
+                     source: SourceMap, config_keys: ConfigKeys) -> None:
+    """After a stage swap, drop the old ``with`` keys the new stage does not accept (see the module doc)."""
+    for path, text in swaps.items():
+        entry = _entry(data, path)
+        values = entry.get("with") if isinstance(entry, dict) else None
+        accepted = config_keys(entry["use"]) if isinstance(entry.get("use"), str) else None
+        if not isinstance(values, dict) or accepted is None or path + ("with",) in set_paths:
+            continue
+        dropped = [k for k in values if k not in accepted and path + ("with", k) not in set_paths]
+        for key in dropped:
+            del values[key]
+        if dropped:
+            where = ".".join(path)
+            source.notes.append(f"--set {text}: dropped {', '.join(f'`{k}`' for k in dropped)} from `{where}.with`, "
+                                f"which `{entry['use']}` does not accept; set its own keys with "
+                                f"--set {where}.with.KEY=VALUE")
+
+
+def apply_overrides(root_type: Any, data: dict, source: SourceMap, overrides: list[str],
+                    config_keys: ConfigKeys | None = None) -> list[Problem]:
     """Apply ``KEY=VALUE`` strings to ``data`` in place; return the problems found."""
     problems: list[Problem] = []
+    swaps: dict[tuple[str, ...], str] = {}  # stage entry -> the override that changed its `use`
+    set_paths: list[tuple[str, ...]] = []
     for text in overrides:
         where = Location(f"--set {text}")
         key, sep, raw = text.partition("=")
@@ -70,9 +114,15 @@ def apply_overrides(root_type: Any, data: dict, source: SourceMap, overrides: li
             problems.append(found)
             continue
         container, last = found
+        entry = _swapped_entry(key.split("."))
+        if entry is not None and container.get(last) != value:
+            swaps[entry] = text
         container[last] = value
         path = tuple(key.split("."))
+        set_paths.append(path)
         source.replace_subtree(path, where)
         for depth in range(1, len(path)):  # a mapping the override created points at it too
             source.spans.setdefault(path[:depth], where)
+    if config_keys is not None and not problems:
+        _drop_unfit_keys(data, swaps, set_paths, source, config_keys)
     return problems

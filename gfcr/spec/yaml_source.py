@@ -107,6 +107,7 @@ class SourceMap:
 
     file: str | None = None
     spans: dict[KeyPath, Location] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # what loading changed that the user should hear (a stage swap)
 
     def locate(self, path: KeyPath) -> Location:
         path = tuple(path)

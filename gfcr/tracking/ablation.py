@@ -5,8 +5,9 @@ product, crossed with the seeds (``run.seed``). Every cell is checked before any
 so a typo in the third value fails at once, not an hour in.
 
 Tracking: one MLflow parent run for the ablation and a child run per cell (tag
-``gfcr.variant`` holds the cell's overrides, ``gfcr.seed`` its seed), all in the pipeline's
-experiment. Orchestration: under the Prefect runner the ablation is one flow run, each cell
+``gfcr.variant`` holds the cell's name, ``pick=control.greso`` for ``--vary
+stages.pick.use=...``, ``gfcr.seed`` its seed; the params hold the whole spec), all in the
+pipeline's experiment. The cell's run directory is named the same (``pick=control.greso-seed0``). Orchestration: under the Prefect runner the ablation is one flow run, each cell
 a task whose run is a subflow run (a flow run of the pipeline with its stage tasks); with
 ``executor.kind: local``, plain threads. ``parallel`` cells run at once in threads of this
 process (sampling is serialised by the engine's lock, so each cell stays reproducible; on 2
@@ -28,6 +29,7 @@ from gfcr.errors import GfcrError
 from gfcr.graph import CompiledPipeline, load_pipeline
 from gfcr.runtime.store.rundir import new_run_dir
 from gfcr.runtime.loop.session import Run
+from gfcr.spec.yaml_source import parse_scalar
 from gfcr.tracking.mlflow_store import create_parent_run, finish_run
 from gfcr.tracking.mlflow_tracker import start_tracking
 from gfcr.tracking.report import ReportPaths, write_report
@@ -38,22 +40,39 @@ VARIANT_TAG, SEED_TAG, ABLATION_TAG = "gfcr.variant", "gfcr.seed", "gfcr.ablatio
 
 @dataclass(frozen=True)
 class Cell:
-    """One run of the grid: a value for every varied key, and a seed."""
+    """One run of the grid: a value for every varied key, and a seed. ``names`` are the settings
+    as a person reads them (``pick=control.greso``; see ``short_setting``), given by ``grid``."""
 
     settings: tuple[tuple[str, str], ...]
     seed: int
+    names: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def label(self) -> str:
-        return ", ".join(f"{k}={v}" for k, v in self.settings)
+        return ", ".join(self.names or (f"{k}={v}" for k, v in self.settings))
 
     @property
     def slug(self) -> str:
-        text = "-".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in self.settings) or "base"
+        text = "-".join(self.names or (short_setting(k, v) for k, v in self.settings)) or "base"
         return re.sub(r"[^A-Za-z0-9_.=-]+", "_", text) + f"-seed{self.seed}"
 
     def overrides(self) -> list[str]:
         return [f"{k}={v}" for k, v in self.settings] + [f"run.seed={self.seed}"]
+
+
+def short_setting(key: str, value: str) -> str:
+    """A varied setting as a person reads it: the stage (or component) a ``use`` swaps and its new
+    alias (``stages.pick.use=control.greso`` -> ``pick=control.greso``), a whole stage given as a
+    mapping by its alias (``stages.budget={use: control.coba, ...}`` -> ``budget=control.coba``),
+    any other key by its last part (``stages.pick.with.batch_size=8`` -> ``batch_size=8``)."""
+    parts = key.split(".")
+    name = parts[-2] if parts[-1] == "use" and len(parts) > 1 else parts[-1]
+    try:
+        parsed = parse_scalar(value)
+    except ValueError:
+        parsed = None
+    alias = parsed.get("use") if isinstance(parsed, dict) else None
+    return f"{name}={alias if isinstance(alias, str) else value}"
 
 
 @dataclass
@@ -140,9 +159,14 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def grid(vary: list[tuple[str, list[str]]], seeds: Sequence[int]) -> list[Cell]:
+    """Every combination of the values, for every seed; a key whose short names would not tell its
+    values apart (two mappings of one alias) is named by its whole ``key=value``."""
     keys = [k for k, _ in vary]
+    readable = {k for k, values in vary if len({short_setting(k, v) for v in values}) == len(set(values))}
     combos = itertools.product(*[values for _, values in vary]) if vary else [()]
-    return [Cell(tuple(zip(keys, combo)), seed) for combo in combos for seed in seeds]
+    return [Cell(tuple(zip(keys, combo)), seed,
+                 tuple(short_setting(k, v) if k in readable else f"{k}={v}" for k, v in zip(keys, combo)))
+            for combo in combos for seed in seeds]
 
 
 def compile_cells(file: Path, cells: Sequence[Cell], base: Sequence[str]) -> dict[Cell, CompiledPipeline]:
@@ -164,10 +188,15 @@ def compile_cells(file: Path, cells: Sequence[Cell], base: Sequence[str]) -> dic
 
 def run_ablation(file: Path, vary: list[tuple[str, list[str]]], seeds: Sequence[int], *,
                  base: Sequence[str] = (), parallel: int = 1, out_dir: Path | None = None,
-                 on_cell: Callable[[CellResult], None] | None = None) -> Ablation:
-    """Run the whole grid, then write its report; a failed cell is recorded, the others go on."""
+                 on_cell: Callable[[CellResult], None] | None = None,
+                 on_notes: Callable[[list[str]], None] | None = None) -> Ablation:
+    """Run the whole grid, then write its report; a failed cell is recorded, the others go on.
+    ``on_notes`` hears, before anything runs, what loading the cells changed (a stage swap's
+    dropped keys, ``gfcr.spec.overrides``), each note once."""
     cells = grid(vary, seeds)
     compiled = compile_cells(file, cells, base)
+    if on_notes is not None:
+        on_notes(list(dict.fromkeys(note for c in compiled.values() for note in c.spec.source.notes)))
     spec = compiled[cells[0]].spec
     root = new_run_dir(f"{spec.name}-ablation")
     experiment = spec.tracking.mlflow.experiment or spec.name

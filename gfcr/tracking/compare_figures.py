@@ -52,8 +52,6 @@ same step: mean x, mean y, and the 95% interval of y as the band.
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
 import math
 from dataclasses import dataclass
 from statistics import mean, stdev
@@ -63,7 +61,7 @@ from scipy import stats
 
 from gfcr.errors import GfcrError, did_you_mean
 from gfcr.tracking.report_series import RunSeries
-from gfcr.tracking.report_variants import Curve, Variant, first_reach, group_variants
+from gfcr.tracking.report_variants import Curve, Variant, first_reach, group_variants, identical_pairs
 
 Z = 0.975  # two-sided 95%
 WARMUP_STEPS = 1  # step 0 of every run (and the evaluation before it): left out of wall-clock figures
@@ -226,17 +224,6 @@ def compare(runs: Sequence[RunSeries], baseline: str | None = None, target: floa
     base_tokens = _to_target(base, target)
     rows = tuple(_row(v, target, base_tokens, base if v is not base else None) for v in variants)
     return Comparison(base.label, target, rows, variants, identical_pairs(variants))
-
-
-def _results(run: RunSeries) -> tuple:
-    """What a run produced, clock readings aside: every step's counts and every evaluation."""
-    return tuple(dataclasses.replace(s, seconds=0.0, step_seconds=0.0) for s in run.steps), run.evals
-
-
-def identical_pairs(variants: Sequence[Variant]) -> tuple[tuple[str, str], ...]:
-    """The pairs of pipelines that ran the same seeds and got the same results with each."""
-    results = {v.label: {r.seed: _results(r) for r in v.runs} for v in variants}
-    return tuple((a, b) for a, b in itertools.combinations(results, 2) if results[a] == results[b])
 
 
 def steady_steps(run: RunSeries) -> list:

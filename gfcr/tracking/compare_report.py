@@ -18,7 +18,7 @@ from pathlib import Path
 from gfcr.tracking.compare_figures import (WARMUP_STEPS, Comparison, Estimate, PairedTest, PipelineFigures,
                                            accuracy_curve, seconds_before, tokens_before)
 from gfcr.tracking.plots import PlotSpec, colour, draw, hex_colour
-from gfcr.tracking.report_variants import step_curve, zero_variance_fraction
+from gfcr.tracking.report_variants import identical_note, step_curve, zero_variance_fraction
 
 PLOTS = {spec.name: spec for spec in (
     PlotSpec("accuracy_vs_tokens", "Eval accuracy against tokens generated", "cumulative generated tokens",
@@ -58,12 +58,7 @@ DEFINITIONS = (
 
 def notes(comparison: Comparison) -> list[str]:
     """What the table alone would hide: pipelines whose results are identical, and why that may be."""
-    return [f"`{a}` and `{b}` gave identical results for every seed (each step's rollouts, tokens, groups and "
-            "every evaluation): the stages in which they differ changed nothing in the steps run (a stage that "
-            "learns from history, such as a skip rule, may need more steps before it acts; a threshold may never "
-            "be met at this size), or the two pipelines are equivalent. Run more steps, or check the stage's "
-            "metrics and lineage (`gfcr lineage RUN_DIR`), before reading this as a tie."
-            for a, b in comparison.identical]
+    return [identical_note(a, b) for a, b in comparison.identical]
 
 
 SIGNIFICANT = 0.05

@@ -24,8 +24,9 @@ from typing import Sequence
 from gfcr.errors import GfcrError
 from gfcr.tracking.plots import PlotSpec, colour, draw, hex_colour
 from gfcr.tracking.report_series import RunSeries, series_from_mlflow, series_from_run_dirs
-from gfcr.tracking.report_variants import (Row, Variant, default_target, eval_curve, group_variants, step_curve,
-                                           table_row, tokens_curve, zero_variance_fraction)
+from gfcr.tracking.report_variants import (Row, Variant, default_target, eval_curve, group_variants, identical_note,
+                                           identical_pairs, step_curve, table_row, tokens_curve,
+                                           zero_variance_fraction)
 
 __all__ = ["ReportPaths", "Row", "RunSeries", "default_out_dir", "markdown_table", "report_rows", "series_from_mlflow",
            "series_from_run_dirs", "write_report"]
@@ -67,6 +68,7 @@ class ReportPaths:
     plots: dict[str, Path]
     rows: tuple[Row, ...]
     target: float | None
+    notes: tuple[str, ...] = ()  # variants with identical results (as `gfcr compare` says them)
 
 
 def default_out_dir(runs: Sequence[RunSeries]) -> Path:
@@ -92,17 +94,18 @@ def write_report(runs: Sequence[RunSeries], out_dir: Path, target: float | None 
     """Group ``runs`` into variants and write the report into ``out_dir``. Without ``target``,
     the to-target columns use the highest accuracy every run reaches (``default_target``)."""
     variants, rows, target = report_rows(runs, target)
+    notes = tuple(identical_note(a, b) for a, b in identical_pairs(variants))
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     plots = _draw_plots(variants, out_dir)
     title = title or f"gfcr report: {len(variants)} variant(s), {len(runs)} run(s)"
     markdown, page, data = out_dir / "report.md", out_dir / "index.html", out_dir / "report.json"
-    markdown.write_text(_markdown(title, rows, target, plots, runs), encoding="utf-8")
-    page.write_text(_html(title, rows, target, plots, runs), encoding="utf-8")
-    data.write_text(json.dumps({"target": target, "rows": [asdict(r) for r in rows],
+    markdown.write_text(_markdown(title, rows, target, plots, runs, notes), encoding="utf-8")
+    page.write_text(_html(title, rows, target, plots, runs, notes), encoding="utf-8")
+    data.write_text(json.dumps({"target": target, "rows": [asdict(r) for r in rows], "notes": list(notes),
                                 "runs": [{"name": r.name, "source": r.source, "seed": r.seed} for r in runs]},
                                indent=2) + "\n", encoding="utf-8")
-    return ReportPaths(out_dir, page, markdown, data, plots, rows, target)
+    return ReportPaths(out_dir, page, markdown, data, plots, rows, target, notes)
 
 
 def _draw_plots(variants: list[Variant], out_dir: Path) -> dict[str, Path]:
@@ -153,8 +156,9 @@ def markdown_table(rows: Sequence[Row], target: float | None) -> str:
 
 
 def _markdown(title: str, rows: Sequence[Row], target: float | None, plots: dict[str, Path],
-              runs: Sequence[RunSeries]) -> str:
+              runs: Sequence[RunSeries], notes: Sequence[str] = ()) -> str:
     parts = [f"# {title}\n", markdown_table(rows, target)]
+    parts += ["\n".join(f"**Note:** {n}" for n in notes) + "\n"] if notes else []
     parts.append("\n".join(f"- {d}" for d in DEFINITIONS) + "\n")
     parts += [f"![{PLOTS[name].title}]({path.name})\n" for name, path in plots.items()]
     parts.append("Runs: " + ", ".join(f"`{r.source}`" for r in runs) + "\n")
@@ -162,7 +166,7 @@ def _markdown(title: str, rows: Sequence[Row], target: float | None, plots: dict
 
 
 def _html(title: str, rows: Sequence[Row], target: float | None, plots: dict[str, Path],
-          runs: Sequence[RunSeries]) -> str:
+          runs: Sequence[RunSeries], identical: Sequence[str] = ()) -> str:
     e = html.escape
     head = "".join(f"<th>{e(h)}</th>" for h in header(target))
     body = "".join(
@@ -171,7 +175,8 @@ def _html(title: str, rows: Sequence[Row], target: float | None, plots: dict[str
         for i, r in enumerate(rows))
     figures = "".join(f'<figure><img src="{e(p.name)}" alt="{e(PLOTS[n].title)}">'
                       f"<figcaption>{e(PLOTS[n].caption)}</figcaption></figure>" for n, p in plots.items())
-    notes = "".join(f"<li>{e(d)}</li>" for d in DEFINITIONS)
+    notes = "".join(f"<li><strong>Note:</strong> {e(n)}</li>" for n in identical)
+    notes += "".join(f"<li>{e(d)}</li>" for d in DEFINITIONS)
     sources = ", ".join(f"<code>{e(r.source)}</code>" for r in runs)
     return _PAGE.format(title=e(title), head=head, body=body, figures=figures, notes=notes, sources=sources)
 

@@ -25,6 +25,8 @@ Table, per variant (means over its seeds):
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import math
 from dataclasses import dataclass
 from statistics import mean
@@ -100,6 +102,27 @@ def _label(members: list[RunSeries], params: dict[str, str], differing: list[str
     if differing:
         return ", ".join(f"{k}={params.get(k, '(unset)')}" for k in differing)
     return params.get("name") or members[0].name
+
+
+def _results(run: RunSeries) -> tuple:
+    """What a run produced, clock readings aside: every step's counts and every evaluation."""
+    return tuple(dataclasses.replace(s, seconds=0.0, step_seconds=0.0) for s in run.steps), run.evals
+
+
+def identical_pairs(variants: Sequence[Variant]) -> tuple[tuple[str, str], ...]:
+    """The pairs of variants (pipelines of a comparison, cells of an ablation) that ran the same
+    seeds and got the same results with each."""
+    results = {v.label: {r.seed: _results(r) for r in v.runs} for v in variants}
+    return tuple((a, b) for a, b in itertools.combinations(results, 2) if results[a] == results[b])
+
+
+def identical_note(a: str, b: str) -> str:
+    """What the table alone would hide when ``a`` and ``b`` gave identical results, and why that may be."""
+    return (f"`{a}` and `{b}` gave identical results for every seed (each step's rollouts, tokens, groups and "
+            "every evaluation): the stages in which they differ changed nothing in the steps run (a stage that "
+            "learns from history, such as a skip rule, may need more steps before it acts; a threshold may never "
+            "be met at this size), or the two are equivalent. Run more steps, or check the stage's "
+            "metrics and lineage (`gfcr lineage RUN_DIR`), before reading this as a tie.")
 
 
 # --- curves -----------------------------------------------------------------------------------

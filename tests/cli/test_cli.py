@@ -47,6 +47,30 @@ def test_validate_imports_no_heavy_dependency(write_spec):
     assert loaded.endswith("[]")
 
 
+def test_every_shipped_pipeline_validates_without_heavy_imports():
+    """`gfcr validate` stays on the light layers for every shipped pipeline, not only the first: one
+    interpreter validates each file in turn and names the first after which torch, prefect, mlflow
+    or vllm is loaded (a stage module importing torch at its top is the usual cause)."""
+    files = sorted(str(p.relative_to(REPO)) for p in (*REPO.glob("pipelines/*.yaml"),
+                                                        *REPO.glob("pipelines/examples/*.yaml")))
+    code = (
+        "import sys\n"
+        "from gfcr.cli.main import app\n"
+        "for f in sys.argv[1:]:\n"
+        "    try:\n"
+        "        app(['validate', f])\n"
+        "    except SystemExit as e:\n"
+        "        assert e.code in (0, None), (f, e.code)\n"
+        "    heavy = sorted(m for m in ('torch', 'prefect', 'mlflow', 'vllm') if m in sys.modules)\n"
+        "    if heavy:\n"
+        "        sys.exit(f'{f} imports {heavy}')\n"
+        "print('validated', len(sys.argv) - 1)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, *files], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().endswith(f"validated {len(files)}") and len(files) >= 50
+
+
 def test_validate_imports_no_other_command(write_spec):
     """Commands are imported when they run: `gfcr validate` loads its own module, not run's or report's."""
     loaded = _validate_in_a_fresh_process(write_spec(DAPO), "import sys\n", "m.startswith('gfcr.cli.')")

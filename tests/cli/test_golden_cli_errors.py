@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from gfcr.cli.main import app
 from gfcr.errors import EvalError
+from gfcr.records import RolloutGroups, UpdateReport
 from gfcr.runtime.store.checkpoint import MANIFEST
 from gfcr.stages.testing import FakeUpdate
 from tests.conftest import BASE
@@ -339,6 +340,39 @@ def test_a_bug_in_a_stage_exits_1_with_its_traceback(tmp_path, monkeypatch):
     assert result.exit_code == 1, result.output
     assert "stage `update` failed at step 0" in result.output
     assert "Traceback" in result.output and "ZeroDivisionError: a bug" in result.output
+
+
+@pytest.mark.parametrize("run_dir", ["given", "default"])
+def test_a_run_failing_before_its_first_step_leaves_no_run_directory(tmp_path, monkeypatch, run_dir):
+    """Nothing but the spec and run.json was written: the folder `gfcr run` made goes again (issue 40)."""
+    def refuses(self, groups: RolloutGroups) -> UpdateReport:
+        raise EvalError("the eval set `x` has no answers", "give every eval row an answer")
+
+    monkeypatch.setattr(FakeUpdate, "run", refuses)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "spec.yaml").write_text(BASE)
+    args = ["--run-dir", str(tmp_path / "run")] if run_dir == "given" else []
+    result = cli.invoke(app, ["run", "spec.yaml", "--executor", "local", *args])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    left = [p.relative_to(tmp_path) for p in tmp_path.rglob("*")]
+    assert sorted(map(str, left)) == (["runs", "spec.yaml"] if run_dir == "default" else ["spec.yaml"])
+
+
+def test_a_run_failing_after_its_first_step_keeps_its_run_directory(tmp_path, monkeypatch):
+    calls = []
+
+    def refuses_the_second(self, groups: RolloutGroups, _run=FakeUpdate.run) -> UpdateReport:
+        calls.append(1)
+        if len(calls) > 1:
+            raise EvalError("the eval set `x` has no answers", "give every eval row an answer")
+        return _run(self, groups)
+
+    monkeypatch.setattr(FakeUpdate, "run", refuses_the_second)
+    (tmp_path / "spec.yaml").write_text(BASE)
+    result = cli.invoke(app, ["run", str(tmp_path / "spec.yaml"), "--run-dir", str(tmp_path / "run"),
+                              "--executor", "local"])
+    assert result.exit_code == 2, result.output
+    assert (tmp_path / "run" / "metrics.jsonl").read_text().count("\n") == 1
 
 
 def test_a_user_error_met_inside_a_stage_exits_2_naming_the_stage(tmp_path, monkeypatch):

@@ -56,13 +56,13 @@ def test_package_stage_is_listed(package_env):
 def test_package_stage_passes_the_conformance_checks(package_env, alias, tmp_path):
     """The shipped conformance kit (``python -m gfcr.testing``), run on the installed stage from a
     folder outside the repository: ports, Config round-trip through the docstring's YAML, the
-    doctest, Deviations."""
+    doctest, Deviations, Fidelity."""
     out = subprocess.run([sys.executable, "-m", "gfcr.testing", alias], env=package_env, cwd=tmp_path,
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.splitlines() == [f"✓ {alias}: {check}" for check in
                                        ("check_ports", "check_config_round_trip", "check_docstring_example",
-                                        "check_deviations")]
+                                        "check_deviations", "check_fidelity")]
 
 
 def test_writing_a_stage_shows_the_package_code():

@@ -86,9 +86,10 @@ def test_the_plugin_validates_and_is_checked_with_the_shipped_kit(user_folder):
 
 
 def test_the_kit_says_what_a_stage_lacks(user_folder):
-    """A stage without its Deviations paragraph or doctest fails the kit, saying what to add."""
+    """A stage without its Deviations or Fidelity paragraph or doctest fails the kit, saying what to add."""
     plugin = user_folder / "max_solve_rate.py"
     text = plugin.read_text("utf-8").replace("Deviations:", "Notes:").replace(">>> ", "... ")
+    text = text.replace("Fidelity:", "More notes:")
     (user_folder / "bare_solve_rate.py").write_text(text.replace("max_solve_rate", "bare_solve_rate"))
     out = _run([sys.executable, "-m", "gfcr.testing", "--plugin", "bare_solve_rate", "filter.bare_solve_rate"],
                user_folder)
@@ -96,6 +97,21 @@ def test_the_kit_says_what_a_stage_lacks(user_folder):
     assert "✗ filter.bare_solve_rate: check_docstring_example: filter.bare_solve_rate: the docstring needs a " \
            "runnable `>>>` example" in out.stdout
     assert "✗ filter.bare_solve_rate: check_deviations" in out.stdout and "`Deviations:` paragraph" in out.stdout
+    assert "✗ filter.bare_solve_rate: check_fidelity: filter.bare_solve_rate: state how faithful the stage is in a " \
+           "`Fidelity:` paragraph" in out.stdout
+
+
+def test_a_failing_doctest_is_said_in_the_kit_s_own_line_without_doctest_s_banner(user_folder):
+    """Issue 40: doctest's `***Test Failed***` summary is not printed before the kit's ✗ line."""
+    text = (user_folder / "max_solve_rate.py").read_text("utf-8").replace("['hard']", "['easy']")
+    (user_folder / "wrong_solve_rate.py").write_text(text.replace("max_solve_rate", "wrong_solve_rate"))
+    out = _run([sys.executable, "-m", "gfcr.testing", "--plugin", "wrong_solve_rate", "filter.wrong_solve_rate"],
+               user_folder)
+    assert out.returncode == 1, out.stdout
+    assert "***Test Failed***" not in out.stdout
+    assert out.stdout.startswith("✓ filter.wrong_solve_rate: check_ports\n")
+    assert "✗ filter.wrong_solve_rate: check_docstring_example: filter.wrong_solve_rate: its docstring example fails" \
+           in out.stdout and "Expected:\n    ['easy']" in out.stdout
 
 
 FAKE = """\

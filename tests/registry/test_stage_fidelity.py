@@ -107,3 +107,21 @@ def test_a_plugin_s_own_wording_is_refused_strictly_and_shown_leniently():
         stage_doc("filter.mine", _PluginStage)
     doc = stage_doc("filter.mine", _PluginStage, strict=False)  # what `gfcr stages` does for plugins
     assert doc.fidelity is None and "not in a fixed form" in doc.fidelity_problem
+
+
+class _DeviatingPluginStage:
+    """filter.mine: drop the longest groups.
+
+    Deviations: not a published method. DAPO's overlong filtering (Yu et al., 2025, arXiv
+    2503.14476) masks the loss of truncated rollouts one by one; this drops whole groups.
+
+    Fidelity: gfcr's own: an example.
+    """
+
+
+def test_the_paper_is_what_the_stage_cites_not_how_it_deviates():
+    """Issue 40: a plugin whose only arXiv id is in its Deviations paragraph showed that paragraph,
+    minus its first sentence, as its paper; a built-in citing its paper up front keeps it."""
+    assert stage_doc("filter.mine", _DeviatingPluginStage).paper is None
+    assert "arXiv 2506.02177" in stage_doc("control.greso", stage_info("control.greso").cls).paper
+    assert stage_doc("filter.entropy", stage_info("filter.entropy").cls).paper is None  # ids only in Deviations

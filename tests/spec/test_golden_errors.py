@@ -75,6 +75,76 @@ SEED_FIX = "write 0 or a positive integer"
 HUMANEVAL_FROM = 'data: {source: arithmetic, with: {n: 4000, seed: 0, digits: 2, operators: ["+", "-"]}}'
 MULTI_TURN = (REPO / "pipelines" / "examples" / "multi_turn_calc_arith.yaml").read_text()  # generate.multi_turn
 
+# issue 40: what a stage needs from upstream, checked at validate. UNSCORED: a shipped pipeline with its
+# verifier left out (what read `from: reward` reads the generator); QUICK_READS: the quickstart whose
+# verifier is replaced by the stage ``line`` (which reads `from: rollout`, and the update reads it)
+VERIFY = "  reward:  {use: filter.verify, from: rollout}\n"
+NO_REWARDS = "reads the rollouts' rewards, but no stage upstream of it scores them"
+
+
+def unscored(pipeline: str) -> str:
+    text = edit((REPO / "pipelines" / pipeline).read_text(), VERIFY, "")
+    return text.replace("from: reward", "from: rollout").replace("rollout, reward,", "rollout,")
+
+
+def quick_reads(sid: str, line: str) -> str:
+    return edit(edit(QUICK, VERIFY, f"  {sid}: {line}\n"), "update: {use: update.grpo, from: reward",
+                f"update: {{use: update.grpo, from: {sid}")
+
+
+def needs_verifier(sid: str) -> str:
+    return f"put a verifier between generation and `{sid}`: `reward: {{use: filter.verify, from: rollout}}`"
+
+
+UPSTREAM_CASES = [
+    Case("filter.nonzero_variance before the verifier (issue 40)",
+         edit(QUICK, VERIFY, "  keep:    {use: filter.nonzero_variance, from: rollout}\n"
+                             "  reward:  {use: filter.verify, from: keep}\n"),
+         "keep:    {use: filter.nonzero_variance", "stages.keep.from", NO_REWARDS, needs_verifier("keep")),
+    Case("filter.dynamic_sampling outside any loop block (issue 40)",
+         edit(QUICK, "update: {use: update.grpo, from: reward",
+              "  enough:  {use: filter.dynamic_sampling, from: reward, with: {target_groups: 8}}\n"
+              "update: {use: update.grpo, from: enough"),
+         "enough:  {use: filter.dynamic_sampling", "stages.enough.use",
+         "ends a loop block (it decides when enough is collected), but it is in none",
+         "make it the until stage of a loop block: `loops: {collect: {stages: [pick, budget, rollout, reward, "
+         "enough], until: enough, max_rounds: 3}}`, and `from: collect` on `update`"),
+    Case("filter.merge_rounds outside any loop block", edit(BASE, "  keep:    {use: filter.nonzero_variance, from: rollout}",
+                                                           "  merged:  {use: filter.merge_rounds, from: rollout}\n"
+                                                           "  keep:    {use: filter.nonzero_variance, from: merged}"),
+         "merged:  {use: filter.merge_rounds", "stages.merged.use", "ends a loop block", "until: merged"),
+    Case("filter.dynamic_sampling on accuracy with no verifier in its loop",
+         edit(edit(edit(unscored("dapo_arith.yaml"), "  keep:    {use: filter.nonzero_variance, from: rollout}\n", ""),
+                   "from: keep, with: {target_groups: 16}", "from: rollout, with: {target_groups: 16, metric: acc}"),
+              "rollout, keep,", "rollout,"),
+         "enough:  {use: filter.dynamic_sampling", "stages.enough.from", NO_REWARDS, needs_verifier("enough")),
+    Case("filter.nonzero_variance with no verifier in its loop (the readers after it are not told again)",
+         unscored("dapo_arith.yaml"), "keep:    {use: filter.nonzero_variance", "stages.keep.from", NO_REWARDS,
+         needs_verifier("keep")),
+    Case("update.grpo reading the generator", edit(edit(QUICK, VERIFY, ""), "from: reward", "from: rollout"),
+         "update: {use: update.grpo", "update.from", NO_REWARDS, needs_verifier("update")),
+    Case("filter.d3s with no verifier", unscored("d3s_arith.yaml"), "from: rollout\n    with:", "stages.d3s.from",
+         NO_REWARDS, needs_verifier("d3s")),
+    Case("filter.gdro_weights with no verifier", unscored("gdro_arith.yaml"), "weights: {use: filter.gdro_weights",
+         "stages.weights.from", NO_REWARDS, needs_verifier("weights")),
+    Case("filter.overlong with no verifier",
+         quick_reads("penalty", "{use: filter.overlong, from: rollout, with: {max_length: 8, buffer: 4}}"),
+         "penalty: {use: filter.overlong", "stages.penalty.from", NO_REWARDS, needs_verifier("penalty")),
+    Case("filter.step_reward with no verifier", quick_reads("steps", "{use: filter.step_reward, from: rollout}"),
+         "steps: {use: filter.step_reward", "stages.steps.from", NO_REWARDS, needs_verifier("steps")),
+    Case("filter.beta_difficulty with no verifier",
+         quick_reads("band", "{use: filter.beta_difficulty, from: rollout}"),
+         "band: {use: filter.beta_difficulty", "stages.band.from", NO_REWARDS, needs_verifier("band")),
+    Case("filter.meds with no verifier", unscored("meds_arith.yaml"), "meds:    {use: filter.meds", "stages.meds.with",
+         "nothing upstream of this stage marks rollouts correct", "put it after the verifier"),
+    Case("filter.uniqueness with no verifier", unscored("uniqueness_arith.yaml"), "rare:    {use: filter.uniqueness",
+         "stages.rare.with", "nothing upstream of this stage marks rollouts correct", "put it after the verifier"),
+    Case("the tree advantage with no tree generator upstream",
+         edit(QUICK, "lr: 3.0e-4,", "lr: 3.0e-4, advantage: {use: tree},"), "advantage: {use: tree}",
+         "update.with.advantage.use", "no stage upstream of the update generates trees", "generate with `generate.tree`"),
+]
+
+
 CASES = [
     Case("near-miss stage name", edit(BASE, "control.uniform", "control.unifrom"),
          "control.unifrom", "stages.pick.use", "unknown stage `control.unifrom`", "did you mean `control.uniform`?"),
@@ -530,6 +600,7 @@ CASES = [
          "the tokenisation test, which `policy.engine: vllm` cannot give: the vLLM engine has not been through the "
          "multi-turn tokenisation test (ids trained == ids generated + the environment's tokenised turns), so it "
          "is not offered yet", "use `policy.engine: hf` (the transformers engine) for `rollout`"),
+    *UPSTREAM_CASES,
 ]
 
 
@@ -637,3 +708,26 @@ def test_hardening_cases_exit_2_within_5_s_and_200_mb_and_write_nothing(tmp_path
         assert result["s"] < 5.0, (case.id, result["s"])
     assert int(peak) < 200 * 1024, f"peak RSS {int(peak) // 1024} MB"
     assert list(work.iterdir()) == [] and sorted(specs.iterdir()) == sorted(files)
+
+
+@pytest.mark.parametrize("case", UPSTREAM_CASES, ids=[c.id for c in UPSTREAM_CASES])
+def test_a_missing_upstream_stage_stops_gfcr_run_before_anything_is_written(case, tmp_path, monkeypatch):
+    """What a stage needs from upstream (issue 40): `gfcr run` exits 2 with file:line and the fix, no
+    traceback, and leaves no run directory (the default `runs/` one or a given one)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bad.yaml").write_text(textwrap.dedent(case.text))
+    for extra in ([], ["--run-dir", "given"]):
+        result = CliRunner().invoke(app, ["run", "bad.yaml", *extra])
+        assert result.exit_code == 2, result.output
+        assert expected_where(case, "bad.yaml") in result.output and "fix: " in result.output
+        assert case.fix in " ".join(result.output.split())
+        assert "Traceback" not in result.output
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]
+
+
+def test_only_the_first_reader_without_a_verifier_is_told(write_spec):
+    """The shipped DAPO without its verifier: `keep` is told to read a verifier; `enough` (on accuracy)
+    and the update, after it, are fixed by the same verifier and not told again."""
+    text = edit(unscored("dapo_arith.yaml"), "target_groups: 16}", "target_groups: 16, metric: acc}")
+    problems = problems_of(write_spec(text, "bad.yaml"), [])
+    assert [p.path for p in problems] == ["stages.keep.from"]

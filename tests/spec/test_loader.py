@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from gfcr.errors import GraphError, SpecError
-from gfcr.graph import compile_pipeline
+from gfcr.graph import compile_pipeline, load_pipeline
 from gfcr.spec import DataSpec, PipelineSpec, StageSpec, build_spec, load_spec, load_spec_text
 from gfcr.spec.yaml_source import parse_yaml
-from tests.conftest import BASE, DAPO
+from tests.conftest import BASE, DAPO, REPO
 
 
 def test_yaml_12_scalars():
@@ -41,12 +41,47 @@ def test_empty_and_non_mapping_files():
 
 def test_overrides_are_typed_and_reach_configs(write_spec):
     spec = load_spec(write_spec(BASE), ["run.steps=7", "stages.pick.with.batch_size=16",
-                                        "stages.keep.use=filter.dynamic_sampling",
-                                        "stages.keep.with={target_groups: 2}", "eval.source=arithmetic"])
+                                        "stages.keep.use=filter.overlong",
+                                        "stages.keep.with={max_length: 8, buffer: 4}", "eval.source=arithmetic"])
     assert spec.run.steps == 7 and spec.stages["pick"].with_ == {"batch_size": 16}
-    assert spec.stages["keep"].use == "filter.dynamic_sampling" and spec.eval.source == "arithmetic"
+    assert spec.stages["keep"].use == "filter.overlong" and spec.eval.source == "arithmetic"
     assert str(spec.source.locate(("run", "steps"))) == "--set run.steps=7"
     compile_pipeline(spec)
+
+
+QUICK = (REPO / "pipelines" / "quickstart.yaml")
+
+
+def test_a_stage_swap_drops_the_keys_the_new_stage_does_not_accept_and_says_so():
+    """Issue 40: `--set stages.budget.use=control.coba` on a pipeline whose budget has `n: 8`."""
+    spec = load_pipeline(QUICK, ["stages.budget.use=control.coba"]).spec
+    assert spec.stages["budget"].use == "control.coba" and spec.stages["budget"].with_ == {}
+    assert spec.source.notes == ["--set stages.budget.use=control.coba: dropped `n` from `stages.budget.with`, "
+                                 "which `control.coba` does not accept; set its own keys with "
+                                 "--set stages.budget.with.KEY=VALUE"]
+
+
+def test_a_stage_swap_keeps_the_keys_the_new_stage_accepts_and_those_set_with_it():
+    kept = load_pipeline(QUICK, ["stages.pick.use=control.greso"]).spec
+    assert kept.stages["pick"].with_ == {"batch_size": 16} and kept.source.notes == []
+    given = load_pipeline(QUICK, ["stages.budget.with.n_max=16", "stages.budget.use=control.coba"]).spec
+    assert given.stages["budget"].with_ == {"n_max": 16}  # set in the same command: kept, before or after the swap
+    with pytest.raises(GraphError, match="unknown key `n`"):  # set with it, so checked, not dropped
+        load_pipeline(QUICK, ["stages.budget.use=control.coba", "stages.budget.with.n=4"])
+    same = load_pipeline(QUICK, ["stages.budget.use=control.fixed_n"]).spec  # no change of stage, nothing dropped
+    assert same.stages["budget"].with_ == {"n": 8} and same.source.notes == []
+
+
+def test_an_update_swap_follows_the_same_rule():
+    spec = load_pipeline(QUICK, ["update.use=update.fake"]).spec
+    assert spec.update.use == "update.fake" and spec.update.with_ == {}
+    assert spec.source.notes[0].startswith("--set update.use=update.fake: dropped `lr`, `loss` from `update.with`")
+
+
+def test_without_the_registry_a_swap_keeps_every_key():
+    """The spec layer alone (no ``config_keys``) cannot know the new stage's keys: the compiler reports them."""
+    spec = load_spec(QUICK, ["stages.budget.use=control.coba"])
+    assert spec.stages["budget"].with_ == {"n": 8} and spec.source.notes == []
 
 
 def test_yaml_round_trip_keeps_the_spec():

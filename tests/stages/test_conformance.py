@@ -31,3 +31,8 @@ def test_docstring_example_runs(alias):
 @pytest.mark.parametrize("alias", ALIASES)
 def test_docstring_states_deviations_or_is_a_test_stage(alias):
     testing.check_deviations(alias)
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+def test_docstring_states_fidelity_or_is_a_test_stage(alias):
+    testing.check_fidelity(alias)

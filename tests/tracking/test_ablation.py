@@ -11,8 +11,12 @@ from typer.testing import CliRunner
 
 from gfcr.cli.main import app
 from gfcr.errors import GfcrError
-from gfcr.tracking.ablation import Cell, grid, parse_seeds, parse_vary
+from gfcr.tracking.ablation import Cell, compile_cells, grid, parse_seeds, parse_vary
+from gfcr.tracking.report import write_report
+from gfcr.tracking.report_series import RunSeries, StepCounts
 from tests.conftest import REPO
+
+QUICKSTART = REPO / "pipelines" / "quickstart.yaml"
 
 
 def test_the_grid_is_every_combination_for_every_seed():
@@ -36,6 +40,48 @@ def test_vary_takes_list_and_mapping_values_whole():
     assert [c.overrides()[0] for c in cells] == ["update.with.loss.with.clip=[0.2,0.28]",
                                                 "update.with.loss.with.clip=[0.2, 0.2]"]
     assert len({c.slug for c in cells}) == 2
+    assert [c.label for c in grid([loss], [0])] == ["loss=ppo_clip", "loss=gspo"]  # a mapping by its alias
+
+
+def test_stage_swaps_get_readable_variant_names():
+    """Issue 40: the folder and row of `--vary stages.pick.use=...` say which stage became what; a
+    whole stage given as a mapping is named by its alias; mappings of one alias keep their text."""
+    swap = parse_vary(["stages.pick.use=control.uniform,control.greso"])
+    assert [(c.label, c.slug) for c in grid(swap, [1])] == [("pick=control.uniform", "pick=control.uniform-seed1"),
+                                                           ("pick=control.greso", "pick=control.greso-seed1")]
+    whole = parse_vary(["stages.budget={use: control.fixed_n, from: pick, with: {n: 8}},"
+                        "{use: control.coba, from: pick, with: {mean_rollouts: 8}}"])
+    assert [c.slug for c in grid(whole, [0])] == ["budget=control.fixed_n-seed0", "budget=control.coba-seed0"]
+    same = parse_vary(["stages.budget={use: control.fixed_n, with: {n: 4}},{use: control.fixed_n, with: {n: 8}}"])
+    assert [c.label for c in grid(same, [0])] == [f"stages.budget={v}" for v in same[0][1]]
+
+
+def test_a_stage_swap_whose_settings_differ_compiles_in_every_cell():
+    """`--vary stages.budget.use=control.fixed_n,control.coba`: the quickstart's `n` is dropped for
+    CoBA (which has no such key) and kept for fixed_n; `--vary stages.pick.use=...` likewise."""
+    vary = parse_vary(["stages.budget.use=control.fixed_n,control.coba", "stages.pick.use=control.uniform,control.greso"])
+    compiled = compile_cells(QUICKSTART, grid(vary, [0]), [])
+    budgets = {c.label: p.spec.stages["budget"].with_ for c, p in compiled.items()}
+    assert budgets["budget=control.fixed_n, pick=control.greso"] == {"n": 8}
+    assert budgets["budget=control.coba, pick=control.uniform"] == {}
+    notes = {n for p in compiled.values() for n in p.spec.source.notes}
+    assert notes == {"--set stages.budget.use=control.coba: dropped `n` from `stages.budget.with`, which "
+                     "`control.coba` does not accept; set its own keys with --set stages.budget.with.KEY=VALUE"}
+
+
+def _series(variant: str, seed: int, tokens: int) -> RunSeries:
+    steps = tuple(StepCounts(i, 16, tokens, 12, tokens - 8, 4, 1, 1.0 + seed, 1.0, tokens - 8, 0) for i in range(3))
+    return RunSeries(name=f"{variant}-{seed}", params={"name": "x"}, steps=steps, evals=((0, 0.25), (3, 0.5)),
+                     seed=seed, variant=variant, source=f"{variant}{seed}")
+
+
+def test_the_ablation_report_notes_identical_variants_as_compare_does(tmp_path):
+    runs = [_series(v, seed, 40) for v in ("pick=control.uniform", "pick=control.greso") for seed in (0, 1)]
+    runs += [_series("pick=control.dots", seed, 41) for seed in (0, 1)]
+    report = write_report(runs, tmp_path)
+    (note,) = report.notes
+    assert note.startswith("`pick=control.uniform` and `pick=control.greso` gave identical results for every seed")
+    assert f"**Note:** {note}" in report.markdown.read_text() and json.loads(report.json.read_text())["notes"] == [note]
 
 
 def test_vary_values_compile_as_lists():
@@ -94,13 +140,13 @@ def test_ablate_runs_four_child_runs_and_a_report_that_matches_them(tmp_path, mo
     children = client.search_runs([experiment.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
     assert len(children) == 4 and all(c.info.status == "FINISHED" for c in children)
     assert {(c.data.tags["gfcr.variant"], c.data.tags["gfcr.seed"]) for c in children} == {
-        (f"update.with.advantage.use={a}", s) for a in ("mean_std", "median") for s in ("0", "1")}
+        (f"advantage={a}", s) for a in ("mean_std", "median") for s in ("0", "1")}
     assert {c.data.params["update.with.advantage.use"] for c in children} == {"mean_std", "median"}
 
     report = json.loads((root / "report" / "report.json").read_text())
     assert (root / "report" / "index.html").is_file() and (root / "report" / "report.md").is_file()
     rows = {row["variant"]: row for row in report["rows"]}
-    assert set(rows) == {"update.with.advantage.use=mean_std", "update.with.advantage.use=median"}
+    assert set(rows) == {"advantage=mean_std", "advantage=median"}
     target = report["target"]
     for variant, row in rows.items():
         mine = [c for c in children if c.data.tags["gfcr.variant"] == variant]
@@ -118,4 +164,4 @@ def test_ablate_runs_four_child_runs_and_a_report_that_matches_them(tmp_path, mo
         assert row["seeds_reaching"] == len(reached)
         if len(reached) == len(mine):
             assert row["rollouts_to_target"] == pytest.approx(mean(reached))
-    assert "update.with.advantage.use=median" in result.output  # the table is printed too
+    assert "advantage=median" in result.output  # the table is printed too

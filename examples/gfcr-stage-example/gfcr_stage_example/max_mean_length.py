@@ -9,6 +9,8 @@ Deviations: not a published method. DAPO's overlong filtering (Yu et al., 2025, 
 2503.14476) masks the loss of truncated rollouts one by one; this drops whole groups by their
 mean length, truncated or not.
 
+Fidelity: gfcr's own: an example stage (``docs/writing-a-stage.md``); no method to check against.
+
 Example:
 
 >>> from gfcr.records import Rollout, RolloutGroup, RolloutGroups, Segment

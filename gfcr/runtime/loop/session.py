@@ -41,7 +41,7 @@ from gfcr.runtime.store.lineage import write_control_lineage, write_lineage
 from gfcr.runtime.loop.events import HookChannel
 from gfcr.runtime.loop.local import LocalRunner
 from gfcr.runtime.store.rundir import RunDir, check_new_run_dir, gfcr_version, new_run_dir, write_text
-from gfcr.runtime.store.rundir_lock import lock_run_dir, only_the_lock, release_run_dir
+from gfcr.runtime.store.rundir_lock import LOCK_NAME, lock_run_dir, only_the_lock, release_run_dir
 from gfcr.spec import PipelineSpec
 from gfcr.runtime.services import RuntimeServices
 from gfcr.runtime.weights import make_mover, mover_name
@@ -107,6 +107,7 @@ class Run:
         self.last_checkpoint: Path | None = None
         self.skipped_checkpoints: list[CheckpointError] = []
         self.restarted = False  # resumed from step 0: killed before its first checkpoint
+        self.made_dir = False  # `start` made the run directory: a failure before step 1 removes it
 
     @classmethod
     def start(cls, pipeline: CompiledPipeline, run_dir: Path | None = None, hooks: tuple[Any, ...] = ()) -> "Run":
@@ -121,6 +122,7 @@ class Run:
             if made_here and only_the_lock(path):  # nothing was written: leave no empty run directory behind
                 shutil.rmtree(path, ignore_errors=True)
             raise
+        run.made_dir = made_here
         write_text(run.dir.spec, pipeline.spec.to_yaml())
         write_text(run.dir.info, json.dumps({
             "run_id": path.name, "pipeline": pipeline.spec.name, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -174,12 +176,25 @@ class Run:
     def train(self, new_flow_run: bool = True) -> dict[str, Any]:
         """Run to ``run.steps``: in-process (``executor.kind: local``), else as one Prefect flow run
         (a subflow run when called inside a flow; ``new_flow_run=False`` runs in the current one)."""
-        if self.spec.executor.kind == "local" or not new_flow_run:
-            return self._train()
-        from gfcr.runtime.loop.prefect_runner import run_in_flow
+        try:
+            if self.spec.executor.kind == "local" or not new_flow_run:
+                return self._train()
+            from gfcr.runtime.loop.prefect_runner import run_in_flow
 
-        return run_in_flow(self.spec.name, self.dir.path.name, self._train,
-                           lambda: getattr(self.runner, "task_runs", 0))
+            return run_in_flow(self.spec.name, self.dir.path.name, self._train,
+                               lambda: getattr(self.runner, "task_runs", 0))
+        except Exception:
+            self._remove_if_unwritten()
+            raise
+
+    def _remove_if_unwritten(self) -> None:
+        """A new run that failed before its first step leaves no run directory behind: nothing
+        in it but what ``start`` wrote (the spec, run.json, the lock) is worth resuming."""
+        path = self.dir.path
+        left = {p.name for p in path.iterdir()} - {self.dir.spec.name, self.dir.info.name, LOCK_NAME}
+        if self.made_dir and self.runner.step == 0 and not left:
+            release_run_dir(path)
+            shutil.rmtree(path, ignore_errors=True)
 
     def _train(self) -> dict[str, Any]:
         start = self._line_written = time.perf_counter()

@@ -41,9 +41,9 @@ from gfcr.registry import ChecksHost, ChecksRows, CountsPrompts, HostNote, Picks
 def input_problems(pipeline: CompiledPipeline) -> list[Problem]:
     """Every problem of the pipeline's data files and policy model, cheaply found."""
     problems: list[Problem] = []
-    for binding in (pipeline.data, pipeline.eval):
+    for key, binding in (("data", pipeline.data), ("eval", pipeline.eval)):
         if binding is not None and issubclass(binding.cls, ChecksRows):
-            problems += binding.cls(binding.config).check(binding.on_error)
+            problems += [_at_the_spec(p, pipeline, key) for p in binding.cls(binding.config).check(binding.on_error)]
     problems += [problem for problem, note in host_notes(pipeline) if note.error]
     problems += pool_problems(pipeline)
     policy = pipeline.spec.policy
@@ -79,6 +79,18 @@ def lifecycle_runtime_problems(pipeline: CompiledPipeline) -> list[Problem]:
                     f"`lifecycle: {{mode: {mode}}}` runs on the transformers engine (`policy.engine: hf`) with the "
                     f"local or Prefect executor so far, not with {what} (docs/async.md, \"Status\")",
                     "set `policy.engine: hf` and `executor.kind: prefect` (or `local`), or remove `lifecycle`")]
+
+
+def _at_the_spec(problem: Problem, pipeline: CompiledPipeline, key: str) -> Problem:
+    """A problem with the data file as a whole (missing, a folder, empty, binary: no line of it to
+    name) is reported where the spec names the file, ``file:line:col`` of ``<key>.with.path`` (or
+    of ``<key>.source`` for a source's default file), as the spec's other errors are; a problem of
+    a row keeps the data file's ``file:line``."""
+    if problem.where.line is not None:
+        return problem
+    entry = getattr(pipeline.spec, key)
+    path = (key, "with", "path") if "path" in entry.with_ else (key, "source")
+    return Problem(pipeline.spec.source.locate(path), ".".join(path), problem.message, problem.fix)
 
 
 def input_warnings(pipeline: CompiledPipeline) -> list[Problem]:

@@ -142,12 +142,10 @@ from __future__ import annotations
 
 from fractions import Fraction
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Sequence
 
 import numpy as np
-import torch
 from pydantic import Field, model_validator
-from safetensors.torch import load_file, save_file
 
 from gfcr.records import Allocation, AllocationEntry, ControlReason, Prompt, PromptPool, StepContext
 from gfcr.registry import PipelineProblem, ReplaysFresh, StageConfig
@@ -155,9 +153,13 @@ from gfcr.spec.problems import fixable
 from gfcr.stages.common.fingerprints import FORWARDS_POLICY, fingerprints
 from gfcr.stages.common.run_context import RunContext
 from gfcr.stages.common.seeds import step_seed
-from gfcr.stages.control.dots_predictor import DifficultyPredictor, predict, train_predictor
 from gfcr.stages.resources import GenerationRequest, Lent, SamplingParams, prompt_tokens
 from gfcr.stages.verifiers.scoring import score_text
+
+if TYPE_CHECKING:  # torch is imported where it is used: `gfcr validate` stays on the light layers
+    import torch
+
+    from gfcr.stages.control.dots_predictor import DifficultyPredictor
 
 ALIAS = "control.dots"
 EMBEDDINGS, PREDICTOR = "embeddings.npy", "predictor.safetensors"
@@ -178,6 +180,7 @@ def linear_calibration(predicted: np.ndarray, acc: np.ndarray) -> tuple[float, f
 
 
 def _selection_logits(p_hat: np.ndarray, alpha: float, tau_s: float, dtype: torch.dtype) -> torch.Tensor:
+    import torch
     logits = -torch.abs(torch.as_tensor(np.asarray(p_hat), dtype=dtype) - alpha) / tau_s
     return logits - logits.max()
 
@@ -185,6 +188,7 @@ def _selection_logits(p_hat: np.ndarray, alpha: float, tau_s: float, dtype: torc
 def selection_probabilities(p_hat: np.ndarray, alpha: float, tau_s: float) -> np.ndarray:
     """The probability of each prompt at a single draw: ``softmax(-|p_hat - alpha| / tau_s)``,
     in float32 as the reference computes it."""
+    import torch
     return torch.softmax(_selection_logits(p_hat, alpha, tau_s, torch.float32), dim=0).numpy()
 
 
@@ -193,6 +197,7 @@ def draw_selection(p_hat: np.ndarray, alpha: float, tau_s: float, m: int, seed: 
     on a generator seeded with ``seed``), then shuffled by the same generator: the reference's
     draw, index for index, given the same seed. Where float32 leaves fewer than ``m`` prompts
     a non-zero probability, torch fills the draw with zero-probability prompts, as in the reference."""
+    import torch
     probs = torch.softmax(_selection_logits(p_hat, alpha, tau_s, torch.float32), dim=0)
     generator = torch.Generator().manual_seed(seed)
     picked = torch.multinomial(probs, m, replacement=False, generator=generator)
@@ -353,12 +358,15 @@ class Dots:
         self._metrics["rounds_run"] += 1
 
     def _vectors(self, pool: PromptPool, rows: Sequence[int]) -> torch.Tensor:
+        import torch
         return torch.from_numpy(self.embeddings[[self._row[pool[i].prompt_id] for i in rows]])
 
     def train(self, pool: PromptPool, ref_rows: Sequence[int], acc: np.ndarray, train_rows: Sequence[int],
               train_acc: np.ndarray) -> None:
         """Train a fresh predictor on the training prompts' rates against the reference set (one
         group: the current policy), seeded by the stage's seed; it stays frozen afterwards."""
+        import torch
+        from gfcr.stages.control.dots_predictor import DifficultyPredictor, train_predictor
         cfg = self.config
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(step_seed(self.run_ctx.seed, "dots-predictor"))
@@ -376,6 +384,8 @@ class Dots:
                 ) -> tuple[np.ndarray, np.ndarray, tuple[float, float]]:
         """``(p_raw, p_hat, (a, b))`` for every pool prompt, from the cached embeddings and the
         trained predictor, given the pool positions of the reference prompts and their accuracies."""
+        import torch
+        from gfcr.stages.control.dots_predictor import predict
         if self.predictor is None:
             raise RuntimeError(f"{ALIAS}: the predictor is trained in the first round; predict came before it")
         cfg = self.config
@@ -466,12 +476,15 @@ class Dots:
         self._trained = bool(state["trained"])
 
     def save_files(self, directory: Path) -> None:
+        from safetensors.torch import save_file
         directory.mkdir(parents=True, exist_ok=True)
         np.save(directory / EMBEDDINGS, self.embeddings, allow_pickle=False)
         if self.predictor is not None:
             save_file(self.predictor.state_dict(), str(directory / PREDICTOR))
 
     def load_files(self, directory: Path) -> None:
+        from safetensors.torch import load_file
+        from gfcr.stages.control.dots_predictor import DifficultyPredictor
         self.embeddings = np.load(directory / EMBEDDINGS, allow_pickle=False)
         if self.embeddings.shape[0] != len(self.embedded):
             raise ValueError(f"{ALIAS}: {directory / EMBEDDINGS} holds {self.embeddings.shape[0]} embeddings and the "

@@ -50,7 +50,7 @@ from pydantic import Field, field_validator
 
 from gfcr.errors import Problem
 from gfcr.records import Prompt, PromptPool, VerifierSpec, prompt_id
-from gfcr.registry import StageConfig
+from gfcr.registry import FilePath, StageConfig
 from gfcr.stages.data.jsonl import (
     RowProblems, check_head, existing_file, read_prompts, row_count, template_fields, text_field,
 )
@@ -84,7 +84,8 @@ class Gsm8kSource:
 
     class Config(StageConfig):
         split: Literal["train", "test"] = Field("train", description="which GSM8K file, and the ids' middle part")
-        path: str | None = Field(None, description=f"the file; default: <${ROOT_ENV} or {DEFAULT_ROOT}>/<split>.jsonl")
+        path: FilePath | None = Field(None, description=f"the file (relative to the pipeline file's folder); default: "
+                                                        f"<${ROOT_ENV} or {DEFAULT_ROOT}>/<split>.jsonl")
         limit: Annotated[int, Field(ge=1, description="load at most this many prompts")] | None = None
         template: str = Field(DEFAULT_TEMPLATE, description="the user turn; `{question}` is filled in")
         max_row_mb: MaxRowMb = DEFAULT_MAX_ROW_MB

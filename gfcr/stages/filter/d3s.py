@@ -107,7 +107,7 @@ YAML:
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -127,6 +127,7 @@ class D3S:
     """D^3S: keep each group's max-Var(A) subset and the tokens with the largest |A|·H, on a relaxing schedule."""
 
     class Config(StageConfig):
+        reads_rewards: ClassVar[bool] = True  # a capability (gfcr.registry.ReadsRewards): a verifier must be upstream
         scope: Literal["intra_group", "cross_group"] = Field(
             "intra_group", description="where Var(A) is maximised: within each group (D3S-I) or over the "
                                        "pooled rollouts of all included groups (D3S-C)")

@@ -109,6 +109,10 @@ class DynamicSampling:
             "verl filter_groups.metric: drop included groups whose std of this per-rollout value is 0 "
             "(acc: correctness; reward: the scalar reward); unset: keep every included group"))
 
+        @property
+        def reads_rewards(self) -> bool:  # a capability (gfcr.registry.ReadsRewards): with a metric, a verifier upstream
+            return self.metric is not None
+
     def __init__(self, config: Config):
         self.config = config
         self._collected: list[RolloutGroup] = []

@@ -78,7 +78,7 @@ YAML:
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -113,6 +113,7 @@ class GdroWeights:
     """Prompt-GDRO: weight each group's advantages by its difficulty bin's adversarial weight."""
 
     class Config(StageConfig):
+        reads_rewards: ClassVar[bool] = True  # a capability (gfcr.registry.ReadsRewards): a verifier must be upstream
         eta_q: Annotated[float, Field(gt=0.0, description="learning rate of the exponential bin weights")] = 0.65
         gamma: Annotated[float, Field(ge=0.0, le=1.0, description=(
             "uniform exploration mixed into the bin weights"))] = 0.01

@@ -33,7 +33,7 @@ YAML:
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 import numpy as np
 from pydantic import Field
@@ -60,6 +60,7 @@ class NonzeroVariance:
     """Keep only groups whose rewards differ (max - min > tolerance)."""
 
     class Config(StageConfig):
+        reads_rewards: ClassVar[bool] = True  # a capability (gfcr.registry.ReadsRewards): a verifier must be upstream
         tolerance: Annotated[float, Field(ge=0.0, description="rewards within this range count as equal")] = 0.0
 
     def __init__(self, config: Config):

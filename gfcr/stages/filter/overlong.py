@@ -56,7 +56,7 @@ YAML:
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 from pydantic import Field, model_validator
 
@@ -80,6 +80,7 @@ class Overlong:
     """Add DAPO's soft overlong punishment, ``penalty_factor * R_length(|y|)``, to each scored reward."""
 
     class Config(StageConfig):
+        reads_rewards: ClassVar[bool] = True  # a capability (gfcr.registry.ReadsRewards): a verifier must be upstream
         max_length: Annotated[int, Field(ge=1, description="L_max: the generation's max_new_tokens (verl's "
                                                            "max_response_length), in tokens")]
         buffer: Annotated[int, Field(ge=1, description="L_cache: the last tokens before max_length over which "

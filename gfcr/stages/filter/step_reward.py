@@ -61,7 +61,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 
@@ -96,6 +96,7 @@ class StepReward:
     """Reshape each scored reward by its step count against the group's correct answers (Step-GRPO)."""
 
     class Config(StageConfig):
+        reads_rewards: ClassVar[bool] = True  # a capability (gfcr.registry.ReadsRewards): a verifier must be upstream
         alpha: Annotated[float, Field(ge=0.0, le=1.0, description="weight of accuracy against format")] = 0.9
         beta: Annotated[float, Field(ge=0.0, description=(
             "strength of the step term: it moves a correct reward within alpha * (1 -/+ beta)"))] = 0.5

@@ -114,7 +114,7 @@ from gfcr.records import (
 )
 from gfcr.records.group import FINISHED
 from gfcr.records.rollout import REUSED_ORIGINS
-from gfcr.registry import PipelineProblem, ServesStore, StageConfig, UpdateNeed
+from gfcr.registry import FilePath, PipelineProblem, ServesStore, StageConfig, UpdateNeed
 from gfcr.stages.common.stored import StoredRollout
 from gfcr.stages.replay.experience_pool import ExperiencePool, seed_jsonl, seed_run_dir
 from gfcr.stages.resources import Engine, Policy, Lent, ScoreRequest, prompt_tokens
@@ -125,11 +125,11 @@ ALIAS = "replay.rlep"
 class SeedFrom(StageConfig):
     """Where the pool's first entries come from: one of ``run_dir`` or ``jsonl``."""
 
-    run_dir: str | None = Field(None, min_length=1, description=(
+    run_dir: FilePath | None = Field(None, description=(
         "a run directory whose newest checkpoint holds a replay store (replay.store or replay.rlep): its "
         "correct rollouts"))
     stage: str | None = Field(None, description="the stage id of that store, when the checkpoint holds several")
-    jsonl: str | None = Field(None, min_length=1, description=(
+    jsonl: FilePath | None = Field(None, description=(
         'a JSONL file of responses, one {"prompt_id" or "prompt", "response", "reward"?} a line, tokenized '
         "with the policy"))
 

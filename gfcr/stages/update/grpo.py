@@ -173,6 +173,7 @@ class GRPOUpdate:
     """Clipped-surrogate policy update from a registered estimator, loss, aggregation and correction."""
 
     class Config(StageConfig):
+        reads_rewards: ClassVar[bool] = True  # a capability (gfcr.registry.ReadsRewards): its advantages read them
         # keys of earlier versions, and where they went (``gfcr validate`` says so; no before-validator,
         # which would turn off JSON-mode parsing of tuples)
         moved_keys: ClassVar[dict[str, str]] = {
