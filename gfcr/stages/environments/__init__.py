@@ -12,7 +12,7 @@ from typing import Any
 
 from gfcr.registry import Registry
 from gfcr.stages.environments.base import (
-    Action, Environment, EnvironmentFactory, EnvironmentFailed, Observation, ToolCall,
+    Action, ClosesEnvironment, Environment, EnvironmentFactory, EnvironmentFailed, Observation, ToolCall,
 )
 from gfcr.stages.environments.tools import TOOL_PARSERS, Parser
 
@@ -42,5 +42,5 @@ def make_environment(name: str, options: dict[str, Any]) -> Environment:
     return environment_factory(name)(**options)
 
 
-__all__ = ["Action", "BUILTIN_ENVIRONMENTS", "ENVIRONMENTS", "Environment", "EnvironmentFailed", "Observation",
+__all__ = ["Action", "BUILTIN_ENVIRONMENTS", "ClosesEnvironment", "ENVIRONMENTS", "Environment", "EnvironmentFailed", "Observation",
            "Parser", "TOOL_PARSERS", "ToolCall", "environment_factory", "make_environment"]

@@ -15,7 +15,7 @@ trajectory (``make_environment``), calls ``reset`` once and ``step`` once per mo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, runtime_checkable
 
 from gfcr.errors import GfcrError
 from gfcr.records import Prompt
@@ -65,6 +65,14 @@ class Environment(Protocol):
     def step(self, action: Action) -> Observation:
         """Answer one model turn."""
         ...
+
+
+@runtime_checkable
+class ClosesEnvironment(Protocol):
+    """An environment with something to release when its episode ends (a process, a file): the
+    stage calls ``close`` once, after the last turn, whatever ended the episode."""
+
+    def close(self) -> None: ...
 
 
 EnvironmentFactory = Callable[..., Environment]

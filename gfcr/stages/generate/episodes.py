@@ -25,7 +25,7 @@ from gfcr.records import (
 from gfcr.spec.problems import fixable
 from gfcr.stages.engine import Completion, ResponsePrefix, SamplingParams, row_seed, splice
 from gfcr.stages.environments import (
-    TOOL_PARSERS, Action, EnvironmentFailed, Observation, environment_factory,
+    TOOL_PARSERS, Action, ClosesEnvironment, EnvironmentFailed, Observation, environment_factory,
 )
 from gfcr.stages.generate.turn_tokens import TurnBoundary
 from gfcr.stages.resources import GenerationRequest, prompt_tokens
@@ -179,9 +179,8 @@ def run_episodes(stage: Any, allocation: Allocation, round_: int, params: Sampli
     for e in episodes:
         if e.live:
             e.end(RolloutStatus.TRUNCATED, f"turn budget: {cfg.max_turns} model turns")
-        close = getattr(e.env, "close", None)
-        if callable(close):
-            _guarded(stage, e, "close", close, ended=True)
+        if isinstance(e.env, ClosesEnvironment):
+            _guarded(stage, e, "close", e.env.close, ended=True)
     return _groups(allocation, episodes, decode), episodes
 
 
@@ -258,7 +257,4 @@ def _rollout(e: Episode, step: int, decode: Callable[[Any], str]) -> Rollout:
 
 
 def _decoder(policy: Any) -> Callable[[Any], str]:
-    decode = getattr(policy, "decode", None)
-    if callable(decode):
-        return lambda ids: decode(list(ids))
     return lambda ids: policy.tokenizer.decode(list(ids), skip_special_tokens=True)

@@ -76,7 +76,7 @@ YAML:
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
@@ -97,6 +97,9 @@ class MultiTurn:
     results on one token record (environment turns never trained on)."""
 
     class Config(StageConfig):
+        # a capability (gfcr.registry.MarksCorrect): the environment's rewards and verdict are the scores;
+        # an environment that gives none leaves them for a `filter.verify` after this stage
+        marks_correct: ClassVar[bool] = True
         environment: EnvironmentRef = Field(description="the environment: `{use: <name or module:Class>, with: {...}}`")
         tool_parser: str | None = Field(None, description="how tool calls are read from a model turn "
                                         f"({', '.join(sorted(TOOL_PARSERS))}); none: no tool calls")

@@ -28,7 +28,7 @@ class TurnBoundary:
     def __init__(self, policy: Any, role: str = "user"):
         self.tokenizer, self.role = policy.tokenizer, role
         self.eos_id = int(policy.eos_token_id)
-        self.template = getattr(self.tokenizer, "chat_template", None) is not None
+        self.template = self.tokenizer.chat_template is not None  # as the policy's encode decides
         if self.template:
             self.close, self.open = self._boundary()
 
