@@ -114,8 +114,8 @@ from gfcr.engines.policy import HFPolicy
 from gfcr.engines.vllm_steps import generate_steered
 from gfcr.engines.vllm_worker import device_uuid
 from gfcr.errors import GfcrError
-from gfcr.graph.engine_choice import BUILD, installed_vllm  # noqa: F401  (installed_vllm: part of this module's API)
 from gfcr.spec.models import ENGINE_LACKS, ENGINE_NEEDS, VLLMSpec
+from gfcr.spec.vllm_build import BUILD, installed_vllm  # noqa: F401  (installed_vllm: part of this module's API)
 from gfcr.stages.engine import (
     Completion, GenerationRequest, InFlightController, SamplingParams, Scored, ScoreRequest,
 )
