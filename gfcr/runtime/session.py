@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gfcr.engines.run_log import RUN_LOG, open_run_log
 from gfcr.errors import CheckpointError, EvalError, RunDirError
 from gfcr.graph import CompiledPipeline, load_pipeline
 from gfcr.records import StepReport
@@ -39,8 +40,9 @@ from gfcr.spec import PipelineSpec
 from gfcr.stages.resources import Resources
 
 
-def build_resources(spec: PipelineSpec) -> Resources:
-    """Load the policy and start its engine (nothing when the pipeline has no policy)."""
+def build_resources(spec: PipelineSpec, log: Path | None = None) -> Resources:
+    """Load the policy and start its engine (nothing when the pipeline has no policy); ``log``: the
+    run's log file, where the vLLM engine's output goes."""
     if spec.executor.kind == "ray":  # engine replicas and verification on Ray (docs/ray.md)
         from gfcr.runtime.ray_executor import ray_resources
 
@@ -54,7 +56,7 @@ def build_resources(spec: PipelineSpec) -> Resources:
 
         require_vllm(spec.policy.where())  # before the policy loads: a missing package fails in a second
         policy = load_policy(spec.policy)
-        engine = VLLMEngine(policy, spec.policy.vllm_settings(), seed=spec.run.seed)
+        engine = VLLMEngine(policy, spec.policy.vllm_settings(), seed=spec.run.seed, log=log)
         return Resources(policy, engine, closers=[engine.close])
     policy = load_policy(spec.policy)
     return Resources(policy, TransformersEngine(policy, score_path=spec.policy.score_path))
@@ -68,7 +70,7 @@ class Run:
         self.spec = pipeline.spec
         self.pool = pipeline.data.load()
         self.eval_pool = pipeline.eval.load() if pipeline.eval is not None else None
-        self.resources = build_resources(self.spec)
+        self.resources = build_resources(self.spec, log=run_dir.path / RUN_LOG)
         runner_cls = LocalRunner
         if self.spec.executor.kind != "local":
             from gfcr.runtime.prefect_runner import PrefectRunner as runner_cls  # type: ignore[assignment]
@@ -90,6 +92,7 @@ class Run:
             if made_here and only_the_lock(path):  # nothing was written: leave no empty run directory behind
                 shutil.rmtree(path, ignore_errors=True)
             raise
+        open_run_log(path / RUN_LOG)  # every run has one (the terminal shows it in the summary)
         write_text(run.dir.spec, pipeline.spec.to_yaml())
         write_text(run.dir.info, json.dumps({
             "run_id": path.name, "pipeline": pipeline.spec.name, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -243,6 +246,7 @@ class Run:
             "tokens_in_update": sum(r["tokens_in_update"] for r in records),
             "seconds_this_session": round(seconds, 3),
             "metrics": str(self.dir.metrics), "lineage": str(self.dir.lineage_dir),
+            "log": str(open_run_log(self.dir.path / RUN_LOG)),
             "checkpoint": None if self.last_checkpoint is None else str(self.last_checkpoint),
         }
 
