@@ -411,6 +411,7 @@ def start_llm(policy: HFPolicy, settings: VLLMSpec, seed: int, quiet: bool = Tru
     """A ``vllm.LLM`` over the policy's folder, its engine core in this process; ``quiet``: only
     vLLM's warnings (on the console; a run's log takes its notes too)."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # collective_rpc then passes tensors by reference
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(compile_cache_root() / "torchinductor"))
     if quiet:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # gfcr reports progress itself
     device = policy.device.type
@@ -432,6 +433,16 @@ def start_llm(policy: HFPolicy, settings: VLLMSpec, seed: int, quiet: bool = Tru
                           "`engine: hf`") from exc
     finally:
         torch.set_num_threads = set_num_threads
+
+
+def compile_cache_root() -> Path:
+    """vLLM's cache folder (``VLLM_CACHE_ROOT``, default ``~/.cache/vllm``, as vLLM computes it), where
+    its torch.compile artifacts persist across runs; the engine points torch's inductor cache
+    (``TORCHINDUCTOR_CACHE_DIR``, else ``/tmp/torchinductor_<user>``, gone at a reboot) beside them:
+    the kernels vLLM compiles even with ``enforce_eager`` (its log-prob helper, 20-40 s on the CPU) are
+    kept there (BENCHMARKS.md, "vLLM-CPU start-up")."""
+    home = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return Path(os.path.expanduser(os.environ.get("VLLM_CACHE_ROOT", str(home / "vllm"))))
 
 
 def import_llm(device: str) -> Any:
