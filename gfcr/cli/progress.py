@@ -88,4 +88,6 @@ def summary_table(summary: dict[str, Any]) -> Table:
     table.add_row("metrics", summary["metrics"])
     table.add_row("lineage", summary["lineage"])
     table.add_row("checkpoint", str(summary["checkpoint"]))
+    if summary.get("log"):  # the engine's own output (vLLM's log and warnings), kept off the terminal
+        table.add_row("engine log", summary["log"])
     return table

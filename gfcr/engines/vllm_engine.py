@@ -19,6 +19,9 @@ GPU memory through CUDA IPC handles (as vLLM's ``rlhf_colocate`` example does). 
 cache is reset after each sync: its KV blocks were computed by the old weights. The engine
 syncs once at start, so a broken sync fails before the first step, not after it.
 
+Output: in a run, vLLM's log, warnings and native messages go to the run's ``run.log``
+(``gfcr.engines.run_log``), not the terminal, where the progress bar and summary are all.
+
 Deviations:
 
 - Behaviour log-probabilities. vLLM V1 returns *raw* log-probabilities by default
@@ -111,11 +114,12 @@ import torch
 from gfcr.engines.decode import Row, first_stop
 from gfcr.engines.hf import TransformersEngine, score_batch
 from gfcr.engines.policy import HFPolicy
+from gfcr.engines.run_log import LoggerToFile, captured
 from gfcr.engines.vllm_steps import generate_steered
 from gfcr.engines.vllm_worker import device_uuid
 from gfcr.errors import GfcrError
-from gfcr.graph.engine_choice import BUILD, installed_vllm  # noqa: F401  (installed_vllm: part of this module's API)
 from gfcr.spec.models import ENGINE_LACKS, ENGINE_NEEDS, VLLMSpec
+from gfcr.spec.vllm_build import BUILD, installed_vllm  # noqa: F401  (installed_vllm: part of this module's API)
 from gfcr.stages.engine import (
     Completion, GenerationRequest, InFlightController, SamplingParams, Scored, ScoreRequest,
 )
@@ -230,7 +234,7 @@ def to_completion(output: Any, params: SamplingParams, decode: Callable[[list[in
     reason = output.finish_reason
     if reason not in ("stop", "length"):
         raise EngineError(f"vLLM ended a completion with finish reason `{reason}` after {len(ids)} tokens\n"
-                          "    fix: check the log above for the engine's error (out of memory, prompt longer "
+                          "    fix: check the run's log (run.log) for the engine's error (out of memory, prompt longer "
                           "than policy.vllm.max_model_len)")
     if params.stop:
         cut = first_stop(list(prefix) + ids, params.stop, decode, start=len(prefix) + 1)
@@ -253,12 +257,28 @@ class VLLMEngine:
     """Samples from a vLLM copy of ``policy``; ``sync_weights`` copies the trained weights in."""
 
     def __init__(self, policy: HFPolicy, settings: VLLMSpec | None = None, seed: int = 0,
-                 replica: str = "vllm-0"):
+                 replica: str = "vllm-0", log: Path | None = None):
+        """``log``: the run's log file, where vLLM's output goes (``gfcr.engines.run_log``); None
+        leaves it on the console, as vLLM prints it."""
         self.device = policy.device.type
         require_vllm(self.device)
-        self.policy, self.settings, self.replica = policy, settings or VLLMSpec(), replica
-        self.llm = start_llm(policy, self.settings, seed)
-        self.in_process = all(pid == os.getpid() for pid in self.llm.collective_rpc("gfcr_pid"))
+        self.policy, self.settings, self.replica, self.log = policy, settings or VLLMSpec(), replica, log
+        self._to_log = None
+        if log is not None:  # vLLM configures no console handler of its own, and ours goes to the log
+            os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+            self._to_log = LoggerToFile(log)
+        try:
+            with captured(log):
+                self.llm = start_llm(policy, self.settings, seed, quiet=log is None)
+                self.in_process = all(pid == os.getpid() for pid in self.llm.collective_rpc("gfcr_pid"))
+        except EngineError as exc:  # its output, which the terminal no longer shows, is in the log
+            self._release_log()
+            if log is None:
+                raise
+            raise EngineError(f"{exc.message} (vLLM's output: {log})", exc.fix) from exc.__cause__
+        except BaseException:
+            self._release_log()
+            raise
         self._version = -1
         self._steering = False  # a steered call is running: a controller's own calls go to `in_steer`
         self.in_steer = TransformersEngine(policy, replica)  # the trained policy's decode loop (see above)
@@ -272,13 +292,14 @@ class VLLMEngine:
     def sync_weights(self, policy_version: int) -> int:
         """Copy ``policy.model``'s parameters into every vLLM worker; returns their bytes."""
         params = [(name, p.detach()) for name, p in self.policy.model.named_parameters()]
-        if self.device == "cpu":  # repacked layers: see gfcr.engines.vllm_worker
-            self.llm.collective_rpc("gfcr_reload_weights", args=(params,))
-        elif self.in_process:
-            self.llm.collective_rpc("gfcr_load_weights", args=(params,))
-        else:
-            self.llm.collective_rpc("gfcr_load_ipc", args=ipc_handles(params))
-        self.llm.reset_prefix_cache()
+        with captured(self.log):
+            if self.device == "cpu":  # repacked layers: see gfcr.engines.vllm_worker
+                self.llm.collective_rpc("gfcr_reload_weights", args=(params,))
+            elif self.in_process:
+                self.llm.collective_rpc("gfcr_load_weights", args=(params,))
+            else:
+                self.llm.collective_rpc("gfcr_load_ipc", args=ipc_handles(params))
+            self.llm.reset_prefix_cache()
         self._version = policy_version
         return sum(p.numel() * p.element_size() for _, p in params)
 
@@ -288,9 +309,19 @@ class VLLMEngine:
             return
         from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
-        self.llm.llm_engine.engine_core.shutdown()
-        self.llm = None
-        cleanup_dist_env_and_memory()
+        try:
+            with captured(self.log):
+                self.llm.llm_engine.engine_core.shutdown()
+                self.llm = None
+                cleanup_dist_env_and_memory()
+        finally:
+            self._release_log()
+
+    def _release_log(self) -> None:
+        """The ``vllm`` logger back to its own handlers (the engine is closed, or failed to start)."""
+        if self._to_log is not None:
+            self._to_log.close()
+            self._to_log = None
 
     def generate(self, requests: Sequence[GenerationRequest], controller: InFlightController | None = None,
                  max_in_flight: int | None = None) -> list[list[Completion]]:
@@ -306,13 +337,15 @@ class VLLMEngine:
         if controller is not None:  # step by step through vLLM's engine (gfcr.engines.vllm_steps)
             self._steering = True
             try:
-                groups = generate_steered(self.llm.llm_engine, requests, self._row_params, self.policy.decode,
-                                          self.replica, controller, max_in_flight)
+                with captured(self.log):
+                    groups = generate_steered(self.llm.llm_engine, requests, self._row_params, self.policy.decode,
+                                              self.replica, controller, max_in_flight)
             finally:
                 self._steering = False
         else:
             active = [r for r in requests if r.n > 0]
-            outputs = iter(self._generate(active) if active else [])
+            with captured(self.log):
+                outputs = iter(self._generate(active) if active else [])
             groups = [next(outputs) if r.n > 0 else [] for r in requests]
         return self._with_entropy(requests, groups)
 
@@ -374,10 +407,13 @@ def sent_n(request: GenerationRequest) -> int:
     return 1 if request.params.temperature == 0 else request.n
 
 
-def start_llm(policy: HFPolicy, settings: VLLMSpec, seed: int) -> Any:
-    """A ``vllm.LLM`` over the policy's folder, its engine core in this process."""
+def start_llm(policy: HFPolicy, settings: VLLMSpec, seed: int, quiet: bool = True) -> Any:
+    """A ``vllm.LLM`` over the policy's folder, its engine core in this process; ``quiet``: only
+    vLLM's warnings (on the console; a run's log takes its notes too)."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # collective_rpc then passes tensors by reference
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # gfcr reports progress itself
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(compile_cache_root() / "torchinductor"))
+    if quiet:
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # gfcr reports progress itself
     device = policy.device.type
     if device == "cpu":  # else vLLM cuts this process, the trainer's, to one torch thread
         os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
@@ -397,6 +433,16 @@ def start_llm(policy: HFPolicy, settings: VLLMSpec, seed: int) -> Any:
                           "`engine: hf`") from exc
     finally:
         torch.set_num_threads = set_num_threads
+
+
+def compile_cache_root() -> Path:
+    """vLLM's cache folder (``VLLM_CACHE_ROOT``, default ``~/.cache/vllm``, as vLLM computes it), where
+    its torch.compile artifacts persist across runs; the engine points torch's inductor cache
+    (``TORCHINDUCTOR_CACHE_DIR``, else ``/tmp/torchinductor_<user>``, gone at a reboot) beside them:
+    the kernels vLLM compiles even with ``enforce_eager`` (its log-prob helper, 20-40 s on the CPU) are
+    kept there (BENCHMARKS.md, "vLLM-CPU start-up")."""
+    home = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return Path(os.path.expanduser(os.environ.get("VLLM_CACHE_ROOT", str(home / "vllm"))))
 
 
 def import_llm(device: str) -> Any:

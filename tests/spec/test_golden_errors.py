@@ -67,6 +67,7 @@ DEEP_BLOCK = "".join("  " * i + f"k{i}:\n" for i in range(100)) + "  " * 100 + "
 
 QUICK = (REPO / "pipelines" / "quickstart.yaml").read_text()  # generate.sample and update.grpo, with a policy
 VLLM_QUICK = edit(QUICK, "engine: hf}", "engine: vllm}")
+VLLM_QUICK_CUDA = edit(QUICK, "engine: hf}", "engine: vllm, device: cuda}")  # vLLM's CUDA build's device, set by hand
 VLLM_QUICK_CPU = edit(QUICK, "engine: hf}", "engine: vllm, device: cpu}")
 APRIL_VLLM = edit((REPO / "pipelines" / "april_arith.yaml").read_text(), "engine: hf}", "engine: vllm, device: cpu}")
 TREE_VLLM = edit((REPO / "pipelines" / "tree_arith.yaml").read_text(), "engine: hf}", "engine: vllm}")
@@ -449,7 +450,7 @@ CASES = [
          "--set stages.rollout.resources.gpus=1", "stages.rollout.resources.gpus",
          "`rollout` reserves 1 GPU(s) per engine replica, but the policy is on the CPU",
          "set `policy.device: cuda`", ["executor.kind=ray", "stages.rollout.resources.gpus=1"]),
-    Case("Ray replicas on cuda without a GPU reserved", VLLM_QUICK, "rollout: {use: generate.sample",
+    Case("Ray replicas on cuda without a GPU reserved", VLLM_QUICK_CUDA, "rollout: {use: generate.sample",
          "stages.rollout.resources.gpus", "the policy is on `cuda`, but `rollout` reserves no GPU",
          "set `resources: {gpus: 1}` (or more) on `rollout`, or `policy.device: cpu`", ["executor.kind=ray"]),
     Case("Ray replicas placed by a quantity every node has", QUICK, "--set stages.rollout.resources.node_resource=GPU",

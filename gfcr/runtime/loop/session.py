@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from gfcr.engines.run_log import RUN_LOG, open_run_log
 from gfcr.errors import CheckpointError, EvalError, RunDirError
 from gfcr.graph import CompiledPipeline, load_pipeline
 from gfcr.records import StepReport
@@ -48,9 +49,10 @@ from gfcr.runtime.weights import make_mover, mover_name
 from gfcr.stages.resources import Lent
 
 
-def build_services(spec: PipelineSpec, mover: str | None = None) -> RuntimeServices:
+def build_services(spec: PipelineSpec, mover: str | None = None, log: Path | None = None) -> RuntimeServices:
     """Load the policy and start its engine (nothing when the pipeline has no policy), with the
-    weight mover ``mover`` (default: ``mover_name(spec)``)."""
+    weight mover ``mover`` (default: ``mover_name(spec)``); ``log``: the run's log file, where the
+    vLLM engine's output goes."""
     name = mover or mover_name(spec)
     if spec.executor.kind == "ray":  # engine replicas and verification on Ray (docs/ray.md)
         from gfcr.runtime.ray.executor import ray_services
@@ -65,7 +67,7 @@ def build_services(spec: PipelineSpec, mover: str | None = None) -> RuntimeServi
 
         require_vllm(spec.policy.where())  # before the policy loads: a missing package fails in a second
         policy = load_policy(spec.policy)
-        engine = VLLMEngine(policy, spec.policy.vllm_settings(), seed=spec.run.seed)
+        engine = VLLMEngine(policy, spec.policy.vllm_settings(), seed=spec.run.seed, log=log)
         return RuntimeServices(Lent(policy, engine), make_mover(name, engine), closers=[engine.close])
     policy = load_policy(spec.policy)
     if spec.lifecycle.mode != "sync":  # generation samples a second copy, which the schedule keeps lagging
@@ -97,7 +99,7 @@ class Run:
         self.spec = pipeline.spec
         self.pool = pipeline.data.load()
         self.eval_pool = pipeline.eval.load() if pipeline.eval is not None else None
-        self.services = build_services(self.spec)
+        self.services = build_services(self.spec, log=run_dir.path / RUN_LOG)
         runner_cls = LocalRunner
         if self.spec.executor.kind != "local":
             from gfcr.runtime.loop.prefect_runner import PrefectRunner as runner_cls  # type: ignore[assignment]
@@ -123,6 +125,7 @@ class Run:
                 shutil.rmtree(path, ignore_errors=True)
             raise
         run.made_dir = made_here
+        open_run_log(path / RUN_LOG)  # every run has one (the terminal shows it in the summary)
         write_text(run.dir.spec, pipeline.spec.to_yaml())
         write_text(run.dir.info, json.dumps({
             "run_id": path.name, "pipeline": pipeline.spec.name, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -191,7 +194,8 @@ class Run:
         """A new run that failed before its first step leaves no run directory behind: nothing
         in it but what ``start`` wrote (the spec, run.json, the lock) is worth resuming."""
         path = self.dir.path
-        left = {p.name for p in path.iterdir()} - {self.dir.spec.name, self.dir.info.name, LOCK_NAME}
+        left = {p.name for p in path.iterdir() if not (p.name == RUN_LOG and p.stat().st_size == 0)}
+        left -= {self.dir.spec.name, self.dir.info.name, LOCK_NAME}  # an empty run.log neither
         if self.made_dir and self.runner.step == 0 and not left:
             release_run_dir(path)
             shutil.rmtree(path, ignore_errors=True)
@@ -366,6 +370,7 @@ class Run:
             "tokens_in_update": sum(r["tokens_in_update"] for r in records),
             "seconds_this_session": round(seconds, 3),
             "metrics": str(self.dir.metrics), "lineage": str(self.dir.lineage_dir),
+            "log": str(open_run_log(self.dir.path / RUN_LOG)),
             "checkpoint": None if self.last_checkpoint is None else str(self.last_checkpoint),
         }
 

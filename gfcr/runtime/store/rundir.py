@@ -3,6 +3,7 @@
     runs/<name>-<YYYYmmdd-HHMMSS>/
       spec.yaml              the resolved spec (overrides applied); ``gfcr resume`` reads it
       run.json               run id, gfcr version, start time, command line
+      run.log                the engine's own output (vLLM's log), appended to: gfcr/engines/run_log.py
       metrics.jsonl          one JSON object per step
       lineage/step-000007.parquet   one row per rollout of step 7
       lineage/control-000007.parquet  one row per prompt a Control stage picked or skipped in step 7
