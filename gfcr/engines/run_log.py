@@ -35,6 +35,12 @@ def open_run_log(path: Path) -> Path:
     return path
 
 
+def holds_output(path: Path) -> bool:
+    """Whether the run log holds anything beyond its header line (a library wrote to it)."""
+    with open(path, encoding="utf-8", errors="replace") as log:
+        return len(log.readlines()) > 1
+
+
 @contextmanager
 def captured(path: Path | None) -> Iterator[None]:
     """Descriptor 2 and ``sys.stderr`` into ``path`` (appended) for the block; nothing when ``path``

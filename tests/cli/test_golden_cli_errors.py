@@ -12,7 +12,7 @@ import json
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import pytest
 from typer.testing import CliRunner
@@ -348,7 +348,7 @@ def test_a_run_failing_before_its_first_step_leaves_no_run_directory(tmp_path, m
     def refuses(self, groups: RolloutGroups) -> UpdateReport:
         raise EvalError("the eval set `x` has no answers", "give every eval row an answer")
 
-    monkeypatch.setattr(FakeUpdate, "run", refuses)
+    monkeypatch.setattr(FakeUpdate, "prepare", refuses)  # the runtime's trainer calls prepare, not run
     monkeypatch.chdir(tmp_path)
     (tmp_path / "spec.yaml").write_text(BASE)
     args = ["--run-dir", str(tmp_path / "run")] if run_dir == "given" else []
@@ -361,13 +361,13 @@ def test_a_run_failing_before_its_first_step_leaves_no_run_directory(tmp_path, m
 def test_a_run_failing_after_its_first_step_keeps_its_run_directory(tmp_path, monkeypatch):
     calls = []
 
-    def refuses_the_second(self, groups: RolloutGroups, _run=FakeUpdate.run) -> UpdateReport:
+    def refuses_the_second(self, groups: RolloutGroups, _prepare=FakeUpdate.prepare) -> Any:
         calls.append(1)
         if len(calls) > 1:
             raise EvalError("the eval set `x` has no answers", "give every eval row an answer")
-        return _run(self, groups)
+        return _prepare(self, groups)
 
-    monkeypatch.setattr(FakeUpdate, "run", refuses_the_second)
+    monkeypatch.setattr(FakeUpdate, "prepare", refuses_the_second)
     (tmp_path / "spec.yaml").write_text(BASE)
     result = cli.invoke(app, ["run", str(tmp_path / "spec.yaml"), "--run-dir", str(tmp_path / "run"),
                               "--executor", "local"])

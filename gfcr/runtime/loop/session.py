@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from gfcr.engines.run_log import RUN_LOG, open_run_log
+from gfcr.engines.run_log import RUN_LOG, holds_output, open_run_log
 from gfcr.errors import CheckpointError, EvalError, RunDirError
 from gfcr.graph import CompiledPipeline, load_pipeline
 from gfcr.records import StepReport
@@ -192,10 +192,11 @@ class Run:
 
     def _remove_if_unwritten(self) -> None:
         """A new run that failed before its first step leaves no run directory behind: nothing
-        in it but what ``start`` wrote (the spec, run.json, the lock) is worth resuming."""
+        in it but what ``start`` wrote (the spec, run.json, the lock, the run log's header) is
+        worth resuming; a run log a library wrote to is kept, and the error names it."""
         path = self.dir.path
-        left = {p.name for p in path.iterdir() if not (p.name == RUN_LOG and p.stat().st_size == 0)}
-        left -= {self.dir.spec.name, self.dir.info.name, LOCK_NAME}  # an empty run.log neither
+        left = {p.name for p in path.iterdir() if not (p.name == RUN_LOG and not holds_output(p))}
+        left -= {self.dir.spec.name, self.dir.info.name, LOCK_NAME}  # nor a run.log with its header alone
         if self.made_dir and self.runner.step == 0 and not left:
             release_run_dir(path)
             shutil.rmtree(path, ignore_errors=True)
