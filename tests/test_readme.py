@@ -179,7 +179,7 @@ def test_readme_python_runs():
 
 
 def test_run_files_table_lists_every_file_a_run_directory_holds():
-    from gfcr.runtime import rundir
+    from gfcr.runtime.store import rundir
 
     files = re.findall(r"^      ([\w./-]+?)(?:/step-\d+\.parquet|/step-\d+/|/control-\d+\.parquet)?\s", rundir.__doc__, re.M)
     assert "run.json" in files

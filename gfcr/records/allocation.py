@@ -135,4 +135,7 @@ class Allocation:
         return sum(e.n_rollouts for e in self.entries)
 
     def with_entries(self, entries: tuple[AllocationEntry, ...] | list[AllocationEntry]) -> "Allocation":
-        return replace(self, entries=tuple(entries))
+        """This allocation with other entries, as a downstream stage hands it on: the upstream
+        stage's ``controller_state`` stays with that stage's output (the runner logs each
+        Allocation's state under the stage that made it), so it is not copied."""
+        return replace(self, entries=tuple(entries), controller_state={})

@@ -116,3 +116,14 @@ def test_a_removed_rollout_leaves_the_group_but_stays_in_what_was_generated():
     assert group.verdict.included
     with pytest.raises(ValueError, match=f"has no rollout {removed_id} to remove"):
         group.remove(removed_id, "again")
+
+
+def test_a_downstream_stage_does_not_hand_on_the_upstream_controller_state():
+    """GRESO's p_easy belongs to the stage that computed it: `control.fixed_n` after it hands on
+    the entries, not the state, so metrics.jsonl and MLflow show it once, under GRESO (issue 40)."""
+    from gfcr.records import Allocation, AllocationEntry, Prompt
+
+    upstream = Allocation(0, (AllocationEntry(Prompt("p:0", text="0"), 1),), controller_state={"p_easy": 0.5})
+    handed_on = upstream.with_entries(list(upstream))
+    assert handed_on.controller_state == {} and upstream.controller_state == {"p_easy": 0.5}
+    assert list(handed_on) == list(upstream)
