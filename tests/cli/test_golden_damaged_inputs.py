@@ -112,9 +112,9 @@ def _damaged_outbox(run: Path) -> list[str]:
 
 CASES = [
     Case("missing data file", lambda d, r: _jsonl_spec(d, None),
-         [f"{{dir}}/{ROWS}: the `jsonl` data file: {{dir}}/{ROWS} does not exist"], "fix `path:`"),
+         [f"{{dir}}/spec.yaml:2:36: data.with.path: the `jsonl` data file: {{dir}}/{ROWS} does not exist"], "fix `path:`"),
     Case("empty data file", lambda d, r: _jsonl_spec(d, b"\n\n"),
-         [f"{{dir}}/{ROWS}: the `jsonl` data file: {{dir}}/{ROWS} is empty"], "write one JSON object per line"),
+         [f"{{dir}}/spec.yaml:2:36: data.with.path: the `jsonl` data file: {{dir}}/{ROWS} is empty"], "write one JSON object per line"),
     Case("binary data file (gzip)", lambda d, r: _jsonl_spec(d, gzip.compress(b'{"prompt": "1 + 1?", "answer": 2}\n')),
          [f"{{dir}}/{ROWS}:1: the `jsonl` data file: {{dir}}/{ROWS} is a binary file, not JSON lines"],
          "decompress or convert it to JSON lines"),

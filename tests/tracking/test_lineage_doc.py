@@ -61,7 +61,7 @@ def test_the_json_shapes_are_the_documented_ones(tracked_run):
     assert set(summary["steps"][0]["drops"][0]) == {"stage", "alias", "reason", "rollouts"}
     query = _lineage_json(str(tracked_run), "--dropped")
     assert set(query) == {"run_dir", "query", "rollouts", "notes"}
-    assert set(query["query"]) == {"dropped", "step", "stage", "reason"}
+    assert set(query["query"]) == {"dropped", "step", "stage", "reason", "stale"}
     assert set(query["rollouts"][0]) == {"rollout_id", "step", "prompt_id", "group_id", "reward", "correct",
                                          "dropped_by", "drop_reason", "in_update", "dropped_by_alias"}
     chain = _lineage_json(str(tracked_run), query["rollouts"][0]["rollout_id"])
