@@ -86,6 +86,13 @@ class StepReport:
         return self.added_by.get(rollout_id, self.created_by.get(group_id))
 
     @property
+    def trained_version(self) -> int:
+        """The policy version the step's update trained against (the one before its bump; the
+        step's version when the update was skipped or there was none): what staleness counts from."""
+        stepped = self.update is not None and not self.update.skipped
+        return self.policy_version - (1 if stepped else 0)
+
+    @property
     def prompts_sampled(self) -> int:
         """Distinct prompts that got rollouts this step (over all loop rounds)."""
         return len({g.prompt_id for g in self.groups})

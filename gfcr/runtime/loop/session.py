@@ -466,14 +466,12 @@ def step_record(report: StepReport, result: EvalResult | None, seconds: float) -
 def staleness_counts(report: StepReport) -> dict[str, int]:
     """Tokens of the step's update batch by staleness (versions between the token's sampling and
     the update that trained on it), as ``{"0": n0, "2": n2, ...}``."""
-    update = report.update
-    trained_on = report.policy_version - (1 if update is not None and not update.skipped else 0)
     counts: dict[int, int] = {}
     for group in report.groups:
         if group.group_id not in report.update_group_ids or not group.verdict.included:
             continue
         for rollout in group.rollouts:
-            for age, n in zip(*np.unique(rollout.staleness(trained_on), return_counts=True)):
+            for age, n in zip(*np.unique(rollout.staleness(report.trained_version), return_counts=True)):
                 counts[int(age)] = counts.get(int(age), 0) + int(n)
     return {str(age): counts[age] for age in sorted(counts)}
 

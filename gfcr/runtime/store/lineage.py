@@ -127,16 +127,14 @@ def _row(report: StepReport, group: RolloutGroup, r: Rollout) -> dict[str, Any]:
             {"role": str(t.role), "n_tokens": len(t), "text": t.text[:TURN_TEXT], "reward": t.reward,
              "tool_call": None if t.tool_call is None else json.dumps(t.tool_call, sort_keys=True)}
             for t in r.turns],
-        "staleness": _staleness(report, r, versions) if group.group_id in report.update_group_ids else None,
+        "staleness": _staleness(report, versions) if group.group_id in report.update_group_ids else None,
     }
 
 
-def _staleness(report: StepReport, r: Rollout, versions: np.ndarray) -> int | None:
+def _staleness(report: StepReport, versions: np.ndarray) -> int | None:
     """How many versions older than the update that trained it the rollout's oldest token is
     (None for an empty rollout)."""
-    update = report.update
-    trained_on = report.policy_version - (1 if update is not None and not update.skipped else 0)
-    return int(trained_on - versions.min()) if len(versions) else None
+    return int(report.trained_version - versions.min()) if len(versions) else None
 
 
 def _scalar_advantage(advantage: float | np.ndarray | None) -> float | None:

@@ -88,6 +88,7 @@ from gfcr.stages.common.seeds import step_seed
 from gfcr.stages.engine import SamplingParams
 from gfcr.stages.environments import TOOL_PARSERS, environment_factory
 from gfcr.stages.generate.episodes import Episode, EnvironmentRef, run_episodes
+from gfcr.stages.generate.sample import no_empty_stop
 from gfcr.stages.generate.turn_tokens import TurnBoundary
 from gfcr.stages.resources import Engine, Lent, Policy
 
@@ -123,10 +124,7 @@ class MultiTurn:
         @field_validator("stop")
         @classmethod
         def _no_empty_stop(cls, stop: list[str]) -> list[str]:
-            if "" in stop:
-                raise fixable(f"`stop` holds an empty string (item {stop.index('')}), which would end every "
-                              "turn after its first token", "remove the empty string from `stop`")
-            return stop
+            return no_empty_stop(stop, "turn")
 
         @field_validator("tool_parser")
         @classmethod

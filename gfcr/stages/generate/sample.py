@@ -77,6 +77,15 @@ STATUS = {"stop": RolloutStatus.COMPLETED, "length": RolloutStatus.TRUNCATED,
           "exited": RolloutStatus.COMPLETED}  # exited: cut at a step and answered by a controller
 
 
+
+def no_empty_stop(stop: list[str], unit: str = "response") -> list[str]:
+    """A stage Config's ``stop`` strings, refused with the fix if one is empty: it matches at once,
+    so every ``unit`` would be one token (and every update skipped)."""
+    if "" in stop:
+        raise fixable(f"`stop` holds an empty string (item {stop.index('')}), which would end every "
+                      f"{unit} after its first token", "remove the empty string from `stop`")
+    return stop
+
 class Sample:
     """Independent samples of every allocated prompt, grouped by prompt."""
 
@@ -93,10 +102,7 @@ class Sample:
         @field_validator("stop")
         @classmethod
         def _no_empty_stop(cls, stop: list[str]) -> list[str]:
-            if "" in stop:  # it matches at once: every response would be one token and every update skipped
-                raise fixable(f"`stop` holds an empty string (item {stop.index('')}), which would end every "
-                              "response after its first token", "remove the empty string from `stop`")
-            return stop
+            return no_empty_stop(stop)
 
         @property
         def records_entropy(self) -> bool:  # a capability (gfcr.registry.RecordsEntropy)

@@ -96,10 +96,9 @@ from gfcr.records import (
     Allocation, Rollout, RolloutGroup, RolloutGroups, Segment, StepContext, group_id, rollout_id,
 )
 from gfcr.registry import Seed, StageConfig
-from gfcr.spec.problems import fixable
 from gfcr.stages.common.seeds import step_seed
 from gfcr.stages.engine import Completion, ResponsePrefix, SamplingParams, splice
-from gfcr.stages.generate.sample import STATUS
+from gfcr.stages.generate.sample import STATUS, no_empty_stop
 from gfcr.stages.generate.tree_topology import parents, segment_tree
 from gfcr.stages.resources import Engine, GenerationRequest, Policy, Lent, prompt_tokens
 
@@ -173,10 +172,7 @@ class Tree:
         @field_validator("stop")
         @classmethod
         def _no_empty_stop(cls, stop: list[str]) -> list[str]:
-            if "" in stop:
-                raise fixable(f"`stop` holds an empty string (item {stop.index('')}), which would end every "
-                              "response after its first token", "remove the empty string from `stop`")
-            return stop
+            return no_empty_stop(stop)
 
         builds_trees: ClassVar[bool] = True  # capabilities (gfcr.registry.BuildsTrees, RecordsEntropy, NeedsOfEngine)
 
