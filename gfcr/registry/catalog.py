@@ -93,6 +93,9 @@ BUILTIN_LOSSES = {
     "tic_grpo": "gfcr.stages.components.loss.tic_grpo:TICGRPO",
     "tr_grpo": "gfcr.stages.components.loss.tr_grpo:TRGRPO",
     "m2po": "gfcr.stages.components.loss.m2po:M2PO",
+    "sat": "gfcr.stages.components.loss.sat:SAT",
+    "sat_gspo": "gfcr.stages.components.loss.sat_gspo:SATGSPO",
+    "sao": "gfcr.stages.components.loss.sao:SAO",
 }
 
 BUILTIN_AGGREGATIONS = {

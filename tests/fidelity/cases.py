@@ -184,6 +184,7 @@ EXPECTED = {
     "gspo": "GSPO (verl: compute_policy_loss_gspo)", "gspo_token": "GSPO-token (verl: compute_policy_loss_gspo)",
     "cispo": "CISPO (verl: compute_policy_loss_cispo)",
     "m2po": "M2PO (Infini-AI-Lab/M2PO: compute_m2po_policy_loss, kpo_clip_harmful_tokens)",
+    "sao": "SAO (Human-Agent-Society/reef: compute_sao_loss)",
     "vcpo": ("VCPO (mit-han-lab/vcpo: compute_ess_info and the ESS learning-rate rule of "
              "_optimizer_step_with_buffer; compute_opob_baseline)"),
     "token_mean": "DAPO's token-level aggregation (verl: agg_loss token-mean)",
