@@ -96,6 +96,7 @@ BUILTIN_LOSSES = {
     "sat": "gfcr.stages.components.loss.sat:SAT",
     "sat_gspo": "gfcr.stages.components.loss.sat_gspo:SATGSPO",
     "sao": "gfcr.stages.components.loss.sao:SAO",
+    "mu_grpo": "gfcr.stages.components.loss.mu_grpo:MuGRPO",
 }
 
 BUILTIN_AGGREGATIONS = {
@@ -112,6 +113,7 @@ BUILTIN_CORRECTIONS = {
     "decoupled_clip": "gfcr.stages.components.correction.decoupled_clip:DecoupledClip",
     "recompute_old": "gfcr.stages.components.correction.recompute_old:RecomputeOld",
     "staleness": "gfcr.stages.components.correction.staleness:Staleness",
+    "freshness": "gfcr.stages.components.correction.freshness:Freshness",
 }
 
 BUILTIN_DATA_SOURCES = {

@@ -88,7 +88,9 @@ class CorrectsTokens(Protocol):
 
 @runtime_checkable
 class LimitsStaleness(Protocol):
-    """``keeps(rollout, version)``: the ``[T]`` bool tokens the staleness limit keeps, None for no limit."""
+    """``keeps(rollout, version)``: the ``[T]`` weights of the rollout's tokens, None for all 1: a bool
+    mask (the staleness limit keeps the True ones) or floats in [0, 1] (``freshness``), which
+    multiply the tokens' loss weights and the aggregation's denominator."""
 
     def keeps(self, rollout: Any, version: int) -> Any: ...
 

@@ -16,8 +16,10 @@ A correction is a class registered in ``gfcr.registry.catalog.CORRECTIONS`` (ent
   ``is_weight_mean``, ``is_weight_max`` (of ``pi_old / mu`` before any cap, over the corrected
   tokens) and ``is_clipped_fraction`` (the share of them the cap truncated). Without it
   (``none``), the ratio is taken against ``mu`` and nothing is added.
-- ``keeps(rollout, version) -> [T] bool | None`` (``LimitsStaleness``): tokens more than
-  ``max_staleness`` versions old are masked out of the loss and its denominator.
+- ``keeps(rollout, version) -> [T] weights | None`` (``LimitsStaleness``): tokens more than
+  ``max_staleness`` versions old are masked out of the loss and its denominator (a bool
+  mask); ``freshness`` gives float weights in [0, 1] instead, which multiply the tokens' loss
+  weights and the denominator alike.
 
 ``pi_old`` is the policy at update start. The update takes one optimizer step per batch, so
 the weights do not change while gradients accumulate over micro-batches: ``pi_old`` is the
