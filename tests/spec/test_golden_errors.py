@@ -392,6 +392,13 @@ CASES = [
          "tic_grpo", "update.with.aggregation.use",
          "TIC-GRPO's objective is a mean over trajectories of one ratio each, so it needs aggregation "
          "`seq_mean_token_mean`, not `token_mean`", "set `aggregation: {use: seq_mean_token_mean}`"),
+    Case("SAT's staleness proxy under a decoupled correction (issue 39)",
+         edit(BASE, "{use: update.fake, from: keep}",
+              "{use: update.grpo, from: keep, with: {loss: {use: sat}, correction: {use: decoupled_clip}}}"),
+         "sat", "update.with.correction.use",
+         "SAT's staleness proxy is the log-ratio against the behaviour policy, so it needs correction "
+         "`none` or `staleness` or `freshness`, not `decoupled_clip`",
+         "set `correction: {use: none}` (--set update.with.correction.use=none), or another loss than `sat`"),
     Case("TIC-GRPO's clip bound left to a guess",
          edit(BASE, "{use: update.fake, from: keep}", "{use: update.grpo, from: keep, with: "
                                                         "{loss: {use: tic_grpo}, aggregation: {use: seq_mean_token_mean}}}"),
