@@ -28,8 +28,9 @@ An off-policy correction (``correction: {use: ...}``; ``gfcr.stages.components.c
 ``tis`` (truncated importance sampling, ``with: {cap: 2.0}``), ``decoupled_clip`` (AReaL's
 decoupled PPO for stale tokens, which is also DOTS' clip centred on the stale ratio
 ``pi_old/mu``), ``recompute_old`` (every ratio against ``pi_old``, no weight: the recomputed
-``old_log_probs`` of APRIL's and SPEC-RL's code) or ``staleness`` (mask tokens more than
-``max_staleness`` versions old; the other three take a ``max_staleness`` too). An upstream stage
+``old_log_probs`` of APRIL's and SPEC-RL's code), ``staleness`` (mask tokens more than
+``max_staleness`` versions old; the others take a ``max_staleness`` too) or ``freshness``
+(weigh each rollout by its age, f-OPD's freshness score). An upstream stage
 that replays old rollouts declares the correction it needs (``update_needs``:
 ``replay.rollout_replay`` needs ``decoupled_clip``), and ``gfcr validate`` checks it. With any
 correction but ``none``, the metrics add ``off_policy_token_fraction`` (tokens with staleness >
