@@ -83,6 +83,7 @@ BUILTIN_ADVANTAGE_ESTIMATORS = {
     "xrpo": "gfcr.stages.components.advantage.xrpo:XRPO",
     "tic_grpo": "gfcr.stages.components.advantage.tic_grpo:TICLengthCorrected",
     "tree": "gfcr.stages.components.advantage.tree:TreeAdvantage",
+    "opob": "gfcr.stages.components.advantage.opob:OPOB",
 }
 
 BUILTIN_LOSSES = {
@@ -109,6 +110,12 @@ BUILTIN_CORRECTIONS = {
     "decoupled_clip": "gfcr.stages.components.correction.decoupled_clip:DecoupledClip",
     "recompute_old": "gfcr.stages.components.correction.recompute_old:RecomputeOld",
     "staleness": "gfcr.stages.components.correction.staleness:Staleness",
+    "ewma_proximal": "gfcr.stages.components.correction.ewma_proximal:EWMAProximal",
+}
+
+BUILTIN_LR_RULES = {
+    "constant": "gfcr.stages.components.lr_rule.constant:Constant",
+    "vcpo_ess": "gfcr.stages.components.lr_rule.vcpo_ess:VCPOESS",
 }
 
 BUILTIN_DATA_SOURCES = {
@@ -163,6 +170,7 @@ ADVANTAGE_ESTIMATORS = make_component_registry("advantage estimator", "gfcr.adva
 LOSSES = make_component_registry("loss", "gfcr.losses", BUILTIN_LOSSES)
 AGGREGATIONS = make_component_registry("aggregation", "gfcr.aggregations", BUILTIN_AGGREGATIONS)
 CORRECTIONS = make_component_registry("off-policy correction", "gfcr.corrections", BUILTIN_CORRECTIONS)
+LR_RULES = make_component_registry("learning-rate rule", "gfcr.lr_rules", BUILTIN_LR_RULES)
 
 
 def stage_info(alias: str, registry: Registry[type] = STAGES) -> StageInfo:

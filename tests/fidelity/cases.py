@@ -101,7 +101,7 @@ def unit_module_doc(unit: str) -> str:
 
     family, _, name = unit.partition(".")
     registries = {"advantage": catalog.ADVANTAGE_ESTIMATORS, "loss": catalog.LOSSES,
-                  "aggregation": catalog.AGGREGATIONS}
+                  "aggregation": catalog.AGGREGATIONS, "correction": catalog.CORRECTIONS, "lr_rule": catalog.LR_RULES}
     cls = registries[family].get(name) if family in registries else STAGES.get(unit)
     return sys.modules[cls.__module__].__doc__ or ""
 
@@ -184,8 +184,9 @@ EXPECTED = {
     "gspo": "GSPO (verl: compute_policy_loss_gspo)", "gspo_token": "GSPO-token (verl: compute_policy_loss_gspo)",
     "cispo": "CISPO (verl: compute_policy_loss_cispo)",
     "m2po": "M2PO (Infini-AI-Lab/M2PO: compute_m2po_policy_loss, kpo_clip_harmful_tokens)",
-    "vcpo": ("VCPO (mit-han-lab/vcpo: compute_ess_info and the ESS learning-rate rule of "
-             "_optimizer_step_with_buffer; compute_opob_baseline)"),
+    "vcpo_ess": "VCPO's learning-rate rule (mit-han-lab/vcpo: compute_ess_info, _optimizer_step_with_buffer)",
+    "opob": "VCPO's OPOB baseline (mit-han-lab/vcpo: compute_opob_baseline, _update_grad_buffers)",
+    "ewma_proximal": "PPO-EWMA's proximal policy (openai/ppo-ewma: compute_losses, EwmaModel.update)",
     "token_mean": "DAPO's token-level aggregation (verl: agg_loss token-mean)",
     "seq_mean_token_mean": "GRPO's aggregation (verl: agg_loss seq-mean-token-mean)",
     "seq_mean_token_sum": "Dr.GRPO's aggregation (verl: agg_loss seq-mean-token-sum, seq-mean-token-sum-norm)",
