@@ -40,9 +40,10 @@ Deviations:
   advantages) is not offered;
 - ``g_i`` leaves out the KL term to the reference policy (the reference's per-trajectory loss
   includes its KL loss when one is configured; the authors' script has none);
-- a group whose rewards are all equal takes no backward pass (``update.grpo`` skips rollouts
-  without signal); the reference gives them ``R eps / (sum W + eps)``, below 1e-8 of their
-  reward (1 reference case checks the function's value, which ``refine_group`` returns);
+- a group whose rewards are all equal, or of one rollout, gets exactly 0 and takes no backward
+  pass (``update.grpo`` skips rollouts without signal); the reference gives them
+  ``R eps / (sum W + eps)``, below 1e-8 of their reward (1 reference case checks the function's
+  value, which ``refine_group`` returns);
 - the gradient is then the update's ordinary backward pass with these advantages (one more
   pass); the reference builds it from the per-trajectory gradients it kept
   (``R_i g_i`` and ``g_i`` buffers), which is the same gradient when the loss is linear in the
@@ -73,7 +74,7 @@ import numpy as np
 from pydantic import Field
 
 from gfcr.records import RolloutGroup
-from gfcr.stages.components.advantage.base import Advantages, EstimatorConfig, checked_rewards
+from gfcr.stages.components.advantage.base import Advantages, EstimatorConfig, checked_rewards, has_no_baseline
 from gfcr.stages.components.base import Requirement
 
 STD_FLOOR = 1e-8  # the reference normalises by the std only above it
@@ -102,10 +103,12 @@ class OPOB:
         self.config = config
 
     def estimate(self, group: RolloutGroup) -> Advantages:
-        """The stand-in with every ``W_i = 1`` (the update replaces it by ``refine_group``'s)."""
+        """The stand-in with every ``W_i = 1`` (the update replaces it by ``refine_group``'s); exactly 0
+        for a lone rollout or equal rewards, which take no backward pass."""
         r = checked_rewards(group)
-        ones = np.ones(len(r))
-        return Advantages.scalars(self._advantages(r, ones))
+        if has_no_baseline(r):
+            return Advantages.scalars(r * 0.0)
+        return Advantages.scalars(self._advantages(r, np.ones(len(r))))
 
     def refine_group(self, rewards: np.ndarray, sq_grad_norms: np.ndarray, log_seq_weights: np.ndarray,
                      lengths: np.ndarray) -> np.ndarray:
