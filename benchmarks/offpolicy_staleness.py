@@ -103,6 +103,13 @@ def _fmt(mean: float, half: float | None) -> str:
     return f"{mean:.3f}" if half is None else f"{mean:.3f} ± {half:.3f}"
 
 
+def _write(out: Path, result: dict[str, Any]) -> None:
+    result["load_after"] = load_average()
+    result["table"] = table(result["runs"])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--components", nargs="+", default=["tis", "decoupled_clip", "m2po", "vcpo"])
@@ -122,10 +129,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for component in args.components:
                 result["runs"].append(run_one(component, lag, seed, args.steps, args.extra))
                 print(json.dumps(result["runs"][-1]), f"(load {load_average()})", flush=True)
-    result["load_after"] = load_average()
-    result["table"] = table(result["runs"])
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+                _write(args.out, result)  # after every run: an interrupted benchmark keeps what it measured
+    _write(args.out, result)
     print(result["table"])
     return result
 

@@ -1,7 +1,7 @@
 """The registries gfcr ships: stages (entry-point group ``gfcr.stages``), data sources
 (``gfcr.data``), and the update's components: advantage estimators (``gfcr.advantages``), losses
-(``gfcr.losses``), aggregations (``gfcr.aggregations``) and off-policy corrections
-(``gfcr.corrections``), with the built-ins registered lazily by ``module:attr``. A component
+(``gfcr.losses``), aggregations (``gfcr.aggregations``), off-policy corrections
+(``gfcr.corrections``) and learning-rate rules (``gfcr.lr_rules``), with the built-ins registered lazily by ``module:attr``. A component
 class is checked against the declared extension points (``gfcr.registry.components``) when it
 is registered, or first looked up if registered lazily."""
 

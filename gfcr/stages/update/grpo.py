@@ -141,6 +141,7 @@ from gfcr.stages.components.loss import LossSpec
 from gfcr.stages.components.lr_rule import LrRuleSpec, sequence_log_weights
 from gfcr.stages.update.logprobs import padded, response_logprobs
 from gfcr.stages.training import Ranks, TrainBatch, step_here
+from gfcr.stages.update.by_gradients import number_groups, refine_shard, trajectory_gradient, write_back_advantages
 from gfcr.stages.update.ranks import ShardOutcome, ShardSums
 from gfcr.stages.update.tree_weights import shared_prefix_weights
 
@@ -306,7 +307,7 @@ class GRPOUpdate:
             metrics["off_policy_token_fraction"] = off_policy_fraction(items, policy.version)
         forward = [i for i in items if len(i.rollout) and (self._signal(i) or (self.config.kl_coef > 0 and i.counts()))]
         if self.by_gradients:
-            _number_groups(forward)
+            number_groups(forward)
         skip = None if forward else "empty batch" if not items else "every advantage is zero"
         return TrainBatch(forward, [len(i.rollout) for i in forward], plan, metrics, skip, policy.version)
 
@@ -318,7 +319,7 @@ class GRPOUpdate:
             return UpdateReport(batch.version, skipped=True, skip_reason=batch.skip_reason, metrics=metrics)
         outcome, loss = shards[0], shards[0].loss
         if self.by_gradients:  # the advantages the ranks weighed by gradients, onto the driver's rollouts
-            _write_back_advantages(forward, [s.advantages for s in shards])
+            write_back_advantages(forward, [s.advantages for s in shards])
         metrics.update(self._stats(ShardSums.merged([s.sums for s in shards]), forward, outcome.extra))
         if self.off_policy:  # pi_old as each rank computed it, onto the driver's rollouts
             _write_back_old_logprobs(forward, [s.old_logprobs for s in shards])
@@ -410,54 +411,15 @@ class GRPOUpdate:
         return item.counts() and item.group is not None and bool(np.ptp(item.group.rewards) > 0)
 
     def _weigh_by_gradients(self, shard: list[_Item], ranks: Ranks) -> list[float]:
-        """Each shard item's advantage from its group's per-trajectory gradient norms (VCPO's
-        OPOB): one forward and backward pass per trajectory of the shard, the ``[4, N]`` table of
-        squared gradient norms, log sequence weights, rewards and lengths summed over the ranks,
-        then the estimator's ``refine_group`` per group. Writes the advantages onto the items."""
-        import torch
+        """Each shard item's advantage from its group's per-trajectory gradients (VCPO's OPOB;
+        ``gfcr.stages.update.by_gradients``), written onto the items."""
+        model, cfg = self._policy().model, self.config
+        needs = bool(declared(self.loss, "needs_logprobs"))
 
-        n = shard[0].forward_count if shard else 0
-        table = torch.zeros(4, n, dtype=torch.float64)  # [4, N]: ||g_i||^2, log w_i, R_i, L_i
-        for item in shard:
-            table[:, item.index] = torch.tensor(self._trajectory_gradient(item), dtype=torch.float64)
-        if ranks.world_size > 1:
-            device = next(self._policy().model.parameters()).device
-            moved = table.to(device)
-            ranks.all_reduce_sum([moved])
-            table = moved.cpu()
-        values = table.numpy()
-        refined: dict[tuple[int, ...], np.ndarray] = {}
-        out = []
-        for item in shard:
-            if item.slots not in refined:
-                cols = list(item.slots)
-                sq, log_w, rewards, lengths = (values[row, cols] for row in range(4))
-                refined[item.slots] = np.asarray(self.estimator.refine_group(rewards, sq, log_w, lengths))
-            a = float(refined[item.slots][item.slots.index(item.index)]) * item.scale
-            item.advantage = a
-            item.rollout.advantage = a
-            out.append(a)
-        return out
+        def measure(item: _Item) -> tuple[float, float, float, float]:
+            return trajectory_gradient(model, item, self._ratio, self.loss, cfg.temperature, needs)
 
-    def _trajectory_gradient(self, item: _Item) -> tuple[float, float, float, float]:
-        """``(||g||^2, log w, R, L)`` of one trajectory: ``g`` the gradient of its loss at advantage
-        1 summed over its counted tokens (no KL term), ``w`` its sequence importance weight
-        ``pi_old / mu``, ``R`` its reward and ``L`` its counted tokens."""
-        import torch
-
-        cfg, model = self.config, self._policy().model
-        logp, mask = response_logprobs(model, [item], cfg.temperature)  # [1, R]
-        behaviour = padded([item.rollout.behavior_logprobs], mask.shape[1], logp.device)  # [1, R]
-        weight = mask if item.weights is None else mask * padded([item.weights], mask.shape[1], logp.device)
-        log_ratio, correction = self._ratio([item], logp, behaviour)
-        extra = {"logprobs": logp.detach()} if declared(self.loss, "needs_logprobs") else {}
-        terms = self.loss.terms(log_ratio, torch.ones_like(logp), weight, **extra)
-        per_token = terms.per_token if correction is None else terms.per_token * correction.weight
-        params = [p for p in model.parameters() if p.requires_grad]
-        grads = torch.autograd.grad((per_token * weight).sum(), params, allow_unused=True)
-        sq = float(sum(g.detach().double().pow(2).sum() for g in grads if g is not None))
-        log_w = float(sequence_log_weights(logp, behaviour, weight)[0])
-        return sq, log_w, float(item.rollout.reward), float((weight > 0).sum())
+        return refine_shard(shard, measure, self.estimator, ranks, next(model.parameters()).device)
 
     def _policy(self) -> Policy:
         if self.policy is None:
@@ -657,26 +619,6 @@ def _write_back_old_logprobs(items: list[_Item], shards: list[list[Any] | None])
     old = [o for shard in shards for o in (shard or [])]
     for item, o in zip(items, old, strict=True):
         item.rollout.old_logprobs = o
-
-
-def _number_groups(forward: list[_Item]) -> None:
-    """Give each forward item its place, its group's places and the forward count (what an
-    estimator that weighs by gradients needs on every rank, whatever shard an item lands in)."""
-    places: dict[str, list[int]] = {}
-    for index, item in enumerate(forward):
-        item.index = index
-        item.forward_count = len(forward)
-        places.setdefault(item.group.group_id if item.group else item.rollout.rollout_id, []).append(index)
-    for item in forward:
-        item.slots = tuple(places[item.group.group_id if item.group else item.rollout.rollout_id])
-
-
-def _write_back_advantages(items: list[_Item], shards: list[list[float] | None]) -> None:
-    """The advantages the ranks computed, in the shards' order (which is the items')."""
-    values = [a for shard in shards for a in (shard or [])]
-    for item, a in zip(items, values, strict=True):
-        item.advantage = a
-        item.rollout.advantage = a
 
 
 def _added(total: list[float], sums: Any) -> list[float]:

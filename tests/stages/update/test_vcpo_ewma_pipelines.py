@@ -60,3 +60,17 @@ def test_the_ppo_ewma_pipeline_checkpoints_its_moving_average_and_resumes_exactl
     assert any(r["update"]["off_policy_token_fraction"] > 0 for r in a[2:])
     # from step 2 the moving average has moved off the behaviour policy: pi_ewma / mu is no longer 1
     assert all(abs(r["update"]["is_weight_mean"] - 1.0) > 1e-4 for r in a[2:] if not r["update_skipped"])
+
+
+def test_the_staleness_benchmark_cells_validate() -> None:
+    """``benchmarks/offpolicy_staleness.py``'s every component at every staleness is a valid pipeline
+    (the benchmark itself is run by hand; its 1-seed, 2-step miniature ran when it was written)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("offpolicy_staleness", REPO / "benchmarks" / "offpolicy_staleness.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    for component, overrides in bench.COMPONENTS.items():
+        for lag in (0, 2, 8):
+            compiled = load_pipeline(bench.PIPELINE, bench.COMMON + overrides + bench.staleness_overrides(lag))
+            assert compiled.spec.lifecycle.staleness_bound() == lag, (component, lag)
