@@ -95,8 +95,8 @@ class EWMAProximal:
             "the EWMA's decay per optimizer step (required: the reference's default is no EWMA; the paper "
             "sets it per batch size)"))]
         imp_samp_max: Annotated[float, Field(gt=1.0)] | None = Field(
-            100.0, description="M: no importance weight above M (mu floored at pi_old / M; the reference's 100.0); "
-                               "null: no floor")
+            100.0, description="M: mu floored at pi_old / M, so that no ratio pi / mu exceeds M at the step's "
+                               "start (the reference's imp_samp_max, 100.0); null: no floor")
         max_staleness: MaxStaleness = None
 
     @staticmethod
