@@ -44,7 +44,7 @@ COMPONENTS: dict[str, list[str]] = {
              "update.with.correction={\"use\": \"staleness\", \"with\": {\"max_staleness\": 16}}"],
     "vcpo": ["update.with.advantage={\"use\": \"opob\"}", "update.with.aggregation={\"use\": \"seq_mean_token_mean\"}",
              "update.with.loss={\"use\": \"ppo_clip\", \"with\": {\"clip\": [1.0, 1.0e9]}}",
-             "update.with.correction={\"use\": \"tis\", \"with\": {\"cap\": 8.0}}",
+             "update.with.correction={\"use\": \"seq_tis\", \"with\": {\"cap\": 8.0}}",
              "update.with.lr_rule={\"use\": \"vcpo_ess\"}", "update.with.weight_decay=0.1"],
     "ppo_ewma": ["update.with.loss={\"use\": \"ppo_clip\", \"with\": {\"clip\": [0.2, 0.2]}}",
                  "update.with.correction={\"use\": \"ewma_proximal\", \"with\": {\"decay\": 0.8}}"],

@@ -111,6 +111,7 @@ BUILTIN_CORRECTIONS = {
     "recompute_old": "gfcr.stages.components.correction.recompute_old:RecomputeOld",
     "staleness": "gfcr.stages.components.correction.staleness:Staleness",
     "ewma_proximal": "gfcr.stages.components.correction.ewma_proximal:EWMAProximal",
+    "seq_tis": "gfcr.stages.components.correction.seq_tis:SeqTIS",
 }
 
 BUILTIN_LR_RULES = {

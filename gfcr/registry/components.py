@@ -22,6 +22,9 @@ off-policy correction beyond its kind's required methods, and how a class's are 
   ``follow(model)`` (correction; ``KeepsProximalPolicy``): a proximal policy of the correction's
   own (PPO-EWMA's moving average of the weights), scored by the update on every micro-batch and
   moved after every optimizer step;
+- ``correct_sequences(logp, behaviour, stale, weight)`` (correction; ``CorrectsSequences``): the
+  off-policy path for a correction that needs each response's counted tokens (``weight``, the
+  ``[B, R]`` token weights; verl's sequence-level importance sampling);
 - ``refine_group(rewards, sq_grad_norms, log_seq_weights, lengths)`` (advantage;
   ``WeighsByGradients``): advantages that need each trajectory's own gradient (VCPO's OPOB
   baseline), which the update computes before its backward pass.
@@ -118,6 +121,15 @@ class KeepsProximalPolicy(Protocol):
 
 
 @runtime_checkable
+class CorrectsSequences(Protocol):
+    """An off-policy correction that needs each response's counted tokens: ``correct_sequences(logp,
+    behaviour, stale, weight)`` with ``[B, R]`` tensors (``weight`` the token weights, 0 on padding
+    and masked tokens) returns a ``TokenCorrection``, as ``CorrectsTokens`` does."""
+
+    def correct_sequences(self, logp: Any, behaviour: Any, stale: Any, weight: Any) -> Any: ...
+
+
+@runtime_checkable
 class WeighsByGradients(Protocol):
     """An estimator whose advantages need each trajectory's gradient (VCPO's OPOB baseline):
     ``refine_group(rewards, sq_grad_norms, log_seq_weights, lengths)``, ``[G]`` float64 arrays of
@@ -132,6 +144,7 @@ METHODS: dict[type, tuple[str, ...]] = {
     AddsBatchTerm: ("batch_term",), ReportsStepMetrics: ("metrics",), Stateful: ("state_dict", "load_state_dict"),
     CorrectsTokens: ("correct",), LimitsStaleness: ("keeps",),
     KeepsProximalPolicy: ("attach", "proximal_model", "correct_with", "follow"), WeighsByGradients: ("refine_group",),
+    CorrectsSequences: ("correct_sequences",),
 }
 FLAGS: dict[str, Any] = {"requires": (), "token_corrections": True, "needs_logprobs": False}
 REQUIRED: dict[str, tuple[str, ...]] = {"advantage": ("estimate",), "loss": ("terms",),

@@ -187,6 +187,7 @@ EXPECTED = {
     "vcpo_ess": "VCPO's learning-rate rule (mit-han-lab/vcpo: compute_ess_info, _optimizer_step_with_buffer)",
     "opob": "VCPO's OPOB baseline (mit-han-lab/vcpo: compute_opob_baseline, _update_grad_buffers)",
     "ewma_proximal": "PPO-EWMA's proximal policy (openai/ppo-ewma: compute_losses, EwmaModel.update)",
+    "seq_tis": "sequence-level truncated IS (verl's rollout_is sequence, as mit-han-lab/vcpo carries it)",
     "token_mean": "DAPO's token-level aggregation (verl: agg_loss token-mean)",
     "seq_mean_token_mean": "GRPO's aggregation (verl: agg_loss seq-mean-token-mean)",
     "seq_mean_token_sum": "Dr.GRPO's aggregation (verl: agg_loss seq-mean-token-sum, seq-mean-token-sum-norm)",

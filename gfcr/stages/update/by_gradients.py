@@ -67,13 +67,13 @@ def refine_shard(shard: list[Any], measure: Measure, estimator: Any, ranks: Rank
 def trajectory_gradient(model: Any, item: Any, ratio: Callable[..., tuple[Any, Any]], loss: Any, temperature: float,
                         needs_logprobs: bool) -> tuple[float, float, float, float]:
     """``(||g||^2, log w, R, L)`` of one trajectory (the module docstring); ``ratio(chunk, logp,
-    behaviour)`` is the update's ``(log_ratio, correction)``."""
+    behaviour, weight)`` is the update's ``(log_ratio, correction)``."""
     import torch
 
     logp, mask = response_logprobs(model, [item], temperature)  # [1, R]
     behaviour = padded([item.rollout.behavior_logprobs], mask.shape[1], logp.device)  # [1, R]
     weight = mask if item.weights is None else mask * padded([item.weights], mask.shape[1], logp.device)
-    log_ratio, correction = ratio([item], logp, behaviour)
+    log_ratio, correction = ratio([item], logp, behaviour, weight)
     extra = {"logprobs": logp.detach()} if needs_logprobs else {}
     terms = loss.terms(log_ratio, torch.ones_like(logp), weight, **extra)
     per_token = terms.per_token if correction is None else terms.per_token * correction.weight

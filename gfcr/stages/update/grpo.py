@@ -129,7 +129,8 @@ from pydantic import Field, field_validator
 
 from gfcr.records import PromptPool, Rollout, RolloutGroup, RolloutGroups, UpdateReport
 from gfcr.registry import BuildsTrees, FixesGroupSize, PipelineProblem, StageConfig, Stateful
-from gfcr.registry.components import (AddsBatchTerm, CorrectsTokens, KeepsProximalPolicy, LearnsParameters,
+from gfcr.registry.components import (AddsBatchTerm, CorrectsSequences, CorrectsTokens, KeepsProximalPolicy,
+                                      LearnsParameters,
                                       LimitsStaleness, ReportsStepMetrics, WeighsByGradients, declared, provides)
 from gfcr.spec.problems import fixable
 from gfcr.stages.resources import Lent, Policy, prompt_tokens
@@ -262,7 +263,8 @@ class GRPOUpdate:
         self.lr_rule = config.lr_rule.build()
         self.keeps_proximal = provides(self.correction, KeepsProximalPolicy)  # PPO-EWMA: a proximal policy of its own
         # else the ratio is against mu, as on-policy
-        self.off_policy = provides(self.correction, CorrectsTokens) or self.keeps_proximal
+        self.per_sequence = provides(self.correction, CorrectsSequences)  # verl's sequence-level IS
+        self.off_policy = provides(self.correction, CorrectsTokens) or self.keeps_proximal or self.per_sequence
         self.by_gradients = provides(self.estimator, WeighsByGradients)  # VCPO's OPOB: advantages need ||g_i||
         self.policy: Policy | None = None
         self.optimizer: Any = None
@@ -477,7 +479,7 @@ class GRPOUpdate:
             adv = _advantages(chunk, width, logp)  # [B, 1] or [B, R]
             weight = mask if all(i.weights is None for i in chunk) else mask * padded(
                 [_ones_if_none(i) for i in chunk], width, device)  # [B, R]
-            log_ratio, correction = self._ratio(chunk, logp, behaviour)
+            log_ratio, correction = self._ratio(chunk, logp, behaviour, weight)
             if correction is not None:
                 sums.correction.add(correction, weight)
                 _write_old_logprobs(chunk, logp)
@@ -505,9 +507,10 @@ class GRPOUpdate:
             sums.loss += float(term.detach())
         return sums
 
-    def _ratio(self, chunk: list[_Item], logp: Any, behaviour: Any) -> tuple[Any, Any]:
+    def _ratio(self, chunk: list[_Item], logp: Any, behaviour: Any, weight: Any) -> tuple[Any, Any]:
         """``(log_ratio, correction)`` of a micro-batch: against ``mu`` (no correction), or against
-        the correction's proximal log-probs (its own proximal policy's, scored here, for PPO-EWMA)."""
+        the correction's proximal log-probs (its own proximal policy's, scored here, for PPO-EWMA;
+        from the counted tokens ``weight``, for a sequence-level correction)."""
         import torch
 
         if not self.off_policy:
@@ -518,6 +521,8 @@ class GRPOUpdate:
             with torch.no_grad():
                 proximal, _ = response_logprobs(self.correction.proximal_model(), chunk, self.config.temperature)
             correction = self.correction.correct_with(logp, behaviour, stale, proximal)
+        elif self.per_sequence:
+            correction = self.correction.correct_sequences(logp, behaviour, stale, weight)
         else:
             correction = self.correction.correct(logp, behaviour, stale)
         return logp - correction.proximal, correction
