@@ -25,7 +25,7 @@ from pydantic.fields import FieldInfo  # noqa: E402
 from gfcr.cli.stages_cmd import _default_text, _type_name  # noqa: E402
 from gfcr.registry import BUILTIN_DATA_SOURCES, BUILTIN_STAGES, DATA_SOURCES, FAMILIES, stage_info  # noqa: E402
 from gfcr.registry.catalog import (  # noqa: E402
-    BUILTIN_ADVANTAGE_ESTIMATORS, BUILTIN_AGGREGATIONS, BUILTIN_CORRECTIONS, BUILTIN_LOSSES,
+    BUILTIN_ADVANTAGE_ESTIMATORS, BUILTIN_AGGREGATIONS, BUILTIN_CORRECTIONS, BUILTIN_LOSSES, BUILTIN_LR_RULES,
 )
 from gfcr.registry.stage_docs import FORMS, stage_doc  # noqa: E402
 from gfcr.stages.verifiers import BUILTIN_VERIFIERS, VERIFIERS, VerifierOptions  # noqa: E402
@@ -47,7 +47,8 @@ def counts() -> dict[str, int]:
             **{f"{f} stages": sum(i.family == f for i in real) for f in FAMILIES},
             "data sources": len(BUILTIN_DATA_SOURCES), "verifiers": len(BUILTIN_VERIFIERS),
             "advantage estimators": len(BUILTIN_ADVANTAGE_ESTIMATORS), "losses": len(BUILTIN_LOSSES),
-            "aggregations": len(BUILTIN_AGGREGATIONS), "off-policy corrections": len(BUILTIN_CORRECTIONS)}
+            "aggregations": len(BUILTIN_AGGREGATIONS), "off-policy corrections": len(BUILTIN_CORRECTIONS),
+            "learning-rate rules": len(BUILTIN_LR_RULES)}
 
 
 def render() -> str:
@@ -61,7 +62,8 @@ def render() -> str:
         f"gfcr ships {n['stages']} stages ({families}), {n['test stages']} labelled test stages, "
         f"{n['data sources']} data sources and {n['verifiers']} verifiers. The update's "
         f"{n['advantage estimators']} advantage estimators, {n['losses']} losses, {n['aggregations']} "
-        f"aggregations and {n['off-policy corrections']} off-policy corrections are in "
+        f"aggregations, {n['off-policy corrections']} off-policy corrections and {n['learning-rate rules']} "
+        "learning-rate rules are in "
         "[update-catalog.md](update-catalog.md). `gfcr stages` lists the installed stages, plugins "
         "included; `gfcr stages ALIAS` shows one in full (config with defaults, ports, lifecycle, an "
         "example YAML); `gfcr stages --family replay` lists one family.", "",

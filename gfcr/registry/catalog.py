@@ -1,7 +1,7 @@
 """The registries gfcr ships: stages (entry-point group ``gfcr.stages``), data sources
 (``gfcr.data``), and the update's components: advantage estimators (``gfcr.advantages``), losses
-(``gfcr.losses``), aggregations (``gfcr.aggregations``) and off-policy corrections
-(``gfcr.corrections``), with the built-ins registered lazily by ``module:attr``. A component
+(``gfcr.losses``), aggregations (``gfcr.aggregations``), off-policy corrections
+(``gfcr.corrections``) and learning-rate rules (``gfcr.lr_rules``), with the built-ins registered lazily by ``module:attr``. A component
 class is checked against the declared extension points (``gfcr.registry.components``) when it
 is registered, or first looked up if registered lazily."""
 
@@ -83,6 +83,7 @@ BUILTIN_ADVANTAGE_ESTIMATORS = {
     "xrpo": "gfcr.stages.components.advantage.xrpo:XRPO",
     "tic_grpo": "gfcr.stages.components.advantage.tic_grpo:TICLengthCorrected",
     "tree": "gfcr.stages.components.advantage.tree:TreeAdvantage",
+    "opob": "gfcr.stages.components.advantage.opob:OPOB",
 }
 
 BUILTIN_LOSSES = {
@@ -114,6 +115,13 @@ BUILTIN_CORRECTIONS = {
     "recompute_old": "gfcr.stages.components.correction.recompute_old:RecomputeOld",
     "staleness": "gfcr.stages.components.correction.staleness:Staleness",
     "freshness": "gfcr.stages.components.correction.freshness:Freshness",
+    "ewma_proximal": "gfcr.stages.components.correction.ewma_proximal:EWMAProximal",
+    "seq_tis": "gfcr.stages.components.correction.seq_tis:SeqTIS",
+}
+
+BUILTIN_LR_RULES = {
+    "constant": "gfcr.stages.components.lr_rule.constant:Constant",
+    "vcpo_ess": "gfcr.stages.components.lr_rule.vcpo_ess:VCPOESS",
 }
 
 BUILTIN_DATA_SOURCES = {
@@ -168,6 +176,7 @@ ADVANTAGE_ESTIMATORS = make_component_registry("advantage estimator", "gfcr.adva
 LOSSES = make_component_registry("loss", "gfcr.losses", BUILTIN_LOSSES)
 AGGREGATIONS = make_component_registry("aggregation", "gfcr.aggregations", BUILTIN_AGGREGATIONS)
 CORRECTIONS = make_component_registry("off-policy correction", "gfcr.corrections", BUILTIN_CORRECTIONS)
+LR_RULES = make_component_registry("learning-rate rule", "gfcr.lr_rules", BUILTIN_LR_RULES)
 
 
 def stage_info(alias: str, registry: Registry[type] = STAGES) -> StageInfo:

@@ -17,10 +17,21 @@ off-policy correction beyond its kind's required methods, and how a class's are 
 - ``state_dict()`` and ``load_state_dict(state)`` (aggregation; ``gfcr.registry.Stateful``);
 - ``correct(logp, behaviour, stale)`` (correction; ``CorrectsTokens``): the off-policy path,
   the ratio against a proximal policy and a per-token weight;
-- ``keeps(rollout, version)`` (correction; ``LimitsStaleness``): the staleness limit.
+- ``keeps(rollout, version)`` (correction; ``LimitsStaleness``): the staleness limit;
+- ``attach(model)``, ``proximal_model()``, ``correct_with(logp, behaviour, stale, proximal)`` and
+  ``follow(model)`` (correction; ``KeepsProximalPolicy``): a proximal policy of the correction's
+  own (PPO-EWMA's moving average of the weights), scored by the update on every micro-batch and
+  moved after every optimizer step;
+- ``correct_sequences(logp, behaviour, stale, weight)`` (correction; ``CorrectsSequences``): the
+  off-policy path for a correction that needs each response's counted tokens (``weight``, the
+  ``[B, R]`` token weights; verl's sequence-level importance sampling);
+- ``refine_group(rewards, sq_grad_norms, log_seq_weights, lengths)`` (advantage;
+  ``WeighsByGradients``): advantages that need each trajectory's own gradient (VCPO's OPOB
+  baseline), which the update computes before its backward pass.
 
 The required methods are ``estimate`` (advantage), ``terms`` (loss), ``plan`` and ``reduce``
-(aggregation); a correction has none (``none`` is a correction with nothing to do).
+(aggregation), ``sums`` and ``factor`` (learning-rate rule); a correction has none (``none`` is a
+correction with nothing to do).
 
 A role is read with ``provides(component, Role)`` and a flag with ``declared(component,
 name)``, never with ``getattr(component, "<name>", default)``: registration refuses a public
@@ -95,14 +106,52 @@ class LimitsStaleness(Protocol):
     def keeps(self, rollout: Any, version: int) -> Any: ...
 
 
+@runtime_checkable
+class KeepsProximalPolicy(Protocol):
+    """A correction with a proximal policy of its own (PPO-EWMA): ``attach(model)`` once the policy
+    is lent, ``proximal_model()`` the model the update scores every micro-batch with (no gradient),
+    ``correct_with(logp, behaviour, stale, proximal)`` the ``TokenCorrection`` against those
+    log-probs, and ``follow(model)`` after every optimizer step."""
+
+    def attach(self, model: Any) -> None: ...
+
+    def proximal_model(self) -> Any: ...
+
+    def correct_with(self, logp: Any, behaviour: Any, stale: Any, proximal: Any) -> Any: ...
+
+    def follow(self, model: Any) -> None: ...
+
+
+@runtime_checkable
+class CorrectsSequences(Protocol):
+    """An off-policy correction that needs each response's counted tokens: ``correct_sequences(logp,
+    behaviour, stale, weight)`` with ``[B, R]`` tensors (``weight`` the token weights, 0 on padding
+    and masked tokens) returns a ``TokenCorrection``, as ``CorrectsTokens`` does."""
+
+    def correct_sequences(self, logp: Any, behaviour: Any, stale: Any, weight: Any) -> Any: ...
+
+
+@runtime_checkable
+class WeighsByGradients(Protocol):
+    """An estimator whose advantages need each trajectory's gradient (VCPO's OPOB baseline):
+    ``refine_group(rewards, sq_grad_norms, log_seq_weights, lengths)``, ``[G]`` float64 arrays of
+    one group's rollouts that enter the backward pass, gives their advantages. ``estimate`` then
+    gives the stand-in the batch is planned with."""
+
+    def refine_group(self, rewards: Any, sq_grad_norms: Any, log_seq_weights: Any, lengths: Any) -> Any: ...
+
+
 METHODS: dict[type, tuple[str, ...]] = {
     ChecksPairing: ("pairing_problems",), EstimatesBatch: ("estimate_batch",), LearnsParameters: ("parameters",),
     AddsBatchTerm: ("batch_term",), ReportsStepMetrics: ("metrics",), Stateful: ("state_dict", "load_state_dict"),
     CorrectsTokens: ("correct",), LimitsStaleness: ("keeps",),
+    KeepsProximalPolicy: ("attach", "proximal_model", "correct_with", "follow"), WeighsByGradients: ("refine_group",),
+    CorrectsSequences: ("correct_sequences",),
 }
 FLAGS: dict[str, Any] = {"requires": (), "token_corrections": True, "needs_logprobs": False}
 REQUIRED: dict[str, tuple[str, ...]] = {"advantage": ("estimate",), "loss": ("terms",),
-                                        "aggregation": ("plan", "reduce"), "correction": ()}
+                                        "aggregation": ("plan", "reduce"), "correction": (),
+                                        "lr_rule": ("sums", "factor")}
 EXTENSION_NAMES: frozenset[str] = frozenset(
     [m for names in METHODS.values() for m in names] + list(FLAGS) + [m for ms in REQUIRED.values() for m in ms])
 

@@ -101,7 +101,7 @@ def unit_module_doc(unit: str) -> str:
 
     family, _, name = unit.partition(".")
     registries = {"advantage": catalog.ADVANTAGE_ESTIMATORS, "loss": catalog.LOSSES,
-                  "aggregation": catalog.AGGREGATIONS}
+                  "aggregation": catalog.AGGREGATIONS, "correction": catalog.CORRECTIONS, "lr_rule": catalog.LR_RULES}
     cls = registries[family].get(name) if family in registries else STAGES.get(unit)
     return sys.modules[cls.__module__].__doc__ or ""
 
@@ -187,6 +187,10 @@ EXPECTED = {
     "sao": "SAO (Human-Agent-Society/reef: compute_sao_loss)",
     "vcpo": ("VCPO (mit-han-lab/vcpo: compute_ess_info and the ESS learning-rate rule of "
              "_optimizer_step_with_buffer; compute_opob_baseline)"),
+    "vcpo_ess": "VCPO's learning-rate rule (mit-han-lab/vcpo: compute_ess_info, _optimizer_step_with_buffer)",
+    "opob": "VCPO's OPOB baseline (mit-han-lab/vcpo: compute_opob_baseline, _update_grad_buffers)",
+    "ewma_proximal": "PPO-EWMA's proximal policy (openai/ppo-ewma: compute_losses, EwmaModel.update)",
+    "seq_tis": "sequence-level truncated IS (verl's rollout_is sequence, as mit-han-lab/vcpo carries it)",
     "token_mean": "DAPO's token-level aggregation (verl: agg_loss token-mean)",
     "seq_mean_token_mean": "GRPO's aggregation (verl: agg_loss seq-mean-token-mean)",
     "seq_mean_token_sum": "Dr.GRPO's aggregation (verl: agg_loss seq-mean-token-sum, seq-mean-token-sum-norm)",

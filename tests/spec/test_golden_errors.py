@@ -143,6 +143,14 @@ UPSTREAM_CASES = [
     Case("the tree advantage with no tree generator upstream",
          edit(QUICK, "lr: 3.0e-4,", "lr: 3.0e-4, advantage: {use: tree},"), "advantage: {use: tree}",
          "update.with.advantage.use", "no stage upstream of the update generates trees", "generate with `generate.tree`"),
+    Case("VCPO's OPOB baseline with a token-mean aggregation",
+         edit(QUICK, "lr: 3.0e-4,", "lr: 3.0e-4, advantage: {use: opob},"), "advantage: {use: opob}",
+         "update.with.aggregation.use", "so it needs aggregation `seq_mean_token_mean` or `seq_mean_token_sum`, "
+         "not `token_mean`", "set `aggregation: {use: seq_mean_token_mean}`"),
+    Case("PPO-EWMA's proximal policy without its decay",
+         edit(QUICK, "lr: 3.0e-4,", "lr: 3.0e-4, correction: {use: ewma_proximal},"), "correction: {use: ewma_proximal}",
+         "update.with.correction.with", "off-policy correction `ewma_proximal`: `decay` is required",
+         "write `correction: {use: ewma_proximal, with: {decay: ...}}`"),
 ]
 
 

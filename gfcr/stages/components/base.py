@@ -8,7 +8,9 @@ its own with its own Config under ``with``:
 - ``aggregation``: how per-token losses become one scalar (``gfcr.stages.components.aggregation``;
   ``AGGREGATIONS``, ``gfcr.aggregations``);
 - ``correction``: the off-policy correction of stale tokens' ratios and weights
-  (``gfcr.stages.components.correction``; ``CORRECTIONS``, ``gfcr.corrections``).
+  (``gfcr.stages.components.correction``; ``CORRECTIONS``, ``gfcr.corrections``);
+- ``lr_rule``: how one step's learning rate is scaled from its batch
+  (``gfcr.stages.components.lr_rule``; ``LR_RULES``, ``gfcr.lr_rules``).
 
 .. code-block:: yaml
 
@@ -75,11 +77,12 @@ class PairingContext:
     token_corrections: bool = True
     rollouts_setting: Callable[[int], str] | None = None
     trees_upstream: bool = False
+    lr_rule: str = "constant"
 
     def chosen(self, kind: str) -> str:
         """The alias the update chose for its component ``kind`` ("advantage", "loss", ...)."""
         return {"advantage": self.advantage, "loss": self.loss, "aggregation": self.aggregation,
-                "correction": self.correction}[kind]
+                "correction": self.correction, "lr_rule": self.lr_rule}[kind]
 
 
 

@@ -1,6 +1,6 @@
 """The update's components as ``gfcr stages --components`` and ``docs/update-catalog.md`` list
 them, read from the registries (``ADVANTAGE_ESTIMATORS``, ``LOSSES``, ``AGGREGATIONS``,
-``CORRECTIONS``) and from each component's own module docstring and Config, so a new component shows up without
+``CORRECTIONS``, ``LR_RULES``) and from each component's own module docstring and Config, so a new component shows up without
 anyone editing a list:
 
 - ``paper``: the first arXiv id in the module docstring, or ``-``;
@@ -37,7 +37,7 @@ from gfcr.registry import catalog
 from gfcr.registry.components import ChecksPairing, declared, provides
 
 KINDS = {"advantage": "ADVANTAGE_ESTIMATORS", "loss": "LOSSES", "aggregation": "AGGREGATIONS",
-         "correction": "CORRECTIONS"}
+         "correction": "CORRECTIONS", "lr_rule": "LR_RULES"}
 COLUMNS = ("kind", "alias", "paper", "what it changes", "defaults", "requires", "fidelity")
 
 _ARXIV = re.compile(r"arXiv[:\s]+(\d{4}\.\d{4,5})")
@@ -51,7 +51,7 @@ _DEVIATIONS = re.compile(r"^Deviations\b.*?(?=\n\s*\n|\Z)", re.S | re.M)  # the 
 
 @dataclass(frozen=True)
 class ComponentInfo:
-    kind: str  # the update's key: advantage, loss, aggregation or correction
+    kind: str  # the update's key: advantage, loss, aggregation, correction or lr_rule
     alias: str
     paper: str
     changes: str

@@ -1,4 +1,4 @@
-"""update.grpo: the GRPO-family policy update, assembled from four registered components.
+"""update.grpo: the GRPO-family policy update, assembled from five registered components.
 
 For every included group, an advantage estimator (``advantage: {use: ..., with: {...}}``;
 ``gfcr.stages.components.advantage``) gives one advantage per rollout, a scalar or a ``[T]``
@@ -29,12 +29,22 @@ An off-policy correction (``correction: {use: ...}``; ``gfcr.stages.components.c
 decoupled PPO for stale tokens, which is also DOTS' clip centred on the stale ratio
 ``pi_old/mu``), ``recompute_old`` (every ratio against ``pi_old``, no weight: the recomputed
 ``old_log_probs`` of APRIL's and SPEC-RL's code), ``staleness`` (mask tokens more than
-``max_staleness`` versions old; the others take a ``max_staleness`` too) or ``freshness``
-(weigh each rollout by its age, f-OPD's freshness score). An upstream stage
+``max_staleness`` versions old; the others take a ``max_staleness`` too), ``freshness``
+(weigh each rollout by its age, f-OPD's freshness score) or ``ewma_proximal`` (PPO-EWMA: the
+ratio against a moving average of the policy's weights that the correction keeps, checkpointed
+with the update, and moves after every step). An upstream stage
 that replays old rollouts declares the correction it needs (``update_needs``:
 ``replay.rollout_replay`` needs ``decoupled_clip``), and ``gfcr validate`` checks it. With any
 correction but ``none``, the metrics add ``off_policy_token_fraction`` (tokens with staleness >
 0, before the staleness limit), ``is_weight_mean``, ``is_weight_max`` and ``is_clipped_fraction``.
+
+A learning-rate rule (``lr_rule: {use: ...}``; ``gfcr.stages.components.lr_rule``), ``constant``
+by default, scales the step's learning rate from the batch and restores it after the step:
+``vcpo_ess`` (VCPO) by the effective sample size of the trajectories' sequence importance
+weights, summed over every trainer rank. An estimator that weighs by gradients (``opob``,
+VCPO's baseline) gets each trajectory's squared gradient norm from one extra forward and
+backward pass per trajectory before the backward pass (``train_shard``), under trainer ranks
+each rank for its shard, the table then summed over the ranks.
 
 Logits are computed only at response positions (``logits_to_keep``), and rollouts whose
 advantage is zero on every counted token (with no KL term) never enter the forward or
@@ -69,7 +79,7 @@ Deviations:
   leaf is still divided by its own length, so "counts once" is exact only under
   ``token_mean`` (the default).
 
-Fidelity: gfcr's own: the assembly of four registered components (``docs/update-catalog.md``); the
+Fidelity: gfcr's own: the assembly of five registered components (``docs/update-catalog.md``); the
 components' reference cases, where there are some, are listed per component in ``docs/fidelity.md``.
 
 Example (one update of the ``tiny-arith`` policy on a hand-scored group):
@@ -120,8 +130,9 @@ from pydantic import Field, field_validator
 
 from gfcr.records import PromptPool, Rollout, RolloutGroup, RolloutGroups, UpdateReport
 from gfcr.registry import BuildsTrees, FixesGroupSize, PipelineProblem, StageConfig, Stateful
-from gfcr.registry.components import (AddsBatchTerm, CorrectsTokens, LearnsParameters, LimitsStaleness,
-                                      ReportsStepMetrics, declared, provides)
+from gfcr.registry.components import (AddsBatchTerm, CorrectsSequences, CorrectsTokens, KeepsProximalPolicy,
+                                      LearnsParameters,
+                                      LimitsStaleness, ReportsStepMetrics, WeighsByGradients, declared, provides)
 from gfcr.spec.problems import fixable
 from gfcr.stages.resources import Lent, Policy, prompt_tokens
 from gfcr.stages.components.advantage import AdvantageSpec, estimate_all
@@ -129,8 +140,10 @@ from gfcr.stages.components.aggregation import AggregationSpec, Row
 from gfcr.stages.components.base import PairingContext
 from gfcr.stages.components.correction import CorrectionSpec
 from gfcr.stages.components.loss import LossSpec
+from gfcr.stages.components.lr_rule import LrRuleSpec, sequence_log_weights
 from gfcr.stages.update.logprobs import padded, response_logprobs
 from gfcr.stages.training import Ranks, TrainBatch, step_here
+from gfcr.stages.update.by_gradients import number_groups, refine_shard, trajectory_gradient, write_back_advantages
 from gfcr.stages.update.ranks import ShardOutcome, ShardSums
 from gfcr.stages.update.tree_weights import shared_prefix_weights
 
@@ -144,6 +157,10 @@ class _Item:
     advantage: float | np.ndarray  # scalar, or [T]
     weights: np.ndarray | None = None  # [T] float64 token weights; None: every token weighs 1
     group: RolloutGroup | None = None
+    scale: float = 1.0  # the group's and the rollout's sample weight, which multiply the advantage
+    index: int = -1  # its place among the forward items (for an estimator that weighs by gradients)
+    slots: tuple[int, ...] = ()  # the places of its group's forward items, itself included
+    forward_count: int = 0  # how many forward items the batch has
 
     def row(self) -> Row:
         n = len(self.rollout)
@@ -201,6 +218,8 @@ class GRPOUpdate:
                                                                            "scalar: {use: <alias>, with: {...}}")
         correction: CorrectionSpec = Field(CorrectionSpec(), description="off-policy correction of stale tokens: "
                                                                         "{use: <alias>, with: {...}}")
+        lr_rule: LrRuleSpec = Field(LrRuleSpec(), description="how each step's learning rate is scaled from its "
+                                                              "batch: {use: <alias>, with: {...}}")
         kl_coef: Annotated[float, Field(ge=0.0, description="weight of the k3 KL to the initial policy")] = 0.0
         max_grad_norm: Annotated[float, Field(gt=0.0)] | None = 1.0
         weight_decay: Annotated[float, Field(ge=0.0)] = 0.0
@@ -232,8 +251,8 @@ class GRPOUpdate:
                              view.rollouts_per_prompt, view.rollouts_from, view.upstream, config.correction.use,
                              declared(config.loss.component_class(), "token_corrections"),
                              fixing.group_size_setting if isinstance(fixing, FixesGroupSize) else None,
-                             bool(view.having(BuildsTrees, upstream=True)))
-        specs = (config.advantage, config.loss, config.aggregation, config.correction)
+                             bool(view.having(BuildsTrees, upstream=True)), config.lr_rule.use)
+        specs = (config.advantage, config.loss, config.aggregation, config.correction, config.lr_rule)
         return [p for spec in specs for p in spec.pairing_problems(ctx)] + unmet_needs(ctx, view)
 
     def __init__(self, config: Config):
@@ -242,7 +261,12 @@ class GRPOUpdate:
         self.loss = config.loss.build()
         self.aggregation = config.aggregation.build()
         self.correction = config.correction.build()
-        self.off_policy = provides(self.correction, CorrectsTokens)  # else the ratio is against mu, as on-policy
+        self.lr_rule = config.lr_rule.build()
+        self.keeps_proximal = provides(self.correction, KeepsProximalPolicy)  # PPO-EWMA: a proximal policy of its own
+        # else the ratio is against mu, as on-policy
+        self.per_sequence = provides(self.correction, CorrectsSequences)  # verl's sequence-level IS
+        self.off_policy = provides(self.correction, CorrectsTokens) or self.keeps_proximal or self.per_sequence
+        self.by_gradients = provides(self.estimator, WeighsByGradients)  # VCPO's OPOB: advantages need ||g_i||
         self.policy: Policy | None = None
         self.optimizer: Any = None
         self.reference: Any = None
@@ -259,6 +283,8 @@ class GRPOUpdate:
             groups += self.aggregation.parameters(next(self.policy.model.parameters()).device)
         self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_eps,
                                            weight_decay=cfg.weight_decay)
+        if self.keeps_proximal:
+            self.correction.attach(self.policy.model)
         if cfg.kl_coef > 0:
             self.reference = self.policy.reference()
 
@@ -282,7 +308,9 @@ class GRPOUpdate:
         plan = self.aggregation.plan([i.row() for i in items])
         if self.off_policy:
             metrics["off_policy_token_fraction"] = off_policy_fraction(items, policy.version)
-        forward = [i for i in items if len(i.rollout) and (i.has_signal() or (self.config.kl_coef > 0 and i.counts()))]
+        forward = [i for i in items if len(i.rollout) and (self._signal(i) or (self.config.kl_coef > 0 and i.counts()))]
+        if self.by_gradients:
+            number_groups(forward)
         skip = None if forward else "empty batch" if not items else "every advantage is zero"
         return TrainBatch(forward, [len(i.rollout) for i in forward], plan, metrics, skip, policy.version)
 
@@ -293,6 +321,8 @@ class GRPOUpdate:
         if batch.skip_reason is not None:
             return UpdateReport(batch.version, skipped=True, skip_reason=batch.skip_reason, metrics=metrics)
         outcome, loss = shards[0], shards[0].loss
+        if self.by_gradients:  # the advantages the ranks weighed by gradients, onto the driver's rollouts
+            write_back_advantages(forward, [s.advantages for s in shards])
         metrics.update(self._stats(ShardSums.merged([s.sums for s in shards]), forward, outcome.extra))
         if self.off_policy:  # pi_old as each rank computed it, onto the driver's rollouts
             _write_back_old_logprobs(forward, [s.old_logprobs for s in shards])
@@ -307,46 +337,92 @@ class GRPOUpdate:
     def train_shard(self, shard: list[_Item], plan: Any, version: int, ranks: Ranks) -> ShardOutcome:
         """This rank's part of one step: backward its ``shard`` against the whole batch's
         ``plan`` (rank 0 adds the aggregation's batch term), sum the gradients over the ranks,
-        then clip and step, which every rank does alike. In one process ``shard`` is the batch."""
-        sums, loss = self.shard_gradients(shard, plan, version, ranks)
+        then clip and step, which every rank does alike, at the learning rate the ``lr_rule`` gives
+        for this batch (restored after the step); then a correction with a proximal policy of its
+        own follows the new weights. In one process ``shard`` is the batch."""
+        advantages = self._weigh_by_gradients(shard, ranks) if self.by_gradients else None
+        sums, loss, lr_totals = self.shard_gradients(shard, plan, version, ranks)
         extra = self.aggregation.metrics() if provides(self.aggregation, ReportsStepMetrics) else {}
+        factor, lr_metrics = self.lr_rule.factor(lr_totals)
+        extra = {**extra, **lr_metrics}
         old = [i.rollout.old_logprobs for i in shard] if self.off_policy else None
         if not math.isfinite(loss):
             self.optimizer.zero_grad(set_to_none=True)
-            return ShardOutcome(sums, loss, None, f"non-finite loss ({loss})", old, extra)
+            return ShardOutcome(sums, loss, None, f"non-finite loss ({loss})", old, extra, advantages)
         grad_norm = self._clip_gradients()
         if not math.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
-            return ShardOutcome(sums, loss, grad_norm, f"non-finite gradient norm ({grad_norm})", old, extra)
-        self.optimizer.step()
+            return ShardOutcome(sums, loss, grad_norm, f"non-finite gradient norm ({grad_norm})", old, extra,
+                                advantages)
+        self._step_scaled(factor)
         self.optimizer.zero_grad(set_to_none=True)
-        return ShardOutcome(sums, loss, grad_norm, None, old, extra)
+        if self.keeps_proximal:
+            self.correction.follow(self._policy().model)
+        return ShardOutcome(sums, loss, grad_norm, None, old, extra, advantages)
 
-    def shard_gradients(self, shard: list[_Item], plan: Any, version: int, ranks: Ranks) -> tuple[ShardSums, float]:
+    def _step_scaled(self, factor: float) -> None:
+        """One optimizer step with every param group's learning rate multiplied by ``factor``, then
+        put back (VCPO's ``_optimizer_step_with_buffer``)."""
+        if factor == 1.0:
+            self.optimizer.step()
+            return
+        base = [g["lr"] for g in self.optimizer.param_groups]
+        for g, lr in zip(self.optimizer.param_groups, base):
+            g["lr"] = lr * factor
+        try:
+            self.optimizer.step()
+        finally:
+            for g, lr in zip(self.optimizer.param_groups, base):
+                g["lr"] = lr
+
+    def shard_gradients(self, shard: list[_Item], plan: Any, version: int,
+                        ranks: Ranks) -> tuple[ShardSums, float, list[float]]:
         """The first half of ``train_shard``: the gradients of the whole batch's loss, in every
-        rank's ``.grad``, and the loss (the batch term added on rank 0 only)."""
+        rank's ``.grad``, the loss (the batch term added on rank 0 only) and the learning-rate
+        rule's sums over the whole batch."""
         sums = self.backward(shard, plan, batch_term=ranks.rank == 0)
-        return sums, self._sum_over_ranks(sums.loss, ranks)
+        loss, lr_totals = self._sum_over_ranks(sums.loss, ranks, sums.lr_sums)
+        return sums, loss, lr_totals
 
-    def _sum_over_ranks(self, loss: float, ranks: Ranks) -> float:
-        """Sum every optimizer parameter's gradient and the loss over the ranks (SUM, not mean:
-        each shard's loss is already divided by the whole batch's totals). A parameter no rank
-        gave a gradient keeps none, so AdamW skips it as in one process."""
+    def _sum_over_ranks(self, loss: float, ranks: Ranks, lr_sums: list[float]) -> tuple[float, list[float]]:
+        """Sum every optimizer parameter's gradient, the loss and the learning-rate rule's sums over
+        the ranks (SUM, not mean: each shard's loss is already divided by the whole batch's totals).
+        A parameter no rank gave a gradient keeps none, so AdamW skips it as in one process."""
         import torch
 
         if ranks.world_size == 1:
-            return loss
+            return loss, list(lr_sums)
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
-        scalars = torch.tensor([loss] + [float(p.grad is not None) for p in params], dtype=torch.float64,
-                               device=params[0].device)  # [1 + P]: the loss, then which parameters got a gradient
+        k = len(lr_sums)
+        # [1 + k + P]: the loss, the lr rule's sums, then which parameters got a gradient
+        scalars = torch.tensor([loss, *lr_sums] + [float(p.grad is not None) for p in params], dtype=torch.float64,
+                               device=params[0].device)
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         ranks.all_reduce_sum([p.grad for p in params] + [scalars])
-        for p, got in zip(params, scalars[1:].tolist()):
+        for p, got in zip(params, scalars[1 + k:].tolist()):
             if not got:
                 p.grad = None
-        return float(scalars[0])
+        return float(scalars[0]), scalars[1:1 + k].tolist()
+
+    def _signal(self, item: _Item) -> bool:
+        """Whether the item moves the weights: a non-zero advantage on a counted token; under an
+        estimator that weighs by gradients, any counted rollout of a group whose rewards differ."""
+        if not self.by_gradients:
+            return item.has_signal()
+        return item.counts() and item.group is not None and bool(np.ptp(item.group.rewards) > 0)
+
+    def _weigh_by_gradients(self, shard: list[_Item], ranks: Ranks) -> list[float]:
+        """Each shard item's advantage from its group's per-trajectory gradients (VCPO's OPOB;
+        ``gfcr.stages.update.by_gradients``), written onto the items."""
+        model, cfg = self._policy().model, self.config
+        needs = bool(declared(self.loss, "needs_logprobs"))
+
+        def measure(item: _Item) -> tuple[float, float, float, float]:
+            return trajectory_gradient(model, item, self._ratio, self.loss, cfg.temperature, needs)
+
+        return refine_shard(shard, measure, self.estimator, ranks, next(model.parameters()).device)
 
     def _policy(self) -> Policy:
         if self.policy is None:
@@ -366,7 +442,8 @@ class GRPOUpdate:
             for index, (r, a) in enumerate(zip(g.rollouts, estimate.values)):
                 r.advantage = _scaled(a, g.sample_weight * r.sample_weight)
                 weights = self._token_weights(r, estimate.mask(index), tree.get(r.rollout_id), policy.version)
-                items.append(_Item(r.context_token_ids or prompt_ids, r, r.advantage, weights, g))
+                items.append(_Item(r.context_token_ids or prompt_ids, r, r.advantage, weights, g,
+                                   g.sample_weight * r.sample_weight))
         return items, len(included), zero_var
 
     def _token_weights(self, r: Rollout, estimator_mask: np.ndarray | None, tree: np.ndarray | None,
@@ -403,14 +480,11 @@ class GRPOUpdate:
             adv = _advantages(chunk, width, logp)  # [B, 1] or [B, R]
             weight = mask if all(i.weights is None for i in chunk) else mask * padded(
                 [_ones_if_none(i) for i in chunk], width, device)  # [B, R]
-            if self.off_policy:
-                stale = padded([i.rollout.staleness(self._policy().version) > 0 for i in chunk], width, device) > 0
-                correction = self.correction.correct(logp, behaviour, stale)
+            log_ratio, correction = self._ratio(chunk, logp, behaviour, weight)
+            if correction is not None:
                 sums.correction.add(correction, weight)
                 _write_old_logprobs(chunk, logp)
-                log_ratio = logp - correction.proximal
-            else:
-                log_ratio = logp - behaviour
+            sums.lr_sums = _added(sums.lr_sums, self.lr_rule.sums(sequence_log_weights(logp, behaviour, weight)))
             extra = {"logprobs": logp.detach()} if declared(self.loss, "needs_logprobs") else {}
             terms = self.loss.terms(log_ratio, adv.expand_as(logp), weight, **extra)
             per_token = terms.per_token if not self.off_policy else terms.per_token * correction.weight
@@ -433,6 +507,26 @@ class GRPOUpdate:
             term.backward()
             sums.loss += float(term.detach())
         return sums
+
+    def _ratio(self, chunk: list[_Item], logp: Any, behaviour: Any, weight: Any) -> tuple[Any, Any]:
+        """``(log_ratio, correction)`` of a micro-batch: against ``mu`` (no correction), or against
+        the correction's proximal log-probs (its own proximal policy's, scored here, for PPO-EWMA;
+        from the counted tokens ``weight``, for a sequence-level correction)."""
+        import torch
+
+        if not self.off_policy:
+            return logp - behaviour, None
+        width, device = logp.shape[1], logp.device
+        stale = padded([i.rollout.staleness(self._policy().version) > 0 for i in chunk], width, device) > 0
+        if self.keeps_proximal:
+            with torch.no_grad():
+                proximal, _ = response_logprobs(self.correction.proximal_model(), chunk, self.config.temperature)
+            correction = self.correction.correct_with(logp, behaviour, stale, proximal)
+        elif self.per_sequence:
+            correction = self.correction.correct_sequences(logp, behaviour, stale, weight)
+        else:
+            correction = self.correction.correct(logp, behaviour, stale)
+        return logp - correction.proximal, correction
 
     def _stats(self, sums: ShardSums, items: list[_Item], extra: dict[str, float]) -> dict[str, float]:
         """The step's diagnostics from the (merged) sums: the loss, and means over counted tokens."""
@@ -461,11 +555,15 @@ class GRPOUpdate:
         state = {"optimizer": self.optimizer.state_dict() if self.optimizer is not None else None}
         if isinstance(self.aggregation, Stateful):
             state["aggregation"] = self.aggregation.state_dict()
+        if isinstance(self.correction, Stateful):  # PPO-EWMA's moving average
+            state["correction"] = self.correction.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("aggregation") is not None and isinstance(self.aggregation, Stateful):
             self.aggregation.load_state_dict(state["aggregation"])
+        if state.get("correction") is not None and isinstance(self.correction, Stateful):
+            self.correction.load_state_dict(state["correction"])
         if state.get("optimizer") is not None and self.optimizer is not None:  # None where trainer ranks step
             self.optimizer.load_state_dict(state["optimizer"])
 
@@ -527,6 +625,12 @@ def _write_back_old_logprobs(items: list[_Item], shards: list[list[Any] | None])
     old = [o for shard in shards for o in (shard or [])]
     for item, o in zip(items, old, strict=True):
         item.rollout.old_logprobs = o
+
+
+def _added(total: list[float], sums: Any) -> list[float]:
+    """``total`` plus a rule's ``[k]`` sums of one micro-batch."""
+    values = [float(v) for v in sums.tolist()]
+    return values if not total else [a + b for a, b in zip(total, values, strict=True)]
 
 
 def _write_old_logprobs(chunk: list[_Item], logp: Any) -> None:

@@ -24,6 +24,7 @@ class ShardSums:
     kl: float = 0.0  # the weighted k3 KL, summed
     counted: int = 0  # tokens with a non-zero weight
     correction: CorrectionStats = field(default_factory=CorrectionStats)
+    lr_sums: list[float] = field(default_factory=list)  # the learning-rate rule's sums (this shard's)
 
     @staticmethod
     def merged(shards: list["ShardSums"]) -> "ShardSums":
@@ -38,6 +39,7 @@ class ShardSums:
             total.kl += s.kl
             total.counted += s.counted
             total.correction = total.correction.merged(s.correction)
+            total.lr_sums = s.lr_sums if not total.lr_sums else [a + b for a, b in zip(total.lr_sums, s.lr_sums)]
         return total
 
 
@@ -50,4 +52,5 @@ class ShardOutcome:
     grad_norm: float | None  # None when a non-finite loss skipped the step before clipping
     skip_reason: str | None
     old_logprobs: list[Any] | None  # [T] float32 per shard item, under an off-policy correction
-    extra: dict[str, float]  # the aggregation's metrics, before the step
+    extra: dict[str, float]  # the aggregation's and the learning-rate rule's metrics, before the step
+    advantages: list[float] | None = None  # per shard item, where the estimator weighs by gradients

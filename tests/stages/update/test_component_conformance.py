@@ -1,4 +1,4 @@
-"""Every registered advantage estimator, loss, aggregation and off-policy correction honours the component contract:
+"""Every registered advantage estimator, loss, aggregation, off-policy correction and learning-rate rule honours the component contract:
 a strict Config whose fields are described, a docstring that cites its paper and states its
 deviations, a runnable example and a YAML snippet the update accepts; it takes a real update
 step on a toy policy; and it composes with every shipped arithmetic pipeline (its selectors
@@ -20,7 +20,7 @@ import torch
 
 from gfcr.graph import load_pipeline
 from gfcr.records import Prompt, PromptPool, Rollout, RolloutGroup, RolloutGroups, Segment, TreeIndex
-from gfcr.registry.catalog import ADVANTAGE_ESTIMATORS, AGGREGATIONS, CORRECTIONS, LOSSES
+from gfcr.registry.catalog import ADVANTAGE_ESTIMATORS, AGGREGATIONS, CORRECTIONS, LOSSES, LR_RULES
 from gfcr.registry.components import declared
 from gfcr.spec.yaml_source import parse_yaml
 from gfcr.runtime import LocalTrainer
@@ -28,7 +28,8 @@ from gfcr.stages.resources import Lent
 from gfcr.stages.update.grpo import GRPOUpdate
 from tests.stages.update.test_tree_and_off_policy import ToyPolicy
 
-REGISTRIES = {"advantage": ADVANTAGE_ESTIMATORS, "loss": LOSSES, "aggregation": AGGREGATIONS, "correction": CORRECTIONS}
+REGISTRIES = {"advantage": ADVANTAGE_ESTIMATORS, "loss": LOSSES, "aggregation": AGGREGATIONS, "correction": CORRECTIONS,
+              "lr_rule": LR_RULES}
 COMPONENTS = [(kind, alias) for kind, reg in REGISTRIES.items() for alias in reg.names()]
 IDS = [f"{k}:{a}" for k, a in COMPONENTS]
 PIPELINES = ["quickstart", "greso_arith", "dapo_arith", "mopps_arith"]
@@ -45,6 +46,7 @@ SETUP: dict[tuple[str, str], dict] = {
     ("aggregation", "lambda_grpo"): {"with": {"r": 0.5}},
     ("aggregation", "daro"): {"with": {"rollouts_per_prompt": 4}},  # the toy batch's groups of 4
     ("correction", "staleness"): {"with": {"max_staleness": 4}},
+    ("correction", "ewma_proximal"): {"with": {"decay": 0.9}},
 }
 PIPELINE_SETUP: dict[tuple[str, str], dict] = {
     ("aggregation", "daro"): {"with": {"rollouts_per_prompt": 8}},  # the pipelines' control.fixed_n

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from gfcr.cli.main import app
 from gfcr.graph import compile_pipeline
 from gfcr.registry.catalog import (BUILTIN_ADVANTAGE_ESTIMATORS, BUILTIN_AGGREGATIONS, BUILTIN_CORRECTIONS,
-                                   BUILTIN_LOSSES)
+                                   BUILTIN_LOSSES, BUILTIN_LR_RULES)
 from gfcr.spec import load_spec_text
 from gfcr.stages.components.base import ComponentConfig, Requirement
 from gfcr.stages.components.describe import component_infos, describe, first_sentence, markdown_table
@@ -21,7 +21,7 @@ from tests.conftest import REPO
 
 cli = CliRunner()
 BUILTINS = {"advantage": BUILTIN_ADVANTAGE_ESTIMATORS, "loss": BUILTIN_LOSSES, "aggregation": BUILTIN_AGGREGATIONS,
-            "correction": BUILTIN_CORRECTIONS}
+            "correction": BUILTIN_CORRECTIONS, "lr_rule": BUILTIN_LR_RULES}
 
 
 def _script():
