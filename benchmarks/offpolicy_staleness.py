@@ -1,13 +1,12 @@
 """The off-policy update components on stale rollouts (issue 39, Must show 3): final accuracy and
 gradient-norm spread of tiny-arith runs at staleness 0, 2 and 8, per component, over seeds.
 
-    .venv/bin/python benchmarks/offpolicy_staleness.py [--components tis decoupled_clip m2po vcpo]
+    .venv/bin/python benchmarks/offpolicy_staleness.py [--components tis decoupled_clip m2po sat vcpo]
         [--staleness 0 2 8] [--seeds 0 1 2 3 4] [--steps 20] [--out benchmarks/results/offpolicy_staleness.json]
 
 Each cell is ``pipelines/quickstart.yaml`` (16 prompts x 8 rollouts a step, tiny-arith, the
 transformers engine) run in this process for ``--steps`` steps with one component's update
-settings (``COMPONENTS``; another component is one entry there, e.g. SAT's once it is
-registered), at staleness ``K``: ``lifecycle: {mode: pipelined, lag: K, overlap: false}`` (step t
+settings (``COMPONENTS``; another component is one entry there), at staleness ``K``: ``lifecycle: {mode: pipelined, lag: K, overlap: false}`` (step t
 trains on rollouts sampled with the weights of step t - K; deterministic, the sequential twin;
 ``K = 0`` is the synchronous lifecycle). Per run: the greedy accuracy on 200 held-out problems
 after the last step (``eval_accuracy_after``) and the spread of the update's gradient norm over
@@ -46,6 +45,8 @@ COMPONENTS: dict[str, list[str]] = {
              "update.with.loss={\"use\": \"ppo_clip\", \"with\": {\"clip\": [1.0, 1.0e9]}}",
              "update.with.correction={\"use\": \"seq_tis\", \"with\": {\"cap\": 8.0}}",
              "update.with.lr_rule={\"use\": \"vcpo_ess\"}", "update.with.weight_decay=0.1"],
+    "sat": ["update.with.loss={\"use\": \"sat\", \"with\": {\"clip\": [0.2, 0.2], \"quantile\": 0.9}}",
+            "update.with.correction={\"use\": \"staleness\", \"with\": {\"max_staleness\": 16}}"],
     "ppo_ewma": ["update.with.loss={\"use\": \"ppo_clip\", \"with\": {\"clip\": [0.2, 0.2]}}",
                  "update.with.correction={\"use\": \"ewma_proximal\", \"with\": {\"decay\": 0.8}}"],
 }
@@ -112,7 +113,7 @@ def _write(out: Path, result: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--components", nargs="+", default=["tis", "decoupled_clip", "m2po", "vcpo"])
+    parser.add_argument("--components", nargs="+", default=["tis", "decoupled_clip", "m2po", "sat", "vcpo"])
     parser.add_argument("--staleness", nargs="+", type=int, default=[0, 2, 8])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     parser.add_argument("--steps", type=int, default=20)
