@@ -182,3 +182,74 @@ def test_async_on_vllm_holds_its_bound_with_the_weights_it_records(write_spec, t
         assert all(row["staleness"] <= 1 for row in rows if row["in_update"]), r["step"]
         assert all(int(age) <= 1 for age in r["staleness"]), r
     assert max(check.gaps) <= TOL, check.gaps
+
+
+@needs_cpu_build
+@pytest.mark.slow
+def test_a_reload_between_decode_steps_needs_the_prefix_recomputed():
+    """What an in-flight weight update on vLLM must do (issue 38, Must show 4, not built yet;
+    docs/async.md, "In-flight updates on vLLM"): vLLM-CPU takes a weight reload between two
+    decode steps of a running request, but the tokens sampled after it attend to keys and values
+    the old weights computed, so their log-probs match neither version's forward pass; aborting
+    the row and continuing it from its token ids (the prefix recomputed under the new weights, as
+    gfcr's continuations are sent) matches the new version's forward within the tolerance."""
+    import copy
+
+    from vllm import SamplingParams as VLLMSamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+
+    from gfcr.engines import VLLMEngine, load_policy
+    from gfcr.engines.hf import score_batch
+    from gfcr.spec import PolicySpec
+    from gfcr.spec.models import VLLMSpec
+    from gfcr.stages.engine import ScoreRequest
+
+    policy = load_policy(PolicySpec(model="tiny-arith-h64", engine="vllm", device="cpu"))
+    engine = VLLMEngine(policy, VLLMSpec(kv_cache_gib=0.25, enforce_eager=True))
+    try:
+        old = copy.deepcopy(policy.model)
+        prompt = list(policy.tokenizer("Q: 12+34=? A:")["input_ids"])
+        generator = torch.Generator().manual_seed(0)
+        new = {k: v + 0.05 * torch.randn(v.shape, generator=generator) for k, v in policy.model.state_dict().items()}
+
+        def reload() -> None:
+            policy.model.load_state_dict(new)
+            engine.llm.collective_rpc("gfcr_reload_weights", args=(
+                [(name, p.detach()) for name, p in policy.model.named_parameters()],))
+
+        def sample(request_id: str, ids: list[int], n: int, seed: int, reload_after: int | None = None):
+            core = engine.llm.llm_engine
+            core.add_request(request_id, TokensPrompt(prompt_token_ids=ids), VLLMSamplingParams(
+                max_tokens=n, temperature=1.0, top_k=0, top_p=1.0, logprobs=0, seed=seed, ignore_eos=True,
+                output_kind=RequestOutputKind.DELTA))
+            tokens, logprobs, steps = [], [], 0
+            while core.has_unfinished_requests():
+                for out in core.step():
+                    s = out.outputs[0]
+                    tokens += list(s.token_ids)
+                    logprobs += [float(step[t].logprob) for step, t in zip(s.logprobs or [], s.token_ids)]
+                steps += 1
+                if steps == reload_after:
+                    assert len(tokens) == reload_after  # a step decodes one token (the first: the prefill's)
+                    reload()
+            return tokens, np.array(logprobs)
+
+        def forward(model, response: list[int]) -> np.ndarray:
+            with torch.no_grad():
+                return score_batch(model, [ScoreRequest(tuple(prompt), tuple(response), 1.0)],
+                                   policy.tokenizer.pad_token_id)[0].logprobs
+
+        cut = 4
+        tokens, logprobs = sample("kept", prompt, 12, 1, reload_after=cut)
+        assert np.abs(logprobs[:cut] - forward(old, tokens)[:cut]).max() <= TOL  # the first version's tokens
+        kept_gap = np.abs(logprobs[cut:] - forward(policy.model, tokens)[cut:]).max()
+        assert kept_gap > 100 * TOL, kept_gap  # the kept KV cache: not the new version's forward
+        assert np.abs(logprobs[cut:] - forward(old, tokens)[cut:]).max() > 100 * TOL  # nor the old one's
+        engine.llm.reset_prefix_cache()
+        more, continued = sample("continued", prompt + tokens[:cut], 8, 2)
+        recomputed_gap = np.abs(continued - forward(policy.model, tokens[:cut] + more)[cut:]).max()
+        print(f"\nafter a reload mid-request: kept KV cache {kept_gap:.3g}, prefix recomputed {recomputed_gap:.2e}")
+        assert recomputed_gap <= TOL
+    finally:
+        engine.close()
