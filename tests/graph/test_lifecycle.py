@@ -79,14 +79,18 @@ def test_validate_and_run_refuse_what_the_runtime_cannot_run_yet(tmp_path):
     stale = ["--set", "lifecycle.mode=async", "--set", "lifecycle.max_staleness=1",
              "--set", "update.with.correction.use=tis"]
     assert CliRunner().invoke(app, ["validate", str(QUICK), *stale]).exit_code == 0
-    for where in (["--set", "executor.kind=ray"], ["--set", "policy.engine=vllm", "--set", "policy.device=cpu"]):
-        result = CliRunner().invoke(app, ["validate", str(QUICK), *stale, *where])
-        assert result.exit_code == 2 and "runs on the transformers engine" in result.output, result.output
+    vllm = ["--set", "policy.engine=vllm", "--set", "policy.device=cpu", "--set", "policy.model=tiny-arith-h64"]
+    assert CliRunner().invoke(app, ["validate", str(QUICK), *stale, *vllm]).exit_code == 0  # the vLLM engine runs it
+    result = CliRunner().invoke(app, ["validate", str(REPO / "pipelines" / "april_arith.yaml"), *stale, *vllm])
+    assert result.exit_code == 2 and "stages.rollout.in_flight" in result.output, result.output  # not its controllers
+    assert "in-flight controllers cannot step its rows there yet" in result.output, result.output
+    result = CliRunner().invoke(app, ["validate", str(QUICK), *stale, "--set", "executor.kind=ray"])
+    assert result.exit_code == 2 and "not with the Ray executor" in result.output, result.output
     result = CliRunner().invoke(app, ["validate", "--no-inputs", str(QUICK), *stale, "--set", "executor.kind=ray"])
     assert result.exit_code == 0, result.output  # the spec itself is sound
     result = CliRunner().invoke(app, ["run", str(QUICK), "--run-dir", str(tmp_path / "run"), *stale,
                                       "--set", "executor.kind=ray"])
-    assert result.exit_code == 2 and "runs on the transformers engine" in result.output, result.output
+    assert result.exit_code == 2 and "not with the Ray executor" in result.output, result.output
     assert not (tmp_path / "run").exists()
 
 

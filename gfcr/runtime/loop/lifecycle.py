@@ -75,8 +75,13 @@ class PipelinedSchedule:
     (``gfcr.runtime.loop.session.one_torch_thread``): a matrix product's float sums depend on the
     threads it gets, and two threads of one process share torch's pool unevenly."""
 
-    def __init__(self, lag: int, trained: Any = None, generation: Any = None):
-        self.lag, self.trained, self.generation = lag, trained, generation
+    def __init__(self, lag: int, trained: Any = None, generation: Any = None, engine: Any = None):
+        """``engine``: an engine that holds weights of its own (vLLM), over ``generation``: after
+        the weights are loaded into ``generation``, ``engine.sync_weights`` copies them in (the
+        ``reload`` mover's call, made by the producer before it generates). None: the engine
+        samples from ``generation`` itself (the transformers engine)."""
+        self.lag, self.trained, self.generation, self.engine = lag, trained, generation, engine
+        self.moved_s = 0.0  # how long the last ``generation_for`` spent moving weights into ``engine``
         self.history = WeightHistory(lag + 2)
         self.loaded_step: int | None = None  # the step whose weights ``generation`` holds
         self._changed = threading.Condition()
@@ -107,6 +112,11 @@ class PipelinedSchedule:
         if self.generation is not None:
             self.generation.version = version
         self.loaded_step = chosen
+        self.moved_s = 0.0
+        if self.engine is not None and self.engine.policy_version != version:
+            moved = time.perf_counter()
+            self.engine.sync_weights(version)  # the engine now samples with exactly these weights
+            self.moved_s = time.perf_counter() - moved
         return version
 
     def source(self, needed: int) -> int:

@@ -128,6 +128,7 @@ class Produced:
     taken: _Taken
     report: StepReport
     waited_s: float = 0.0  # how long its producer waited (for a checkpoint, for weights) before it ran
+    moved_s: float = 0.0  # how long its producer spent moving the weights into an engine with its own copy (vLLM)
 
 
 class LocalRunner:
@@ -201,7 +202,7 @@ class LocalRunner:
         taken = self._take(state)
         report = self._report(state, taken)  # update None, the generation's version
         self._observe(report)
-        return Produced(state, taken, report)
+        return Produced(state, taken, report, moved_s=self.schedule.moved_s)
 
     def train_step(self, produced: Produced) -> StepReport:
         """The second half: the update on the step's batch, the step's report, and the record of

