@@ -191,6 +191,15 @@ class PicksBatch(Protocol):
 
 
 @runtime_checkable
+class LoadsModels(Protocol):
+    """Loads models of its own besides the policy (``filter.judge``'s judge): ``models_loaded()``
+    gives ``(key under with, model alias or folder)`` for each, which ``gfcr validate`` looks up
+    as it does ``policy.model``, without loading anything."""
+
+    def models_loaded(self) -> tuple[tuple[str, str], ...]: ...
+
+
+@runtime_checkable
 class FixesGroupSize(Protocol):
     """Allocates the same ``rollouts_per_prompt`` to every prompt it keeps (``control.fixed_n``,
     ``control.mc_grpo``'s G + 1); ``group_size_setting(n)`` is the ``key=value`` of its ``with``
