@@ -1,4 +1,5 @@
-"""filter.judge: score every unscored rollout by asking a language model (a generative judge).
+"""filter.judge: score every unscored rollout by asking a language model (a generative judge, the
+LLM-as-a-judge of Zheng et al., 2023, arXiv 2306.05685: single-answer grading, optionally against a reference).
 
 For each rollout whose ``reward`` is None, the stage renders its ``template`` with the prompt
 (``{prompt}``), the response (``{response}``, cut to its first ``max_response_chars`` characters)
