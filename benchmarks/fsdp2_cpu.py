@@ -152,6 +152,30 @@ def gaps(reference: dict[str, dict[str, torch.Tensor]], other: dict[str, dict[st
     return out
 
 
+def compare(model: str, ranks: int = 2, rows: int = 4, tokens: int = 64, seed: int = 0) -> dict[str, Any]:
+    """One AdamW step three ways (``single``, ``replicated``, ``fsdp2``): each way's per-rank bytes and
+    peak RSS, and the largest gradient and parameter gaps of the ranked ways against ``single``."""
+    args = argparse.Namespace(model=model, rows=rows, tokens=tokens, seed=seed)
+    result: dict[str, Any] = {"model": model, "ranks": ranks, "rows": rows, "tokens": tokens,
+                              "torch": torch.__version__, "load_before": os.getloadavg()}
+    with tempfile.TemporaryDirectory(prefix="gfcr-fsdp2-") as folder:
+        start = time.perf_counter()
+        policy = load(model)
+        ids = batch(policy.config.vocab_size, rows, tokens, seed)
+        result["single"] = step(policy, ids, ids.shape[0] * (ids.shape[1] - 1), Path(folder) / "single.pt")
+        del policy
+        for mode in ("replicated", "fsdp2"):
+            mp.spawn(rank_main, args=(ranks, free_port(), mode, args, folder), nprocs=ranks)
+            result[mode] = {"ranks": [json.loads(Path(folder, f"{mode}-rank{r}.json").read_text())
+                                      for r in range(ranks)]}
+        single = torch.load(Path(folder) / "single.pt")
+        for mode in ("replicated", "fsdp2"):
+            result[mode] |= gaps(single, torch.load(Path(folder) / f"{mode}.pt"))
+        result["seconds"] = time.perf_counter() - start
+    result["load_after"] = os.getloadavg()
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
@@ -161,23 +185,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "fsdp2_cpu.json")
     args = parser.parse_args()
-    result: dict[str, Any] = {"model": args.model, "ranks": args.ranks, "rows": args.rows, "tokens": args.tokens,
-                              "torch": torch.__version__, "load_before": os.getloadavg()}
-    with tempfile.TemporaryDirectory(prefix="gfcr-fsdp2-") as folder:
-        start = time.perf_counter()
-        model = load(args.model)
-        ids = batch(model.config.vocab_size, args.rows, args.tokens, args.seed)
-        result["single"] = step(model, ids, ids.shape[0] * (ids.shape[1] - 1), Path(folder) / "single.pt")
-        del model
-        for mode in ("replicated", "fsdp2"):
-            mp.spawn(rank_main, args=(args.ranks, free_port(), mode, args, folder), nprocs=args.ranks)
-            result[mode] = {"ranks": [json.loads(Path(folder, f"{mode}-rank{r}.json").read_text())
-                                      for r in range(args.ranks)]}
-        single = torch.load(Path(folder) / "single.pt")
-        for mode in ("replicated", "fsdp2"):
-            result[mode] |= gaps(single, torch.load(Path(folder) / f"{mode}.pt"))
-        result["seconds"] = time.perf_counter() - start
-    result["load_after"] = os.getloadavg()
+    result = compare(args.model, args.ranks, args.rows, args.tokens, args.seed)
     result["python"], result["argv"] = platform.python_version(), sys.argv
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k in ("replicated", "fsdp2", "single")}, indent=1))
