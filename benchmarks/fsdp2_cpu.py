@@ -15,7 +15,9 @@ losses add up to the one-process loss, as gfcr's trainer ranks divide each shard
 
 It reports the largest gradient and parameter-after-one-step differences of each against
 ``single`` (sharded tensors gathered with ``full_tensor``), and per rank: the bytes of parameters,
-gradients and AdamW state the rank holds, and its peak RSS. This is not gfcr's trainer ranks: the
+gradients and AdamW state the rank holds, its RSS after the step (gradients and AdamW state still
+held) and its peak RSS, which the full model loaded in every rank before ``fully_shard`` sets (a
+meta-device init with a sharded load would avoid it; not done here). This is not gfcr's trainer ranks: the
 ranks here are ``torch.multiprocessing`` processes, not Ray actors, and the loss is plain NLL, not
 ``update.grpo``'s; docs/scale-out.md says what wiring FSDP2 into them would take.
 
@@ -28,6 +30,7 @@ Smoke (tiny-arith-h64):
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -84,18 +87,31 @@ def held_bytes(model: Any, optimizer: torch.optim.Optimizer) -> dict[str, int]:
 
 def step(model: Any, ids: torch.Tensor, whole_count: int, out: Path | None,
          reduce: Any = None) -> dict[str, Any]:
+    """One AdamW step; what the rank holds is measured before anything is gathered for the comparison
+    (AdamW reads the gradients and leaves them as they were)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     shard_loss(model, ids, whole_count).backward()
     if reduce is not None:
         reduce(model)
-    names = dict(model.named_parameters())
-    grads = {n: full(p.grad) for n, p in names.items() if p.grad is not None}
     optimizer.step()
+    gc.collect()
+    measured = {"held_bytes": held_bytes(model, optimizer),
+                "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                "rss_after_step_mb": rss_mb()}
+    names = dict(model.named_parameters())
+    grads = {n: full(p.grad) for n, p in names.items() if p.grad is not None}  # collectives: on every rank
     params = {n: full(p) for n, p in names.items()}
-    held = held_bytes(model, optimizer)
     if out is not None:
         torch.save({"grads": grads, "params": params}, out)
-    return {"held_bytes": held, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    return measured
+
+
+def rss_mb() -> float:
+    """This process's resident set now, in MiB (``VmRSS``)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def all_reduce_sum(model: Any) -> None:
