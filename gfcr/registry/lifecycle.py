@@ -191,6 +191,14 @@ class PicksBatch(Protocol):
 
 
 @runtime_checkable
+class SteersItsEngineCalls(Protocol):
+    """Calls the engine itself with an in-flight controller of its own (``filter.judge``'s deadline),
+    which the Ray executor's engine replicas cannot take: ``gfcr validate`` refuses it there."""
+
+    steers_engine_calls: bool
+
+
+@runtime_checkable
 class LoadsModels(Protocol):
     """Loads models of its own besides the policy (``filter.judge``'s judge): ``models_loaded()``
     gives ``(key under with, model alias or folder)`` for each, which ``gfcr validate`` looks up

@@ -112,6 +112,7 @@ class Judge:
 
     class Config(StageConfig):
         marks_correct: ClassVar[bool] = True  # a capability (gfcr.registry.MarksCorrect)
+        steers_engine_calls: ClassVar[bool] = True  # its deadline controller (gfcr.registry.SteersItsEngineCalls)
         model: Annotated[str, Field(min_length=1, description=(
             "`policy` (the policy's own engine judges) or a model alias or local folder (a frozen judge on a "
             "transformers engine of its own)"))] = POLICY
