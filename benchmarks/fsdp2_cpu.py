@@ -34,7 +34,6 @@ import gc
 import json
 import os
 import platform
-import resource
 import socket
 import sys
 import tempfile
@@ -96,8 +95,7 @@ def step(model: Any, ids: torch.Tensor, whole_count: int, out: Path | None,
     optimizer.step()
     gc.collect()
     measured = {"held_bytes": held_bytes(model, optimizer),
-                "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                "rss_after_step_mb": rss_mb()}
+                "peak_rss_mb": rss_mb("VmHWM"), "rss_after_step_mb": rss_mb("VmRSS")}
     names = dict(model.named_parameters())
     grads = {n: full(p.grad) for n, p in names.items() if p.grad is not None}  # collectives: on every rank
     params = {n: full(p) for n, p in names.items()}
@@ -106,10 +104,11 @@ def step(model: Any, ids: torch.Tensor, whole_count: int, out: Path | None,
     return measured
 
 
-def rss_mb() -> float:
-    """This process's resident set now, in MiB (``VmRSS``)."""
+def rss_mb(key: str) -> float:
+    """This process's resident set now (``VmRSS``) or at its peak (``VmHWM``), in MiB. Not
+    ``getrusage``'s ``ru_maxrss``: a spawned rank inherits its parent's across fork and exec."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{key}:"):
             return int(line.split()[1]) / 1024
     return float("nan")
 
