@@ -374,7 +374,8 @@ class CountsPrompts(Protocol):
 
 CAPABILITIES: tuple[type, ...] = (PicksBatch, FixesGroupSize, SizesEachGroup, RecordsEntropy, MarksCorrect,
                                   ReadsRewards, DropsFinishes, BuildsTrees, ServesStore, ReplaysFresh,
-                                  EstimatesAdvantages, NeedsOfEngine, NeedsSyncLifecycle, DeclaresCorrection)
+                                  EstimatesAdvantages, NeedsOfEngine, NeedsSyncLifecycle, DeclaresCorrection,
+                                  LoadsModels, SteersItsEngineCalls)
 
 
 def capability_members(capability: type) -> tuple[str, ...]:
