@@ -18,7 +18,8 @@ engine or vLLM (CPU or GPU), between generation and the update, so it judges wit
 that sampled the step, and its verdicts move as the policy trains. Any other ``model`` (an alias
 or a local Hugging Face folder) is a frozen copy the runtime loads once and serves on a
 transformers engine of its own (``Lent.judges``), never updated; a second vLLM engine is not
-started beside the policy's.
+started beside the policy's. ``gfcr validate`` refuses the stage under the Ray executor, whose engine
+replicas take no in-flight controller (the deadline below).
 
 Declared fallbacks (reward ``fallback``, ``correct`` False, ``judge_fallback`` 1, and the reason in
 the lineage), one for each answer no score can be read from:
