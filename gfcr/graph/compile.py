@@ -30,7 +30,8 @@ from gfcr.graph.lifecycle import lifecycle_problems
 from gfcr.graph.placement import placement_problems, trainer_problems
 from gfcr.records import StepOutputs
 from gfcr.registry import (DATA_SOURCES, STAGES, UPSTREAM_NEEDS, ChecksPipeline, FixesGroupSize, NeedsOfEngine,
-                           NeedsOfUpdate, Port, Registry, StageInfo, UpdateNeed, has_role, path_keys, stage_info)
+                           NeedsOfUpdate, Port, Registry, StageInfo, SteersItsEngineCalls, UpdateNeed, has_role,
+                           path_keys, stage_info)
 from gfcr.registry.plugins import import_plugin
 from gfcr.spec import UPDATE_ID, PipelineSpec, SourceMap, StageSpec, load_spec
 from gfcr.spec.loader import check_references
@@ -364,6 +365,18 @@ class _Compiler:
         return (f"make it the until stage of a loop block: `loops: {{collect: {{stages: [{', '.join(body)}], "
                 f"until: {sid}, max_rounds: 3}}}}`{read}")
 
+    def check_own_engine_calls(self, configs: dict[str, Any]) -> None:
+        """A stage that calls the engine with a controller of its own (``SteersItsEngineCalls``) runs
+        in one process with the engine: the Ray executor's replicas take no controller."""
+        if self.spec.executor.kind != "ray":
+            return
+        for sid, config in configs.items():
+            if isinstance(config, SteersItsEngineCalls):
+                self.problem(_stage_path(sid) + ("use",),
+                             f"`{sid}` calls the engine itself with an in-flight controller of its own (a deadline), "
+                             "and with `executor: {kind: ray}` the engine is replica actors that take no controller",
+                             "run this pipeline with `executor: {kind: prefect}` (or `local`)")
+
     def check_engine(self, infos: dict[str, StageInfo], configs: dict[str, BaseModel | None]) -> None:
         """Each stage whose Config needs of the engine what ``policy.engine`` lacks, at the key it comes from."""
         if self.spec.policy is None:  # no policy: the stages bring their own (fake) engine
@@ -447,6 +460,7 @@ class _Compiler:
         self.check_engine(infos, configs)
         for path, message, fix in placement_problems(self.spec):  # `executor: {kind: ray}`
             self.problem(path, message, fix)
+        self.check_own_engine_calls(configs)
         if UPDATE_ID in infos:  # the update's trainer ranks
             for path, message, fix in trainer_problems(self.spec, infos[UPDATE_ID].cls):
                 self.problem(path, message, fix)

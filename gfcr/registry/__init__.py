@@ -13,14 +13,14 @@ from gfcr.registry.lifecycle import (
 )
 from gfcr.registry.lifecycle import (  # capabilities: what a stage's Config says it is
     BuildsTrees, ChecksHost, ChecksRows, CountsPrompts, DeclaresCorrection, DropsFinishes, EstimatesAdvantages,
-    FixesGroupSize, MarksCorrect, NeedsOfEngine, NeedsSyncLifecycle, PicksBatch, ReadsRewards, RecordsEntropy,
-    ReplaysFresh, ServesStore, SizesEachGroup, UPSTREAM_NEEDS, UpstreamNeed,
+    FixesGroupSize, LoadsModels, MarksCorrect, NeedsOfEngine, NeedsSyncLifecycle, PicksBatch, ReadsRewards, RecordsEntropy,
+    ReplaysFresh, ServesStore, SizesEachGroup, SteersItsEngineCalls, UPSTREAM_NEEDS, UpstreamNeed,
 )
 
 __all__ = [
     "BuildsTrees", "ChecksHost", "ChecksPipeline", "ChecksRows", "CountsPrompts", "DeclaresCorrection", "DropsFinishes",
-    "EstimatesAdvantages", "FixesGroupSize", "MarksCorrect", "NeedsOfEngine", "NeedsSyncLifecycle", "PicksBatch",
-    "ReadsRewards", "RecordsEntropy", "ReplaysFresh", "ServesStore", "SizesEachGroup",
+    "EstimatesAdvantages", "FixesGroupSize", "LoadsModels", "MarksCorrect", "NeedsOfEngine", "NeedsSyncLifecycle", "PicksBatch",
+    "ReadsRewards", "RecordsEntropy", "ReplaysFresh", "ServesStore", "SizesEachGroup", "SteersItsEngineCalls",
     "BeforeStep", "EndsLoop", "HostsInFlight", "InFlightController", "NeedsOfUpdate", "Observes", "OwnsFiles",
     "HostNote", "PipelineProblem", "ReportsMetrics", "SetsUp",
     "OwnsStore", "Stage", "Stateful", "Trains", "UPSTREAM_NEEDS", "UpdateNeed", "UpstreamNeed", "declares", "has_role",

@@ -36,6 +36,7 @@ BUILTIN_STAGES = {
     "filter.nonzero_variance": "gfcr.stages.filter.nonzero_variance:NonzeroVariance",
     "filter.dynamic_sampling": "gfcr.stages.filter.dynamic_sampling:DynamicSampling",
     "filter.verify": "gfcr.stages.filter.verify:Verify",
+    "filter.judge": "gfcr.stages.filter.judge:Judge",
     "filter.finish_reason": "gfcr.stages.filter.finish_reason:FinishReasonFilter",
     "filter.beta_difficulty": "gfcr.stages.filter.beta_difficulty:BetaDifficulty",
     "filter.overlong": "gfcr.stages.filter.overlong:Overlong",

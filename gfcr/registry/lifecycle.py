@@ -191,6 +191,23 @@ class PicksBatch(Protocol):
 
 
 @runtime_checkable
+class SteersItsEngineCalls(Protocol):
+    """Calls the engine itself with an in-flight controller of its own (``filter.judge``'s deadline),
+    which the Ray executor's engine replicas cannot take: ``gfcr validate`` refuses it there."""
+
+    steers_engine_calls: bool
+
+
+@runtime_checkable
+class LoadsModels(Protocol):
+    """Loads models of its own besides the policy (``filter.judge``'s judge): ``models_loaded()``
+    gives ``(key under with, model alias or folder)`` for each, which ``gfcr validate`` looks up
+    as it does ``policy.model``, without loading anything."""
+
+    def models_loaded(self) -> tuple[tuple[str, str], ...]: ...
+
+
+@runtime_checkable
 class FixesGroupSize(Protocol):
     """Allocates the same ``rollouts_per_prompt`` to every prompt it keeps (``control.fixed_n``,
     ``control.mc_grpo``'s G + 1); ``group_size_setting(n)`` is the ``key=value`` of its ``with``
@@ -357,7 +374,8 @@ class CountsPrompts(Protocol):
 
 CAPABILITIES: tuple[type, ...] = (PicksBatch, FixesGroupSize, SizesEachGroup, RecordsEntropy, MarksCorrect,
                                   ReadsRewards, DropsFinishes, BuildsTrees, ServesStore, ReplaysFresh,
-                                  EstimatesAdvantages, NeedsOfEngine, NeedsSyncLifecycle, DeclaresCorrection)
+                                  EstimatesAdvantages, NeedsOfEngine, NeedsSyncLifecycle, DeclaresCorrection,
+                                  LoadsModels, SteersItsEngineCalls)
 
 
 def capability_members(capability: type) -> tuple[str, ...]:

@@ -27,6 +27,9 @@ a comparison charges such methods for that compute.
 rollouts through it): in-process by default, batches of Ray tasks under the Ray executor
 (``gfcr.runtime.ray``). The stage sees one function either way and never imports Ray.
 
+``Lent.judges`` serves a judge model other than the policy (``filter.judge``): the runtime loads it
+once, frozen, on a transformers engine of its own (``gfcr.engines.judges``).
+
 ``Lent.steps_optimizer`` is False in the driver where the update runs as trainer ranks
 (``executor: {kind: ray}`` with ``resources.replicas`` on the update): the runtime builds the
 update stage in every rank, and the driver's copy then only prepares batches and reports.
@@ -92,6 +95,9 @@ class Lent:
     tokens_charged: int = 0
     stores: dict[str, Callable[[], Any]] = field(default_factory=dict)
     steps_optimizer: bool = True  # False in the driver where trainer ranks step the update
+    # a judge model by alias or folder -> (its frozen policy, the engine serving it), loaded once each
+    # (``filter.judge`` with a model other than the policy's); None where the runtime serves none
+    judges: Callable[[str], tuple[Policy, Engine]] | None = None
 
     def take_tokens_scored(self) -> int:
         """The tokens scored since the last call (the runner calls it once a step)."""
@@ -133,6 +139,14 @@ class Lent:
             raise ModelError(f"`{stage}` needs an engine, and the pipeline has none",
                              "add `policy: {model: tiny-arith, engine: hf}` to the pipeline")
         return MeteredEngine(self.engine, self)
+
+    def require_judge(self, model: str, stage: str) -> tuple[Policy, Engine]:
+        """The frozen judge ``model`` (an alias or folder) and the engine serving it."""
+        if self.judges is None:
+            raise ModelError(f"`{stage}` asks the model `{model}` to judge, and this runtime serves no judge model of "
+                             "its own (the Ray executor does not)", f"set `model: policy` on `{stage}` (the policy's "
+                             "own engine judges), or run with `executor: {kind: local}` or `prefect`")
+        return self.judges(model)
 
     def require_store(self, stage_id: str, by: str) -> Callable[[], Any]:
         """The store stage ``stage_id`` owns (``OwnsStore``: ``replay.store``), as a function that

@@ -212,6 +212,12 @@ RUN_CASES = [
     ("missing model", lambda tmp: _spec_with(tmp, "data:", "policy: {model: tiny-arithmetic}\ndata:"),
      ["policy.model `tiny-arithmetic` is neither a model alias nor a local Hugging Face folder",
       "did you mean `tiny-arith-mix` or `tiny-arith`?"], "use one of `tiny-arith`"),
+    ("missing judge model", lambda tmp: _spec_with(
+        tmp, "  keep:    {use: filter.nonzero_variance, from: rollout}",
+        "  reward:  {use: filter.judge, from: rollout, with: {model: smollm2-135m}}\n"
+        "  keep:    {use: filter.nonzero_variance, from: reward}"),
+     ["stages.reward.with.model", "`reward`'s model `smollm2-135m` is neither a model alias nor a local Hugging Face "
+      "folder"], "use one of `tiny-arith`"),
     ("model folder without config.json", lambda tmp: _spec_with(tmp, "data:", f"policy: {{model: {tmp}}}\ndata:"),
      ["is a folder without config.json"], "save_pretrained"),
     ("bad model folder", _bad_model_folder,

