@@ -10,7 +10,8 @@ temperature 1, scored by the ``reasoning_gym`` verifier (the task's ``score_answ
 - ``pass@1``: the mean accuracy of the temperature-1 samples (what GRPO's groups see);
 - ``mixed``: the share of prompts whose samples are neither all right nor all wrong (the groups
   with a learning signal);
-- ``fits``: the share of prompts whose text the policy's tokenizer can write without ``<unk>``.
+- ``question fits``: the share of reasoning-gym's own questions the policy's tokenizer can write
+  without ``<unk>`` (and, in brackets, of the prompts as sent).
   The tiny-arith models know about 30 characters (digits, ``+ - * : ?``, the letters of
   ``What is ... Answer``): reasoning-gym's own questions never fit, so they get the arithmetic
   tasks' ``expression`` in their training format (``What is {expression}? Answer:``); SmolLM2
@@ -22,12 +23,14 @@ Run (one thread; minutes, SmolLM2 most of it), under the heavy lock on a shared 
         python benchmarks/rg_pass_rates.py
 
 Results go to ``benchmarks/results/rg_pass_rates.json`` and print as the markdown table of
-``docs/reasoning-gym.md``. ``--policies tiny-arith-h64`` runs one policy; ``--prompts 4`` a smoke run.
+``docs/reasoning-gym.md``. ``--policies tiny-arith-h64`` runs one policy (``--merge`` adds it to the
+file's others); ``--prompts 4`` a smoke run.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import platform
@@ -145,12 +148,13 @@ def run_policy(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def table(results: dict[str, Any]) -> str:
-    lines = ["| policy | task | level | fits | greedy | pass@1 (T=1) | mixed groups | prompts |",
+    lines = ["| policy | task | level | question fits | greedy | pass@1 (T=1) | mixed groups | prompts |",
              "|---|---|---|---|---|---|---|---|"]
     for name, res in results["policies"].items():
         for task, t in res["tasks"].items():
             for level, r in t["levels"].items():
-                lines.append(f"| {name} | {task} | {level} | {t['fits']:.0%} | {r['greedy']:.2f} | {r['pass@1']:.2f} "
+                fit = f"{t['own_question_fits']:.0%} (as sent: {t['fits']:.0%})"
+                lines.append(f"| {name} | {task} | {level} | {fit} | {r['greedy']:.2f} | {r['pass@1']:.2f} "
                              f"| {r['mixed']:.2f} | {r['prompts']} |")
     return "\n".join(lines)
 
@@ -162,14 +166,16 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=8, help="temperature-1 samples per prompt")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "rg_pass_rates.json")
+    ap.add_argument("--merge", action="store_true", help="add these policies to --out's, keeping the others")
     args = ap.parse_args()
-    results: dict[str, Any] = {
-        "prompts": args.prompts, "samples": args.samples, "seed": args.seed, "threads": torch.get_num_threads(),
-        "machine": platform.processor() or platform.machine(), "load_before": os.getloadavg()[0],
-        "reasoning_gym": __import__("importlib.metadata").metadata.version("reasoning-gym"), "policies": {}}
+    results: dict[str, Any] = json.loads(args.out.read_text()) if args.merge and args.out.is_file() else {
+        "machine": platform.processor() or platform.machine(), "policies": {}}
+    results["reasoning_gym"] = importlib.metadata.version("reasoning-gym")
     for name in args.policies:
-        results["policies"][name] = run_policy(name, args)
-    results["load_after"] = os.getloadavg()[0]
+        load_before = os.getloadavg()[0]
+        results["policies"][name] = {**run_policy(name, args), "prompts_per_bin": args.prompts,
+                                     "samples": args.samples, "seed": args.seed, "threads": torch.get_num_threads(),
+                                     "load_before": load_before, "load_after": os.getloadavg()[0]}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n")
     print(table(results))
