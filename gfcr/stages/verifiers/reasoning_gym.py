@@ -8,19 +8,25 @@ different reasoning-gym version could generate another item), extracts the answe
 response and calls the task's ``score_answer(answer, entry)``.
 
 The answer: inside the last ``<answer>...</answer>`` (reasoning-gym's ``extract_answer``, its
-convention); else the rest of the line after the last ``Answer:`` (case-insensitive, one
-trailing full stop removed); else the whole response, stripped. ``formatted``: a tag or a
+convention); else the rest of the line after the last ``Answer:`` or ``answer is``
+(case-insensitive, one trailing full stop removed; the ``gsm8k`` verifier's markers); else the
+whole response, stripped. ``formatted``: a tag or a
 marker gave the answer, or the response is one line. ``correct``: ``score_answer`` gave 1.0;
 the score itself is in ``reason``.
 
 Deviations: reasoning-gym's scorers give partial credit on some tasks (an answer that contains
 the oracle scores ``len(oracle) / len(answer)``); gfcr's reward is correct-or-not
 (``filter.verify``'s ``format_weight`` aside), so anything below 1.0 counts as wrong. The
-``Answer:`` and whole-response fallbacks are gfcr's (reasoning-gym reads the tag only), so that
-policies prompted in the tiny-arith format (``... Answer:`` then the number) can be scored.
+marker and whole-response fallbacks are gfcr's (reasoning-gym reads the tag only), so that
+policies prompted in the tiny-arith format (``... Answer:`` then the number) and small chat models
+that write "The answer is 17." can be scored; an answer written as an equation (``4 * 2 = 8``) is
+not the answer reasoning-gym's scorer asks for, and scores as it says.
 
-Fidelity: the scores are reasoning-gym's; ``tests/stages/verifiers/test_reasoning_gym.py`` holds
-every chosen task's reference answer at 1 and a perturbed one below it, on 50 items each.
+Fidelity: the scores are reasoning-gym's own (the task's ``score_answer`` is called); checked
+against reasoning-gym 0.1.25 (PyPI): 100/100 pinned cases (``tests/stages/verifiers/cases/``: items
+and scores written by that version, so a version that generates or scores otherwise fails), and
+on 50 items of each task the pipeline and benchmark use, the reference answer scores 1 and a
+perturbed one 0 (``tests/stages/verifiers/test_reasoning_gym.py``).
 
 >>> from gfcr.stages.data.reasoning_gym import ReasoningGymSource
 >>> cfg = ReasoningGymSource.Config(n=1, tasks=[{"task": "chain_sum"}])
@@ -43,7 +49,7 @@ from pydantic import Field
 from gfcr.stages.verifiers.base import Score, VerifierOptions, parse_options
 
 ANSWER_TAG = re.compile(r"<answer>\s?(.*?)\s?</answer>", re.DOTALL)  # reasoning_gym.utils.extract_answer's
-MARKER = re.compile(r"answer\s*:", re.IGNORECASE)
+MARKER = re.compile(r"\banswer\s*(?::|is\b)", re.IGNORECASE)  # gsm8k's markers: "Answer:", "the answer is"
 
 
 class ReasoningGymOptions(VerifierOptions):

@@ -5,6 +5,9 @@ reference answer scores 1 (in each answer format) and a perturbed answer 0, as r
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from gfcr.records import VerifierSpec
@@ -67,6 +70,8 @@ def test_partial_credit_is_not_correct():
 def test_extraction_rules():
     assert extract("think <answer>1</answer> then <answer> 42 </answer>") == ("42", True)
     assert extract("blah\nAnswer: 17.\nmore") == ("17", True)
+    assert extract("7 * 2 = 14\nThe answer is 14.") == ("14", True)  # SmolLM2's way of putting it
+    assert extract("4 * 2 = 8") == ("4 * 2 = 8", True)  # an equation is not the result asked for
     assert extract(" 59") == ("59", True)
     assert extract("no\nmarker 5") == ("no\nmarker 5", False)
 
@@ -84,3 +89,22 @@ def test_it_scores_in_filter_verifys_worker_pool():
     assert [reward for reward, _ in scored] == [1.0, 1.0, 1.0, 1.0, 0.0]
     bad = score_texts([("1", VerifierSpec("reasoning_gym", "1", {"task": "gcd"}))], timeout_s=60.0, workers=1)
     assert bad[0][0] == 0.0 and "bad options" in bad[0][1].reason
+
+
+CASES = Path(__file__).parent / "cases" / "reasoning_gym_0.1.25.json"
+
+
+def test_the_pinned_cases_of_reasoning_gym_0_1_25_still_hold():
+    """Fidelity and drift: 100 items (20 a task) and four answers each, scored by reasoning-gym 0.1.25's own
+    score_answer when the file was written; the installed version must give the same items and scores, and
+    the verifier calls exactly the score-1 answers correct."""
+    cases = json.loads(CASES.read_text())["cases"]
+    assert len(cases) == 100
+    for case in cases:
+        dataset = build_dataset(case["task"], freeze(case["settings"]))
+        entry = dataset[case["index"]]
+        assert (entry["question"], entry["answer"]) == (case["question"], case["answer"])
+        options = {"task": case["task"], "settings": case["settings"], "index": case["index"]}
+        for answer, score in case["scores"].items():
+            assert dataset.score_answer(answer, entry) == pytest.approx(score)
+            assert verify_reasoning_gym(f"<answer>{answer}</answer>", case["answer"], options).correct == (score == 1.0)
