@@ -3,7 +3,8 @@ baseline and metric, Holm-corrected across the rows, rendered to ``docs/claims.m
 
 Each row is a ``gfcr compare`` of the row's baseline and method pipelines, on its task and budget,
 at ``--seeds`` (folder ``<out>/<row id>``: run the same command again to continue, finished cells
-are kept). The measured figures go to ``<out>/measured.json``; the page is rendered from it.
+are kept). The measured figures go to ``benchmarks/results/claims.json`` (commit it with the page);
+the page is rendered from it.
 
     # the table (10 seeds; hours of CPU per row), under the heavy lock on a shared machine
     PYTHONPATH=. HF_HUB_OFFLINE=1 python benchmarks/claims.py --seeds 0,1,2,3,4,5,6,7,8,9
@@ -25,6 +26,7 @@ from gfcr.tracking.claims import Measured, command, load_claims, render, run_cla
 from gfcr.tracking.compare_figures import Estimate, PairedTest
 
 REPO = Path(__file__).resolve().parents[1]
+MEASURED = REPO / "benchmarks" / "results" / "claims.json"  # committed: the page is made from it
 
 PAGE = """# Claims: each method against its own paper's baseline and metric
 
@@ -69,6 +71,10 @@ def _measured_from_json(d: dict) -> Measured:
     return Measured(d["metric"], value, test, d["seeds"])
 
 
+def read_measured(store: Path) -> dict[str, Measured]:
+    return {k: _measured_from_json(v) for k, v in json.loads(store.read_text()).items()} if store.is_file() else {}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--claims", type=Path, default=REPO / "benchmarks" / "claims.yaml")
@@ -77,13 +83,14 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=REPO / "runs" / "claims", help="the rows' comparison folders")
     ap.add_argument("--parallel", type=int, default=1)
     ap.add_argument("--executor", choices=["local", "prefect"], default=None)
-    ap.add_argument("--render-only", action="store_true", help="write the page from measured.json, run nothing")
+    ap.add_argument("--measured", type=Path, default=MEASURED, help="the rows' figures, read and updated")
+    ap.add_argument("--render-only", action="store_true", help="write the page from --measured, run nothing")
     ap.add_argument("--page", type=Path, default=REPO / "docs" / "claims.md")
     args = ap.parse_args()
 
     claims = load_claims(args.claims, REPO)
-    store = args.out / "measured.json"
-    measured = {k: _measured_from_json(v) for k, v in json.loads(store.read_text()).items()} if store.is_file() else {}
+    store = args.measured
+    measured = read_measured(store)
     if not args.render_only:
         seeds = parse_seeds(args.seeds)
         for claim in claims:
@@ -93,14 +100,19 @@ def main() -> None:
             store.parent.mkdir(parents=True, exist_ok=True)
             store.write_text(json.dumps({k: _measured_to_json(v) for k, v in measured.items()}, indent=1) + "\n")
             print(f"{claim.id}: {measured[claim.id]}", flush=True)
+    args.page.write_text(page(claims, measured, args.seeds, store))
+    print(f"wrote {args.page}")
+
+
+def page(claims: list, measured: dict[str, Measured], seeds: str, store: Path) -> str:
+    """docs/claims.md: the table of what ran so far, and each row's command."""
     ran = sum(c.id in measured for c in claims)
     status = (f"{ran} of {len(claims)} rows measured." if ran else
               f"not run yet: the table needs 10 seeds a row ({len(claims)} rows), hours of CPU each; the command "
               "is `PYTHONPATH=. HF_HUB_OFFLINE=1 python benchmarks/claims.py --seeds 0,1,2,3,4,5,6,7,8,9`.")
-    commands = "\n".join(f"- `{c.id}`: `{command(c, args.seeds)}`" for c in claims)
-    args.page.write_text(PAGE.format(measured=store.relative_to(REPO) if store.is_relative_to(REPO) else store,
-                                     status=status, table=render(claims, measured, args.seeds), commands=commands))
-    print(f"wrote {args.page}")
+    commands = "\n".join(f"- `{c.id}`: `{command(c, seeds)}`" for c in claims)
+    return PAGE.format(measured=store.relative_to(REPO) if store.is_relative_to(REPO) else store, status=status,
+                       table=render(claims, measured, seeds), commands=commands)
 
 
 if __name__ == "__main__":

@@ -136,3 +136,15 @@ def test_a_row_run_twice_with_the_same_seeds_gives_the_same_numbers(tmp_path, mo
     second = run_claim(row, [0, 1], tmp_path / "second", REPO, executor="local")
     assert first.seeds == 2 and first.test is not None
     assert first == second
+
+
+def test_the_claims_page_is_current():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("claims_script", REPO / "benchmarks" / "claims.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    store = script.MEASURED
+    expected = script.page(load_claims(CLAIMS, REPO), script.read_measured(store), "0,1,2,3,4,5,6,7,8,9", store)
+    assert (REPO / "docs" / "claims.md").read_text() == expected, (
+        "docs/claims.md is stale: run `python benchmarks/claims.py --render-only`")
