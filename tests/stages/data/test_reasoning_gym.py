@@ -155,3 +155,16 @@ def test_lineage_shows_each_rollouts_task_and_difficulty(shipped_run):
         assert {"settings", "difficulty", "drawn", "seed", "index"} <= set(meta)
         seen.add((meta["task"], meta["level"]))
     assert len(seen) >= 3
+
+
+def test_accuracy_by_difficulty_bin_is_read_from_the_lineage(shipped_run):
+    from gfcr.tracking.difficulty import accuracy_by_bin
+
+    run_dir, records, rows = shipped_run
+    bins = accuracy_by_bin(run_dir)
+    assert set(bins) <= {("products", "1d"), ("products", "1-2d"), ("chain_sum", "2x1d"), ("chain_sum", "2x2d"),
+                         ("chain_sum", "3x1d")} and len(bins) >= 3
+    assert sum(p.rollouts for points in bins.values() for p in points) == len(rows)
+    assert sum(p.correct for points in bins.values() for p in points) == sum(bool(r["correct"]) for r in rows)
+    for step in (0, 1, 2):
+        assert sum(p.rollouts for points in bins.values() for p in points if p.step == step) == 64
