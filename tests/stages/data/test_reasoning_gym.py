@@ -168,3 +168,15 @@ def test_accuracy_by_difficulty_bin_is_read_from_the_lineage(shipped_run):
     assert sum(p.correct for points in bins.values() for p in points) == sum(bool(r["correct"]) for r in rows)
     for step in (0, 1, 2):
         assert sum(p.rollouts for points in bins.values() for p in points if p.step == step) == 64
+    tokens = [sum(r["n_tokens"] for r in rows if r["step"] == s) for s in (0, 1, 2)]
+    assert {p.step: p.tokens_before for points in bins.values() for p in points} == {
+        0: 0, 1: tokens[0], 2: tokens[0] + tokens[1]}
+
+
+def test_the_per_bin_plot_is_drawn_with_wilson_bands(shipped_run, tmp_path):
+    from gfcr.tracking.difficulty import draw_by_bin, wilson
+
+    assert wilson(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)  # the textbook 5/10 interval
+    assert wilson(0, 8)[0] == 0.0 and wilson(8, 8)[1] == 1.0
+    path = draw_by_bin(shipped_run[0], tmp_path)
+    assert path.name == "accuracy_by_bin.png" and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
