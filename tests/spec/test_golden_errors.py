@@ -636,6 +636,18 @@ CASES = [
          "the tokenisation test, which `policy.engine: vllm` cannot give: the vLLM engine has not been through the "
          "multi-turn tokenisation test (ids trained == ids generated + the environment's tokenised turns), so it "
          "is not offered yet", "use `policy.engine: hf` (the transformers engine) for `rollout`"),
+    Case("a reasoning-gym task misspelt (issue 42)",
+         edit(BASE, "data: {source: arithmetic, with: {n: 50}}",
+              "data: {source: reasoning_gym, with: {n: 50, tasks: [{task: chain_summ}]}}"),
+         "chain_summ", "data.with.tasks.0.task", "reasoning-gym has no task `chain_summ`", "did you mean `chain_sum`?"),
+    Case("a difficulty setting the reasoning-gym task does not have (issue 42)",
+         edit(BASE, "data: {source: arithmetic, with: {n: 50}}",
+              "data: {source: reasoning_gym, with: {n: 50, tasks: [{task: chain_sum, levels: "
+              "[{name: easy, config: {max_digit: 1}}]}]}}"),
+         "max_digit", "data.with.tasks.0.levels",
+         "level `easy` of task `chain_sum`: `chain_sum` has no difficulty setting `max_digit`",
+         "did you mean `max_digits`? (its settings: `min_terms`, `max_terms`, `min_digits`, `max_digits`, "
+         "`allow_negation`)"),
     *UPSTREAM_CASES,
 ]
 

@@ -1,6 +1,7 @@
 """Verifiers: functions ``(response_text, ground_truth, options) -> Score``, by name.
 
-``VERIFIERS`` holds the built-ins (``arithmetic``, ``gsm8k``, ``math``, ``code``), imported lazily on
+``VERIFIERS`` holds the built-ins (``arithmetic``, ``gsm8k``, ``math``, ``code``,
+``reasoning_gym``), imported lazily on
 first lookup, and any verifier a package declares in the ``gfcr.verifiers`` entry-point
 group::
 
@@ -23,6 +24,7 @@ BUILTIN_VERIFIERS = {
     "gsm8k": "gfcr.stages.verifiers.gsm8k:verify_gsm8k",
     "math": "gfcr.stages.verifiers.math_equiv:verify_math",
     "code": "gfcr.stages.verifiers.code:verify_code",
+    "reasoning_gym": "gfcr.stages.verifiers.reasoning_gym:verify_reasoning_gym",
 }
 
 

@@ -154,7 +154,8 @@ def test_on_error_travels_from_the_spec_to_the_loader(tmp_path, write_spec):
         strict.data.load()
 
 
-@pytest.mark.parametrize("module", ["gfcr.stages.data.jsonl", "gfcr.stages.data.gsm8k", "gfcr.stages.data.arithmetic_mix"])
+@pytest.mark.parametrize("module", ["gfcr.stages.data.jsonl", "gfcr.stages.data.gsm8k", "gfcr.stages.data.arithmetic_mix",
+                                    "gfcr.stages.data.reasoning_gym"])
 def test_docstring_example_runs_and_its_yaml_validates(module):
     import doctest
     import importlib

@@ -148,7 +148,7 @@ def test_math_runs_off_the_main_thread_and_rejects_an_unparsable_ground_truth():
         verify_math("1", "", {})
 
 
-@pytest.mark.parametrize("module", ["arithmetic", "gsm8k", "math_equiv"])
+@pytest.mark.parametrize("module", ["arithmetic", "gsm8k", "math_equiv", "reasoning_gym"])
 def test_docstring_examples_run(module):
     import doctest
     import importlib
