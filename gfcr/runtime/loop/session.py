@@ -67,7 +67,8 @@ def build_services(spec: PipelineSpec, mover: str | None = None, log: Path | Non
 
         require_vllm(spec.policy.where())  # before the policy loads: a missing package fails in a second
         policy = load_policy(spec.policy)
-        engine = VLLMEngine(policy, spec.policy.vllm_settings(), seed=spec.run.seed, log=log)
+        engine = VLLMEngine(policy, spec.policy.vllm_settings(), seed=spec.run.seed, log=log,
+                            adapters_kept=spec.lifecycle.staleness_bound() + 1)  # LoRA: versions a lifecycle may sample
         return RuntimeServices(Lent(policy, engine), make_mover(name, engine), closers=[engine.close])
     policy = load_policy(spec.policy)
     if spec.lifecycle.mode != "sync":  # generation samples a second copy, which the schedule keeps lagging

@@ -253,7 +253,8 @@ class GRPOUpdate:
         self.policy = lent.require_policy("update.grpo")
         if not lent.steps_optimizer:  # the runtime's trainer ranks each build this stage and step there
             return
-        groups = [{"params": list(self.policy.model.parameters())}]
+        # the weights that train: all of them, or a LoRA adapter's alone (its base is frozen: docs/lora.md)
+        groups = [{"params": [p for p in self.policy.model.parameters() if p.requires_grad]}]
         if provides(self.aggregation, LearnsParameters):  # param groups: [{"params": [...], "lr": ...}]
             groups += self.aggregation.parameters(next(self.policy.model.parameters()).device)
         self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_eps,
