@@ -114,3 +114,14 @@ def test_validate_says_what_the_weight_move_carries():
     result = CliRunner().invoke(app, ["validate", "--no-inputs", str(SHIPPED), "--set", "policy.engine=vllm",
                                       "--set", "policy.device=cpu"])
     assert result.exit_code == 0 and "moves the adapter only to vLLM (not merged weights)" in result.output
+
+
+def test_a_pipelined_lora_run_equals_its_sequential_twin(write_spec, tmp_path):
+    """Under ``lifecycle: {mode: pipelined}`` generation samples a second LoRA copy that the schedule
+    loads with the adapter-applied weights of step t - 1: overlapped equals the twin."""
+    path = write_spec(LORA)
+    stale = ["run.steps=4", "lifecycle.mode=pipelined", "update.with.correction.use=tis"]
+    Run.start(load_pipeline(path, stale), tmp_path / "overlapped").train()
+    Run.start(load_pipeline(path, stale + ["lifecycle.overlap=false"]), tmp_path / "twin").train()
+    a, b = _metrics(tmp_path / "overlapped"), _metrics(tmp_path / "twin")
+    assert a == b and any(not r["update_skipped"] for r in a)
