@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-benchmarks/results/compare_lora}
 PY=${PY:-.venv/bin/python}
-MLFLOW_TRACKING_URI=${MLFLOW_TRACKING_URI:-file:///tmp/gfcr-lora-mlruns} "$PY" -m gfcr.cli.main compare \
+MLFLOW_TRACKING_URI=${MLFLOW_TRACKING_URI:-sqlite:////tmp/gfcr-lora-mlflow.db} "$PY" -m gfcr.cli.main compare \
   benchmarks/pipelines/grpo_full_arith_h64.yaml pipelines/grpo_lora_arith.yaml \
   --seeds 0,1,2 --budget steps=50 --executor local --out "$OUT" \
   --set policy.engine=hf --set eval.every=10 --set run.checkpoint_every=25

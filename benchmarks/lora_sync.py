@@ -35,7 +35,7 @@ OUT = Path(__file__).parent / "results" / "lora_sync.json"
 
 
 def measure(model: str, lora: bool, syncs: int) -> dict:
-    settings = VLLMSpec(kv_cache_gib=0.25, enforce_eager=True)
+    settings = VLLMSpec(kv_cache_gib=0.25 if model.startswith("tiny") else 0.5, enforce_eager=True)
     spec = PolicySpec(model=model, engine="vllm", device="cpu", vllm=settings,
                       lora=LoraSpec(rank=8, alpha=16.0, target_modules=TARGETS) if lora else None)
     policy = load_policy(spec)
@@ -65,9 +65,12 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["tiny-arith-h64", "smollm2-135m-instruct"])
     parser.add_argument("--syncs", type=int, default=5)
     args = parser.parse_args()
-    rows = [measure(m, lora, args.syncs) for m in args.models for lora in (True, False)]
+    rows = []
     OUT.parent.mkdir(exist_ok=True)
-    OUT.write_text(json.dumps({"load": os.getloadavg(), "rows": rows}, indent=1) + "\n")
+    for m in args.models:
+        for lora in (True, False):
+            rows.append(measure(m, lora, args.syncs) | {"load": os.getloadavg()})
+            OUT.write_text(json.dumps({"rows": rows}, indent=1) + "\n")
     print("| model | trains | parameters trained | bytes per sync | median sync s |")
     print("|---|---|---|---|---|")
     for r in rows:
