@@ -37,10 +37,26 @@ def validate(files: Annotated[list[Path], typer.Argument(help="pipeline YAML fil
             continue
         out.print(f"[green]✓[/] {escape(str(file))}: {len(pipeline.nodes)} stages, {len(pipeline.loops)} loop block(s); "
                   f"plan: {escape(pipeline.describe_plan())}", markup=True)
+        if (note := lora_note(pipeline.spec)) is not None:
+            out.print(f"  note: {escape(note)}", markup=True)
         if inputs:
             warn_about_inputs(pipeline)
     if failed:
         raise typer.Exit(2) from None
+
+
+def lora_note(spec) -> str | None:
+    """What ``policy.lora`` trains and what the weight move carries, on the engine that runs (docs/lora.md)."""
+    policy = spec.policy
+    if policy is None or policy.lora is None:
+        return None
+    lora = policy.lora
+    trained = f"LoRA rank {lora.rank} on {', '.join(lora.target_modules)}: the update trains the adapter only"
+    if policy.engine == "vllm":
+        kept = spec.lifecycle.staleness_bound() + 1
+        return (f"{trained}; each sync moves the adapter only to vLLM (not merged weights), which keeps the newest "
+                f"{kept} adapter version{'s' if kept > 1 else ''} loaded")
+    return f"{trained}; the transformers engine samples the trained model itself, so nothing is copied"
 
 
 def warn_about_inputs(pipeline) -> None:

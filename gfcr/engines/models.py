@@ -34,7 +34,8 @@ from typing import Callable
 
 from gfcr.errors import ModelError, did_you_mean
 
-__all__ = ["ALIASES", "ModelError", "cache_root", "check_model", "check_vllm_cpu_heads", "resolve_model"]  # ModelError lives in gfcr.errors
+__all__ = ["ALIASES", "ModelError", "cache_root", "check_lora_targets", "check_model", "check_vllm_cpu_heads",
+           "resolve_model"]  # ModelError lives in gfcr.errors
 
 
 @dataclass(frozen=True)
@@ -163,6 +164,51 @@ def check_vllm_cpu_heads(name: str) -> None:
                          f"{', '.join(map(str, VLLM_CPU_HEAD_SIZES))} only",
                          "use a model with one of those (`tiny-arith-h64` is tiny-arith with 2 heads of 64), "
                          "or `engine: hf`")
+
+
+def weight_modules(name: str) -> set[str] | None:
+    """The names of the modules that hold ``name``'s weights (``model.layers.0.self_attn.q_proj``),
+    read from its safetensors headers, loading no tensor; None where that is not cheap (an alias
+    whose resolve converts weights and has not yet) or there is no safetensors file."""
+    alias = ALIASES.get(name)
+    if alias is not None and alias.check is not None:
+        try:
+            alias.check()
+        except ModelError:
+            return None
+        folder = cache_root() / "models" / name
+    else:
+        folder = alias.resolve() if alias is not None else Path(name).expanduser()
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        return None
+    from safetensors import safe_open
+
+    names: set[str] = set()
+    for file in files:
+        with safe_open(str(file), framework="numpy") as f:
+            names |= {k.rsplit(".", 1)[0] for k in f.keys()}
+    config = folder / "config.json"
+    if config.is_file() and json.loads(config.read_text()).get("tie_word_embeddings"):
+        names.add("lm_head")  # the output layer shares the embedding's stored weight
+    return names
+
+
+def check_lora_targets(name: str, targets: list[str]) -> None:
+    """The ModelError for a ``policy.lora.target_modules`` entry that names no module of ``name``
+    (peft's rule: a target matches a module whose name is it or ends in ``.<target>``), read from
+    the weights' names, loading nothing; nothing when they cannot be read cheaply (the policy's
+    load checks again)."""
+    modules = weight_modules(name)
+    if modules is None:
+        return
+    missing = [t for t in targets if not any(m == t or m.endswith("." + t) for m in modules)]
+    if missing:
+        leaves = sorted({m.rsplit(".", 1)[-1] for m in modules if ".layers." in f".{m}."} or
+                        {m.rsplit(".", 1)[-1] for m in modules})
+        raise ModelError(f"policy `{name}` has no module named `{missing[0]}` for `policy.lora.target_modules`"
+                         + (f"; {hint}" if (hint := did_you_mean(missing[0], leaves)) else ""),
+                         f"name its layers' modules instead: {', '.join(leaves)}")
 
 
 def resolve_model(name: str) -> Path:

@@ -94,6 +94,12 @@ Deviations:
   changes after it binds its threads to cores; in this process it binds none (only its
   multiprocess executor does), so the engine puts the real one back.
   ``tensor_parallel_size`` is 1 (one worker, in this process).
+- LoRA (``policy.lora``): vLLM starts with ``enable_lora`` and the base weights, and each sync
+  carries the adapter alone, as a folder per version that vLLM loads (``gfcr.engines.vllm_lora``;
+  the newest ``adapters_kept`` versions stay loaded); generation asks for the current version's
+  adapter. vLLM applies the adapter as a separate low-rank product on each adapted layer
+  (``x W + s x A B``, its Punica kernels), where peft computes the same sum: log-probs agree to
+  float rounding (docs/lora.md gives the measured gaps).
 - Weight sync sends parameters only (vLLM recomputes buffers such as rotary tables) and
   does not re-run vLLM's post-loading weight processing, so the vLLM side must be
   unquantized (the trained policy is). There is no sleep mode: the KV cache stays allocated
@@ -117,6 +123,7 @@ from gfcr.engines.decode import Row, first_stop
 from gfcr.engines.hf import TransformersEngine, score_batch
 from gfcr.engines.policy import HFPolicy
 from gfcr.engines.run_log import LoggerToFile, captured
+from gfcr.engines.vllm_lora import LoadedAdapters, lora_llm_kwargs
 from gfcr.engines.vllm_steps import generate_steered
 from gfcr.engines.vllm_worker import device_uuid
 from gfcr.errors import GfcrError
@@ -259,12 +266,15 @@ class VLLMEngine:
     """Samples from a vLLM copy of ``policy``; ``sync_weights`` copies the trained weights in."""
 
     def __init__(self, policy: HFPolicy, settings: VLLMSpec | None = None, seed: int = 0,
-                 replica: str = "vllm-0", log: Path | None = None, own_process: bool = False):
+                 replica: str = "vllm-0", log: Path | None = None, own_process: bool = False,
+                 adapters_kept: int = 1):
         """``log``: the run's log file, where vLLM's output goes (``gfcr.engines.run_log``); None
         leaves it on the console, as vLLM prints it. ``own_process``: vLLM's engine core (its
         scheduler and worker) runs in a process of its own, as vLLM V1 runs it by default, so
         that generation runs beside the trainer instead of sharing its interpreter (the stale
-        lifecycles); the weights then reach it serialized through ``collective_rpc``."""
+        lifecycles); the weights then reach it serialized through ``collective_rpc``.
+        ``adapters_kept``: with ``policy.lora``, how many adapter versions stay loaded (the
+        lifecycle's staleness bound + 1)."""
         self.device = policy.device.type
         require_vllm(self.device)
         self.policy, self.settings, self.replica, self.log = policy, settings or VLLMSpec(), replica, log
@@ -274,7 +284,8 @@ class VLLMEngine:
             self._to_log = LoggerToFile(log)
         try:
             with captured(log):
-                self.llm = start_llm(policy, self.settings, seed, quiet=log is None, own_process=own_process)
+                self.llm = start_llm(policy, self.settings, seed, quiet=log is None, own_process=own_process,
+                                     adapters_kept=adapters_kept)
                 self.in_process = all(pid == os.getpid() for pid in self.llm.collective_rpc("gfcr_pid"))
         except EngineError as exc:  # its output, which the terminal no longer shows, is in the log
             self._release_log()
@@ -285,6 +296,7 @@ class VLLMEngine:
             self._release_log()
             raise
         self._version = -1
+        self.adapters = None if policy.lora is None else LoadedAdapters(self.llm.llm_engine, adapters_kept)
         self._steering = False  # a steered call is running: a controller's own calls go to `in_steer`
         self.in_steer = TransformersEngine(policy, replica)  # the trained policy's decode loop (see above)
         self.sync_weights(policy.version)
@@ -295,7 +307,14 @@ class VLLMEngine:
         return self._version
 
     def sync_weights(self, policy_version: int) -> int:
-        """Copy ``policy.model``'s parameters into every vLLM worker; returns their bytes."""
+        """Copy ``policy.model``'s parameters into every vLLM worker (with ``policy.lora``: load its
+        adapter alone); returns the bytes moved."""
+        if self.adapters is not None:
+            with captured(self.log):
+                moved = self.adapters.load(self.policy.model, policy_version)
+                self.llm.reset_prefix_cache()
+            self._version = policy_version
+            return moved
         params = [(name, p.detach()) for name, p in self.policy.model.named_parameters()]
         with captured(self.log):
             if self.device == "cpu" and not self.in_process:  # the engine core's own process: one blob
@@ -324,6 +343,8 @@ class VLLMEngine:
                 self.llm = None
                 cleanup_dist_env_and_memory()
         finally:
+            if self.adapters is not None:
+                self.adapters.close()
             self._release_log()
 
     def _release_log(self) -> None:
@@ -348,7 +369,7 @@ class VLLMEngine:
             try:
                 with captured(self.log):
                     groups = generate_steered(self.llm.llm_engine, requests, self._row_params, self.policy.decode,
-                                              self.replica, controller, max_in_flight)
+                                              self.replica, controller, max_in_flight, self._adapter())
             finally:
                 self._steering = False
         else:
@@ -371,6 +392,10 @@ class VLLMEngine:
         filled = {id(c): dataclasses.replace(c, entropy=np.concatenate([s.entropy, forced_entropy(c)]))
                   for (_, c), s in zip(asked, scored)}
         return [[filled.get(id(c), c) for c in g] for g in groups]
+
+    def _adapter(self) -> Any:
+        """The ``LoRARequest`` of the version vLLM samples with (None: no LoRA, the weights are vLLM's own)."""
+        return None if self.adapters is None else self.adapters.request(self._version)
 
     def score(self, requests: Sequence[ScoreRequest]) -> list[Scored]:
         """Scored by the trained policy's forward pass (see the module docstring)."""
@@ -397,12 +422,12 @@ class VLLMEngine:
                                                          len(r.context) - len(r.prompt_token_ids)))
                     for r in requests]
         if self.in_process:
-            results = self.llm.generate(prompts, sampling, use_tqdm=False)
+            results = self.llm.generate(prompts, sampling, use_tqdm=False, lora_request=self._adapter())
         else:  # the engine core would start on the first request to arrive: hold it until all are queued,
             # so every call starts with all its rows (a batch, and its float sums, that timing does not change)
             self.llm.sleep(level=0, mode="keep")
             try:
-                self.llm.enqueue(prompts, sampling, use_tqdm=False)
+                self.llm.enqueue(prompts, sampling, use_tqdm=False, lora_request=self._adapter())
             finally:
                 self.llm.wake_up(tags=["scheduling"])
             results = self.llm.wait_for_completion(use_tqdm=False)
@@ -425,10 +450,11 @@ def sent_n(request: GenerationRequest) -> int:
     return 1 if request.params.temperature == 0 else request.n
 
 
-def start_llm(policy: HFPolicy, settings: VLLMSpec, seed: int, quiet: bool = True, own_process: bool = False) -> Any:
+def start_llm(policy: HFPolicy, settings: VLLMSpec, seed: int, quiet: bool = True, own_process: bool = False,
+              adapters_kept: int = 1) -> Any:
     """A ``vllm.LLM`` over the policy's folder, its engine core in this process (``own_process``:
     in a process of its own); ``quiet``: only vLLM's warnings (on the console; a run's log takes
-    its notes too)."""
+    its notes too); with ``policy.lora``, LoRA on, ``adapters_kept`` adapters at a time."""
     # in this process, collective_rpc passes tensors by reference; in its own, serialized
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if own_process else "0"
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(compile_cache_root() / "torchinductor"))
@@ -443,7 +469,8 @@ def start_llm(policy: HFPolicy, settings: VLLMSpec, seed: int, quiet: bool = Tru
     dtype = str(policy.dtype).removeprefix("torch.")
     set_num_threads = torch.set_num_threads  # vLLM's CPU worker swaps in a no-op (see the module docstring)
     try:
-        return LLM(**llm_kwargs(policy.path, dtype, settings, seed, device))
+        lora = {} if policy.lora is None else lora_llm_kwargs(policy.lora, adapters_kept)
+        return LLM(**llm_kwargs(policy.path, dtype, settings, seed, device), **lora)
     except (RuntimeError, ValueError, OSError) as exc:
         fix = ("lower policy.vllm.gpu_memory_utilization if the GPU is short of memory" if device == "cuda" else
                "size policy.vllm.kv_cache_gib to what vLLM says it needs above (lower it if the host is short "

@@ -35,9 +35,10 @@ NO_UNIFORMS = torch.zeros(0, dtype=torch.float64)  # vLLM draws; the rows keep n
 def generate_steered(llm_engine: Any, requests: Sequence[GenerationRequest], make_params: Callable[[Row], Any],
                      decode: Callable[[Sequence[int]], str], replica: str,
                      controller: InFlightController | None = None,
-                     max_in_flight: int | None = None) -> list[list[Completion]]:
+                     max_in_flight: int | None = None, lora_request: Any = None) -> list[list[Completion]]:
     """Every request's completions, rows added to ``llm_engine`` at most ``max_in_flight`` at a time;
-    ``make_params(row)`` is the row's ``vllm.SamplingParams`` (``n = 1``, delta outputs)."""
+    ``make_params(row)`` is the row's ``vllm.SamplingParams`` (``n = 1``, delta outputs);
+    ``lora_request``: the LoRA adapter every row samples with (None: the base weights)."""
     rows = [Row(r, i, NO_UNIFORMS) for r in requests for i in range(r.n)]
     queue = deque(r for r in rows if not _out_of_budget(r))
     fixed = call_view(requests) if controller is not None else None
@@ -46,7 +47,7 @@ def generate_steered(llm_engine: Any, requests: Sequence[GenerationRequest], mak
     while queue or live:
         while queue and len(live) < cap:
             row = queue.popleft()
-            live[_add(llm_engine, row, call, make_params(row))] = row
+            live[_add(llm_engine, row, call, make_params(row), lora_request)] = row
         for output in llm_engine.step():
             _take(live, output, decode)
         steps += 1
@@ -66,11 +67,12 @@ def _out_of_budget(row: Row) -> bool:
     return False
 
 
-def _add(llm_engine: Any, row: Row, call: int, params: Any) -> str:
+def _add(llm_engine: Any, row: Row, call: int, params: Any, lora_request: Any = None) -> str:
     from vllm.inputs import TokensPrompt
 
     request_id = f"gfcr-{call}-{row.request.request_id}#{row.index}"
-    llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(row.request.context)), params)
+    llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(row.request.context)), params,
+                           lora_request=lora_request)
     return request_id
 
 

@@ -9,7 +9,9 @@ validate``, the run and the run directory's ``spec.yaml`` all see the engine tha
   cuda`` (a pipeline never moves to a GPU unasked);
 - no stage needs what the vLLM engine lacks (``ENGINE_LACKS["vllm"]``: ``top_p`` below 1,
   ``control.truncate_steps``'s generate call from its ``steer``);
-- ``policy.score_path`` is ``forward`` (``decode`` is the transformers engine's).
+- ``policy.score_path`` is ``forward`` (``decode`` is the transformers engine's);
+- ``policy.lora``, if any, is an adapter vLLM's LoRA loads (``LoraSpec.vllm_lacks``: rank at
+  most 512, no ``embed_tokens`` or ``lm_head`` target).
 
 On Ray (``executor: {kind: ray}``) the same rules pick the engine of every replica.
 
@@ -46,6 +48,8 @@ def choose_engine(spec: PipelineSpec, needs: set[str]) -> EngineChoice:
         return EngineChoice("hf", None, f"a stage needs {', '.join(lacked)}, which the vLLM engine lacks")
     if policy.score_path != "forward":
         return EngineChoice("hf", None, f"score_path `{policy.score_path}` is the transformers engine's")
+    if policy.lora is not None and (why := policy.lora.vllm_lacks()):
+        return EngineChoice("hf", None, f"policy.lora: {why}")
     found = installed_vllm()
     if found is None:
         return EngineChoice("hf", None, "vLLM is not installed")

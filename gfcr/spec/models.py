@@ -206,6 +206,38 @@ ENGINE_LACKS: dict[str, dict[str, EngineLack]] = {
 }
 
 
+LORA_VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's `max_lora_rank` values (vllm.config.lora)
+LORA_NOT_ON_VLLM = ("embed_tokens", "lm_head")  # vLLM's LoRA layers for Llama-family models are its projections
+
+
+class LoraSpec(StrictModel):
+    """A LoRA adapter on the policy (peft; docs/lora.md): the update trains the adapter only, the
+    base weights stay frozen, the weight move carries the adapter, checkpoints hold it."""
+
+    rank: Annotated[int, Field(ge=1, description="the adapter's rank r")] = 8
+    alpha: Annotated[float, Field(gt=0, description="LoRA's alpha: the update is scaled by alpha / rank")] = 16.0
+    target_modules: Annotated[list[Annotated[str, Field(pattern=NAME)]], Field(min_length=1, description=(
+        "the names of the linear layers to adapt, matched as peft matches them (the last part of a module's name: "
+        "`q_proj` adapts every layer's `...self_attn.q_proj`)"))] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    dropout: Annotated[float, Field(ge=0.0, lt=1.0, description=(
+        "dropout on the adapter's input while training (peft's `lora_dropout`); above 0 the update's forward is no "
+        "longer the engine's, so a fresh token's ratio is not 1"))] = 0.0
+
+    def vllm_lacks(self) -> str | None:
+        """Why vLLM's LoRA cannot load this adapter (None: it can)."""
+        if self.rank > LORA_VLLM_RANKS[-1]:
+            return f"vLLM loads adapters of rank {LORA_VLLM_RANKS[-1]} at most, and `rank` is {self.rank}"
+        if found := [m for m in self.target_modules if m in LORA_NOT_ON_VLLM]:
+            return (f"`target_modules` adapts `{found[0]}`, which vLLM's LoRA does not load (it adapts the decoder "
+                    "layers' linear projections)")
+        return None
+
+    def vllm_rank(self) -> int:
+        """The ``max_lora_rank`` vLLM is started with: the smallest it accepts that holds ``rank``."""
+        return next(r for r in LORA_VLLM_RANKS if r >= self.rank)
+
+
 class PolicySpec(StrictModel):
     model: Annotated[str, Field(min_length=1, description="a model alias or a local Hugging Face folder")]
     engine: Literal["hf", "vllm", "auto"] = Field("hf", description=(
@@ -222,6 +254,8 @@ class PolicySpec(StrictModel):
         "forward", description="how the transformers engine scores responses (SPEC-RL drafts, replay ratios, "
         "entropies): `forward`, one forward pass per batch; `decode`, teacher-forced through the decode loop, "
         "a step per token, giving exactly the log-probs the responses were sampled with")
+    lora: LoraSpec | None = Field(None, description=(
+        "train a LoRA adapter instead of every weight: `{rank, alpha, target_modules, dropout}` (docs/lora.md)"))
 
     @model_validator(mode="after")
     def _settings_fit_the_engine(self) -> "PolicySpec":
@@ -233,7 +267,17 @@ class PolicySpec(StrictModel):
         if self.score_path != "forward" and self.engine == "vllm":
             raise fixable(f"`policy.score_path: {self.score_path}` is the transformers engine's; vLLM scores "
                           "with its prompt log-probs", "remove `score_path`, or set `engine: hf`")
+        if self.lora is not None and self.engine == "vllm":  # `auto` picks `hf` instead (gfcr.graph.engine_choice)
+            self._check_lora_on_vllm(self.lora)
         return self
+
+    @staticmethod
+    def _check_lora_on_vllm(lora: LoraSpec) -> None:
+        """What vLLM's LoRA cannot load is refused here, not when the engine starts."""
+        if why := lora.vllm_lacks():
+            raise fixable(f"`policy.lora` with `engine: vllm`: {why}", "set `engine: hf` (the transformers engine "
+                          "runs any adapter peft makes), or " + ("lower `rank`" if lora.rank > LORA_VLLM_RANKS[-1] else
+                                                                 "remove it from `target_modules`"))
 
     def _check_vllm_on_the_cpu(self) -> None:
         """The vLLM knobs that have no meaning on the CPU are errors there, not silently ignored."""

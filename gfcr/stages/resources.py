@@ -55,6 +55,15 @@ class Policy(Protocol):
     model: Any  # a torch.nn.Module (a transformers causal LM)
     tokenizer: Any
     version: int
+    lora: Any  # the LoRA adapter's spec (gfcr.spec.LoraSpec); None where every weight trains
+
+    def adapter_state(self) -> dict[str, Any]:
+        """The LoRA adapter's tensors by peft's saved names (empty without ``lora``)."""
+        ...
+
+    def load_adapter_state(self, state: dict[str, Any]) -> None:
+        """Put an ``adapter_state`` back."""
+        ...
 
     def encode(self, prompt: Prompt) -> list[int]:
         """The prompt's token ids, with the chat template applied when the tokenizer has one."""

@@ -82,7 +82,8 @@ def _services(spec: PipelineSpec, mover: str | None, log: Path | None) -> Runtim
             engine = VLLMEngine(load_policy(spec.policy), spec.policy.vllm_settings(), seed=spec.run.seed, log=log,
                                 own_process=True)
             return RuntimeServices(Lent(policy, engine), make_mover("none", engine), closers=[engine.close])
-        engine = VLLMEngine(policy, spec.policy.vllm_settings(), seed=spec.run.seed, log=log)
+        engine = VLLMEngine(policy, spec.policy.vllm_settings(), seed=spec.run.seed, log=log,
+                            adapters_kept=spec.lifecycle.staleness_bound() + 1)  # LoRA: versions a lifecycle may sample
         return RuntimeServices(Lent(policy, engine), make_mover(name, engine), closers=[engine.close])
     policy = load_policy(spec.policy)
     if spec.lifecycle.mode != "sync":  # generation samples a second copy, which the schedule keeps lagging

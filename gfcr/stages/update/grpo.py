@@ -20,7 +20,8 @@ and, in a tree group, the shared-prefix weight (``1/k`` on a position that ``k``
 ``token_mean`` by default (DAPO: every token of the batch weighs the same, a shared prefix
 counts once), ``seq_mean_token_mean`` (GRPO as written) or ``seq_mean_token_sum`` (Dr.GRPO).
 One AdamW step per call, with gradient-norm clipping, over micro-batches whose gradients
-accumulate. ``gfcr validate`` checks the components against each other and the pipeline
+accumulate; AdamW holds the parameters that require a gradient: every weight, or with
+``policy.lora`` the adapter's alone (docs/lora.md). ``gfcr validate`` checks the components against each other and the pipeline
 (for example, Dr.GRPO's estimator needs its aggregation).
 
 An off-policy correction (``correction: {use: ...}``; ``gfcr.stages.components.correction``),
@@ -278,7 +279,8 @@ class GRPOUpdate:
         self.policy = lent.require_policy("update.grpo")
         if not lent.steps_optimizer:  # the runtime's trainer ranks each build this stage and step there
             return
-        groups = [{"params": list(self.policy.model.parameters())}]
+        # the weights that train: all of them, or a LoRA adapter's alone (its base is frozen: docs/lora.md)
+        groups = [{"params": [p for p in self.policy.model.parameters() if p.requires_grad]}]
         if provides(self.aggregation, LearnsParameters):  # param groups: [{"params": [...], "lr": ...}]
             groups += self.aggregation.parameters(next(self.policy.model.parameters()).device)
         self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_eps,
