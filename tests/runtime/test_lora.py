@@ -99,6 +99,9 @@ def test_the_shipped_lora_pipeline_runs_three_steps(tmp_path):
     (["policy.engine=vllm", "policy.lora.target_modules=[q_proj,lm_head]"], "policy",
      "which vLLM's LoRA does not load", "set `engine: hf`"),
     (["policy.engine=vllm", "policy.lora.rank=1024"], "policy", "rank 512 at most", "lower `rank`"),
+    (["policy.engine=vllm", "policy.device=cpu", "lifecycle.mode=pipelined", "lifecycle.lag=1",
+      "update.with.correction.use=tis"], "policy.lora", "`policy.lora` with `lifecycle: {mode: pipelined}` on the vLLM engine",
+     "use `policy.engine: hf`"),
 ])
 def test_validate_refuses_what_cannot_run_with_the_fix(sets, where, message, fix):
     args = ["validate", str(SHIPPED)] + [a for s in sets for a in ("--set", s)]
