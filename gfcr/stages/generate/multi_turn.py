@@ -8,8 +8,10 @@ fresh environment object per trajectory, ``reset`` on the prompt. Then, turn by 
    trajectory continuing its ids (prompt ids + every turn so far, a ``ResponsePrefix`` with its
    segments: never re-tokenised text), with ``max_turn_tokens`` new tokens at most (less when
    the trajectory's ``max_tokens`` is nearer), ending at end-of-sequence or a ``stop`` string;
-2. the turn's text goes through the declared ``tool_parser`` (``calc``; none: no tool calls) and,
-   as an ``Action``, to the environment's ``step``;
+2. the turn's text goes through the declared ``tool_parser`` (``calc``, ``hermes``; none: no tool
+   calls) and, as an ``Action``, to the environment's ``step``; the steps of the turn's
+   trajectories run one after another, or ``env_workers`` at once on threads (for environments
+   that wait on a process: the ``code`` environment's test runs);
 3. the ``Observation`` says whether the episode is done, this turn's reward and, when it goes
    on, the text the model reads next: tokenised on its own and appended as an environment turn
    (segment origin ``environment``: never trained). With no chat template the text is tokenised
@@ -117,6 +119,8 @@ class MultiTurn:
             "the chat role an observation is rendered as, with a chat-template policy (`user`, `tool`)"))] = "user"
         on_env_error: Literal["drop", "fail"] = Field("drop", description=(
             "an environment that raises: `drop` takes its trajectory out of the group, `fail` fails the step"))
+        env_workers: Annotated[int, Field(ge=1, description=(
+            "environment steps run at once, on threads (each trajectory's in order); 1: one after another"))] = 1
         seed: Seed | None = Field(None, description="sampling seed; default: the run's seed")
         max_in_flight: Annotated[int | None, Field(ge=1, description="rows decoded at once; default: the "
                                                    "engine's batch")] = None
