@@ -11,7 +11,8 @@ timeout_s, memory_mb, file_size_kb, sandbox})``). Each model turn is either
   under the prompt's time, memory and file limits, no new processes, output capped at
   ``output_kb``). All tests pass: the episode ends with reward 1. They fail: the observation is
   the failure (``Failed: <the failing line> (<the reason>)``, the program's output, and "Fix the
-  code and reply with the whole function."), cut at ``feedback_chars``, and the model tries again; after ``max_attempts`` failed submissions the
+  code and reply with the whole function."), cut at ``feedback_chars``, and the model tries
+  again; after ``max_attempts`` failed submissions the
   episode ends with reward 0;
 - a **tool call** ``python`` (with a tool parser, ``hermes``:
   ``<tool_call>{"name": "python", "arguments": {"code": "..."}}</tool_call>``): the code runs
@@ -98,7 +99,8 @@ class Code:
             return self._end(1.0, run.reason)
         if self.attempts >= self.max_attempts:
             return self._end(0.0, run.reason)
-        return Observation(feedback(run, self.feedback_chars), metadata={"reason": run.reason, "attempt": self.attempts})
+        return Observation(feedback(run, self.feedback_chars),
+                           metadata={"reason": run.reason, "attempt": self.attempts})
 
     def _end(self, reward: float, reason: str) -> Observation:
         return Observation(done=True, reward=reward, metadata={

@@ -1,6 +1,6 @@
 """``reasoning_gym``: any reasoning-gym dataset, by name, as a multi-turn environment with retries.
 
-reasoning-gym (``pip install reasoning-gym``, the ``reasoning-gym`` extra; 100+ procedural tasks:
+reasoning-gym (``pip install reasoning-gym``; 100+ procedural tasks:
 arithmetic, puzzles, logic, games, each with difficulty settings) makes single-answer tasks:
 ``create_dataset(name, **config)[i]`` is ``{question, answer, metadata}``, scored by the dataset's
 own ``score_answer(answer, entry)`` (1.0 correct; some tasks give partial credit). This adapter
@@ -43,7 +43,7 @@ from gfcr.errors import did_you_mean, known
 from gfcr.records import Prompt
 from gfcr.stages.environments.base import Action, Observation
 
-INSTALL_FIX = "install reasoning-gym (`pip install 'gfcr[reasoning-gym]'` or `pip install reasoning-gym`)"
+INSTALL_FIX = "install it: `pip install reasoning-gym` (0.1.25 is the version gfcr is tested with)"
 FEEDBACK = "That is not correct (score {score:g}). Try again."
 
 

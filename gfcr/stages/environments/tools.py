@@ -68,7 +68,8 @@ def parse_hermes(text: str) -> ToolCall | None:
             raise TypeError("`name` must be a string and `arguments` an object")
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         why = f"missing {exc}" if isinstance(exc, KeyError) else str(exc)
-        return ToolCall(INVALID, {"error": f"not a tool call of the form {{\"name\": ..., \"arguments\": {{...}}}}: {why}"})
+        shape = '{"name": ..., "arguments": {...}}'
+        return ToolCall(INVALID, {"error": f"not a tool call of the form {shape}: {why}"})
     return ToolCall(name, _plain(arguments))
 
 

@@ -18,7 +18,8 @@ Ground truth: the test code. Options (per prompt, set by the data source): ``ent
 ``guard`` or ``auto`` (the default: ``bwrap`` where it works on this machine, else ``guard``).
 
 The guard (``gfcr/stages/verifiers/code_runner.py``): a fresh ``python -I -S -B`` with an empty
-environment, no standard input and its output discarded; rlimits on memory, CPU time, file size
+environment, no standard input and its output discarded (an environment's tool keeps it, up to a cap:
+``run_program``, ``gfcr.stages.environments.sandboxed``); rlimits on memory, CPU time, file size
 and process count; an audit hook refusing sockets, new processes, signals, ctypes and any file
 access outside its working directory and Python's installation (so the run directory is out
 of reach); killed past ``timeout_s``. An infinite loop, allocating 10 GB, a fork, a write

@@ -139,10 +139,11 @@ def main() -> None:
         outcome = {"passed": False, "reason": f"memory limit: MemoryError past {memory >> 20} MB",
                    **_where(exc, program_path, lines)}
     except AssertionError as exc:
-        outcome = {"passed": False, "reason": f"a test failed: AssertionError{': ' + str(exc)[:200] if str(exc) else ''}",
-                   **_where(exc, program_path, lines)}
+        said = f": {str(exc)[:200]}" if str(exc) else ""
+        outcome = {"passed": False, "reason": f"a test failed: AssertionError{said}", **_where(exc, program_path, lines)}
     except BaseException as exc:  # noqa: BLE001  (SystemExit too: the program must reach the end)
-        outcome = {"passed": False, "reason": f"{type(exc).__name__}: {str(exc)[:300]}", **_where(exc, program_path, lines)}
+        outcome = {"passed": False, "reason": f"{type(exc).__name__}: {str(exc)[:300]}",
+                   **_where(exc, program_path, lines)}
     else:
         outcome = {"passed": True}
     if refused:

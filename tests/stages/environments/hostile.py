@@ -21,7 +21,8 @@ print("started")
 '''
 PROGRAMS = {
     "sleeps_forever": "import time\nwhile True:\n    time.sleep(1)\n",
-    "writes_2gb_to_a_file": "with open('big', 'wb') as f:\n    for _ in range(2048):\n        f.write(bytes(1 << 20))\n",
+    "writes_2gb_to_a_file": ("with open('big', 'wb') as f:\n    for _ in range(2048):\n"
+                             "        f.write(bytes(1 << 20))\n"),
     "allocates_2gb": "blob = bytearray(2 << 30)\n",
     "returns_100mb_of_text": "import sys\nfor _ in range(100):\n    sys.stdout.write('x' * (1 << 20))\n",
     "forks": "import os, time\nif os.fork() == 0:\n    time.sleep(60)\n",

@@ -151,6 +151,7 @@ def test_in_a_run_hostile_tools_and_a_raising_environment_spoil_only_their_own_t
             assert r.status == RolloutStatus.TRUNCATED and r.stop_reason == "turn budget: 2 model turns"
             assert [str(t.role) for t in r.turns] == ["model", "environment"] * 2
             assert all(f"Exit: {EXPECTED[kind]}." in t.text for t in r.turns[1::2]) and r.reward == 0.0
-            assert all(t.info["tool"] == "python" and t.info["reason"] for t in r.turns[::2])  # the tool outcome, per model turn
+            # the tool's outcome, on each model turn
+            assert all(t.info["tool"] == "python" and t.info["reason"] for t in r.turns[::2])
     assert stage.step_metrics()["environment_errors"] == 3
     PromptPool(pool)  # the pool is well formed (unique ids)

@@ -3,6 +3,7 @@ test (issue 41, Must show 1), budgets, and environments that raise."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -100,7 +101,11 @@ REASONING_GYM = {"environment": {"use": "reasoning_gym", "with": {
 PROMPTS = {"calculator": prompts, "testing.echo": prompts, "code": code_prompts, "reasoning_gym": chain_sum_prompts}
 
 
-@pytest.mark.parametrize("config", [CALCULATOR, ECHO, CODE, REASONING_GYM],
+NEEDS_REASONING_GYM = pytest.mark.skipif(importlib.util.find_spec("reasoning_gym") is None,
+                                         reason="`pip install reasoning-gym` for the reasoning_gym environment")
+
+
+@pytest.mark.parametrize("config", [CALCULATOR, ECHO, CODE, pytest.param(REASONING_GYM, marks=NEEDS_REASONING_GYM)],
                          ids=["calculator", "testing.echo", "code", "reasoning_gym"])
 def test_ids_trained_are_the_ids_generated_and_the_environment_turns(policy, config):
     """Over 50 trajectories: each rollout's ids are, turn by turn, the engine's completion ids and

@@ -3,6 +3,7 @@ its lineage holds every trajectory, and an environment that raises is handled as
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -89,6 +90,7 @@ def test_the_code_pipeline_runs_three_steps(tmp_path):
         assert row["reward"] == 1.0 or len(turns) == 5  # a trajectory ends at a pass or after 3 submissions
 
 
+@pytest.mark.skipif(importlib.util.find_spec("reasoning_gym") is None, reason="`pip install reasoning-gym`")
 def test_the_reasoning_gym_pipeline_runs_three_steps(tmp_path):
     Run.start(load_pipeline(RGYM_PIPELINE, QUICK), tmp_path / "run").train()
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
