@@ -29,7 +29,7 @@ A prompt that is neither is an error naming the dataset and config, so data and 
 disagree (another seed) fail at the first trajectory, never score against the wrong task.
 
 Fidelity: the score is reasoning-gym's own ``score_answer``, called as is; the pinned cases
-(``tests/fidelity/reasoning_gym_scores.json``: reasoning-gym 0.1.25) check the adapter's rewards
+(``tests/fixtures/environments/reasoning_gym_scores.json``: reasoning-gym 0.1.25) check the adapter's rewards
 against it. The retry loop with feedback is gfcr's own (reasoning-gym has no turn loop).
 """
 

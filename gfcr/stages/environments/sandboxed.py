@@ -30,7 +30,8 @@ from typing import Annotated
 
 from pydantic import Field
 
-from gfcr.stages.verifiers.code import ProgramRun, SandboxLimits, run_program
+from gfcr.stages.verifiers.code import ProgramRun, run_program
+from gfcr.stages.verifiers.sandbox import SandboxLimits
 
 
 class ToolLimits(SandboxLimits):

@@ -62,7 +62,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field
 
@@ -71,20 +71,12 @@ from gfcr.stages.verifiers.sandbox import (
     INSIDE_RUNNER, INSIDE_WORKDIR, SandboxLevel, bwrap_prefix, bwrap_problem, interpreter, resolve,
 )
 
+if TYPE_CHECKING:  # imported for annotations only: the stage catalog lists the option models this module holds
+    from gfcr.stages.verifiers.sandbox import SandboxLimits
+
 RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "code_runner.py")
 FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
 MAX_VERDICT = 64 * 1024
-
-
-class SandboxLimits(VerifierOptions):
-    """Where and under which limits a program runs (``run_program``): the code verifier's options, and
-    the tool-process limits of the environments that run code (``gfcr.stages.environments.sandboxed``)."""
-
-    timeout_s: Annotated[float, Field(gt=0.0, le=600.0, description="wall-clock seconds for the program")] = 3.0
-    memory_mb: Annotated[int, Field(ge=64, le=1 << 20, description="address-space limit, MiB")] = 512
-    file_size_kb: Annotated[int, Field(ge=0, le=1 << 30, description="largest file it may write, KiB")] = 1024
-    sandbox: SandboxLevel = Field("auto", description="bwrap (a namespace sandbox), guard (rlimits and an audit "
-                                  "hook alone), or auto (bwrap where it works)")
 
 
 class CodeOptions(VerifierOptions):

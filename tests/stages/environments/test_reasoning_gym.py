@@ -13,7 +13,7 @@ from gfcr.stages.environments import Action, make_environment
 from gfcr.stages.generate.multi_turn import MultiTurn
 
 pytest.importorskip("reasoning_gym", reason="the reasoning_gym environment needs `pip install reasoning-gym`")
-CASES = json.loads((Path(__file__).resolve().parents[2] / "fidelity" / "reasoning_gym_scores.json").read_text())
+CASES = json.loads((Path(__file__).resolve().parents[2] / "fixtures" / "environments" / "reasoning_gym_scores.json").read_text())
 CHAIN_SUM = {"seed": 0, "size": 5, "min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}
 
 
