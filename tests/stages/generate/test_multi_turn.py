@@ -122,8 +122,9 @@ def test_ids_trained_are_the_ids_generated_and_the_environment_turns(policy, con
         assert multi > 0
 
 
-def check_ids(policy, engine, groups, pool, temperature) -> int:
-    """The tokenisation test's checks (above) on every rollout of ``groups``; the multi-turn count."""
+def check_ids(policy, engine, groups, pool, temperature, atol: float = 2e-5) -> int:
+    """The tokenisation test's checks (above) on every rollout of ``groups``; the multi-turn count.
+    ``atol``: how far the engine's score of the model's tokens may be from its behaviour log-probs."""
     rollouts, tok, multi = list(groups.rollouts()), policy.tokenizer, 0
     for r in rollouts:
         prompt_ids = pool.get(r.prompt_id).prompt_token_ids
@@ -150,7 +151,7 @@ def check_ids(policy, engine, groups, pool, temperature) -> int:
                                         temperature) for r in rollouts])
     for r, scored in zip(rollouts, scores):
         model = r.trained_mask() if r.trained_mask() is not None else np.ones(len(r), bool)
-        np.testing.assert_allclose(scored.logprobs[model], r.behavior_logprobs[model], atol=2e-5)
+        np.testing.assert_allclose(scored.logprobs[model], r.behavior_logprobs[model], atol=atol)
     update = GRPOUpdate(GRPOUpdate.Config(lr=1e-4))
     update.setup(Lent(policy, engine.engine))
     items, _, _ = update._batch(groups, pool)
