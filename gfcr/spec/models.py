@@ -198,10 +198,6 @@ ENGINE_LACKS: dict[str, dict[str, EngineLack]] = {
             "top_p", "vLLM records the log-probabilities of the top-p-truncated, renormalized distribution, each "
             "above the untruncated one by -log(kept mass), which would bias every ratio of the update",
             "set `top_p: 1.0` on `{stage}`, or use `policy.engine: hf` (the transformers engine)"),
-        "multi_turn": EngineLack(
-            None, "the vLLM engine has not been through the multi-turn tokenisation test (ids trained == ids "
-            "generated + the environment's tokenised turns), so it is not offered yet",
-            "use `policy.engine: hf` (the transformers engine) for `{stage}`"),
     },
 }
 

@@ -90,10 +90,13 @@ CASES: dict[str, tuple[str, list[str]]] = {
     "mc_grpo_arith": ("mc_grpo_arith.yaml", ["stages.pick.with.batch_size=4"]),
     "truncate_steps_arith": (TRUNCATE_ARITH, []),
     "multi_turn_calc_arith": ("examples/multi_turn_calc_arith.yaml", ["stages.pick.with.batch_size=4"]),
+    # within tiny-arith-h64's 128 positions, which vLLM enforces (the prompts are up to 27 tokens)
+    "multi_turn_code_tiny": ("examples/multi_turn_code_tiny.yaml", ["stages.rollout.with.max_tokens=96"]),
+    "multi_turn_rgym_arith": ("examples/multi_turn_rgym_arith.yaml", ["stages.pick.with.batch_size=4"]),
 }
 # cases run on some engines only, and the stages an engine refuses outright (``gfcr validate`` says why)
-ONLY_ON = {"multi_turn_calc_arith": ("hf",)}
-REFUSED = {("vllm", "generate.multi_turn")}
+ONLY_ON: dict[str, tuple[str, ...]] = {}
+REFUSED: set[tuple[str, str]] = set()
 COMMON = ["run.steps=2", "eval=null", "executor.kind=local", "tracking.mlflow=null", "run.checkpoint_every=null"]
 ON_ENGINE = {"hf": ["policy.engine=hf"],
              "vllm": ["policy.engine=vllm", "policy.device=cpu", "policy.model=tiny-arith-h64",
@@ -208,8 +211,7 @@ def test_every_stage_runs_in_a_case_on_each_engine():
 
 # a stage's `with` values that give it each need an engine may lack, and how the table names them
 NEED_PROBES = {"top_p": ({"top_p": 0.9}, "`top_p` below 1", "vLLM's log-probs would be the truncated nucleus's"),
-               "generate_in_steer": ({}, "the stage", "no generate call from inside a controller's `steer`"),
-               "multi_turn": ({}, "the stage", "continuation across turns not yet through the tokenisation test")}
+               "generate_in_steer": ({}, "the stage", "no generate call from inside a controller's `steer`")}
 REQUIRED = {"generate.multi_turn": {"environment": {"use": "testing.echo"}}}  # what a probe's Config needs besides
 
 

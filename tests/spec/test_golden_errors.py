@@ -639,14 +639,12 @@ CASES = [
          edit(MULTI_TURN, "max_tool_calls: 2", "max_calls: 2"), "environment:", "stages.rollout.with.environment",
          "environment `calculator` does not take these arguments: got an unexpected keyword argument 'max_calls'",
          "give `with` only arguments of Calculator: `max_tool_calls`"),
+    Case("a reasoning-gym environment on a dataset that does not exist",
+         edit(MULTI_TURN, "{use: calculator, with: {max_tool_calls: 2}}", "{use: reasoning_gym, with: {dataset: chain_sun}}"),
+         "environment:", "stages.rollout.with.environment",
+         "reasoning_gym: unknown dataset `chain_sun`; did you mean `chain_sum`?", "fix the environment's `with` arguments"),
     Case("an unknown tool parser", edit(MULTI_TURN, "tool_parser: calc", "tool_parser: json"),
          "tool_parser: json", "stages.rollout.with.tool_parser", "unknown tool parser `json`", "use one of: calc"),
-    Case("multi-turn trajectories on the vLLM engine", edit(MULTI_TURN, "engine: hf}", "engine: vllm}"),
-         "rollout:", "stages.rollout",
-         "`rollout` (generate.multi_turn) needs continuation from token ids across a trajectory's turns, tested by "
-         "the tokenisation test, which `policy.engine: vllm` cannot give: the vLLM engine has not been through the "
-         "multi-turn tokenisation test (ids trained == ids generated + the environment's tokenised turns), so it "
-         "is not offered yet", "use `policy.engine: hf` (the transformers engine) for `rollout`"),
     Case("a reasoning-gym task misspelt (issue 42)",
          edit(BASE, "data: {source: arithmetic, with: {n: 50}}",
               "data: {source: reasoning_gym, with: {n: 50, tasks: [{task: chain_summ}]}}"),

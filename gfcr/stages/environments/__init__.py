@@ -1,7 +1,7 @@
 """Environments for ``generate.multi_turn``, by name (``environment: {use: <name>, with: {...}}``).
 
-``ENVIRONMENTS`` holds the built-ins (``calculator``; the labelled ``testing.echo`` and
-``testing.raising``) and those other packages register under the ``gfcr.environments`` entry
+``ENVIRONMENTS`` holds the built-ins (``calculator``, ``code``, ``reasoning_gym``; the labelled
+``testing.echo`` and ``testing.raising``) and those other packages register under the ``gfcr.environments`` entry
 point group; a name of the form ``package.module:Class`` imports that class directly. Each
 trajectory gets a fresh object, ``cls(**with)`` (``make_environment``).
 """
@@ -12,12 +12,14 @@ from typing import Any
 
 from gfcr.registry import Registry
 from gfcr.stages.environments.base import (
-    Action, ClosesEnvironment, Environment, EnvironmentFactory, EnvironmentFailed, Observation, ToolCall,
+    Action, ChecksOptions, ClosesEnvironment, Environment, EnvironmentFactory, EnvironmentFailed, Observation, ToolCall,
 )
 from gfcr.stages.environments.tools import TOOL_PARSERS, Parser
 
 BUILTIN_ENVIRONMENTS = {
     "calculator": "gfcr.stages.environments.calculator:Calculator",
+    "code": "gfcr.stages.environments.code:Code",
+    "reasoning_gym": "gfcr.stages.environments.procedural:ReasoningGym",
     "testing.echo": "gfcr.stages.environments.testing:Echo",
     "testing.raising": "gfcr.stages.environments.testing:Raising",
 }
@@ -42,5 +44,5 @@ def make_environment(name: str, options: dict[str, Any]) -> Environment:
     return environment_factory(name)(**options)
 
 
-__all__ = ["Action", "BUILTIN_ENVIRONMENTS", "ClosesEnvironment", "ENVIRONMENTS", "Environment", "EnvironmentFailed", "Observation",
+__all__ = ["Action", "BUILTIN_ENVIRONMENTS", "ChecksOptions", "ClosesEnvironment", "ENVIRONMENTS", "Environment", "EnvironmentFailed", "Observation",
            "Parser", "TOOL_PARSERS", "ToolCall", "environment_factory", "make_environment"]

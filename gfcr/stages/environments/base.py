@@ -75,6 +75,16 @@ class ClosesEnvironment(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
+class ChecksOptions(Protocol):
+    """An environment class that can say, without an episode, what is wrong with its ``with``
+    arguments (an unknown dataset, a config its library refuses): ``gfcr validate`` calls
+    ``check_options(**with)`` and shows a ValueError's message with ``stages.<id>.with.environment``."""
+
+    @classmethod
+    def check_options(cls, *args: Any, **kwargs: Any) -> None: ...
+
+
 EnvironmentFactory = Callable[..., Environment]
 
 

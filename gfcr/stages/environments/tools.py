@@ -9,12 +9,21 @@ tool call is a fact of the record (``Turn.tool_call``), not of the environment's
 after the last ``Answer:``), e.g. ``" 12 + 30?"`` -> ``calc(expression="12 + 30")``. The syntax
 keeps to the characters of the ``tiny-arith`` tokenizer (digits, ``+ - *``, space, ``?``,
 ``:`` and a few letters), so a tiny policy can write it.
+
+``hermes``: the tool-call format of Hermes and Qwen chat templates (and of verl's and
+verifiers' tool environments): a JSON object inside ``<tool_call>...</tool_call>``,
+``<tool_call>{"name": "python", "arguments": {"code": "print(6 * 7)"}}</tool_call>``. The first
+such block is the call (a missing closing tag is forgiven: a stop string may have cut it);
+``arguments`` may be an object or a JSON string of one. A block that is not such JSON is still a
+call, named ``invalid``, with the reason in ``arguments["error"]``, so the environment can say
+what was wrong instead of taking the turn as an answer.
 """
 
 from __future__ import annotations
 
+import json
 import re
-from typing import Callable
+from typing import Any, Callable
 
 from gfcr.stages.environments.base import ToolCall
 
@@ -41,4 +50,31 @@ def calculate(expression: str) -> int | None:
     return a + b if op == "+" else a - b if op == "-" else a * b
 
 
-TOOL_PARSERS: dict[str, Parser] = {"calc": parse_calc}
+HERMES = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
+INVALID = "invalid"
+
+
+def parse_hermes(text: str) -> ToolCall | None:
+    """The first ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` of the turn (see the module docstring)."""
+    m = HERMES.search(text)
+    if m is None:
+        return None
+    try:
+        call = json.loads(m.group(1))
+        name, arguments = call["name"], call.get("arguments", {})
+        if isinstance(arguments, str):
+            arguments = json.loads(arguments)
+        if not isinstance(name, str) or not isinstance(arguments, dict):
+            raise TypeError("`name` must be a string and `arguments` an object")
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        why = f"missing {exc}" if isinstance(exc, KeyError) else str(exc)
+        shape = '{"name": ..., "arguments": {...}}'
+        return ToolCall(INVALID, {"error": f"not a tool call of the form {shape}: {why}"})
+    return ToolCall(name, _plain(arguments))
+
+
+def _plain(arguments: dict[str, Any]) -> dict[str, Any]:
+    return {str(k): v for k, v in arguments.items()}
+
+
+TOOL_PARSERS: dict[str, Parser] = {"calc": parse_calc, "hermes": parse_hermes}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
@@ -25,7 +26,7 @@ from gfcr.records import (
 from gfcr.spec.problems import fixable
 from gfcr.stages.engine import Completion, ResponsePrefix, SamplingParams, row_seed, splice
 from gfcr.stages.environments import (
-    TOOL_PARSERS, Action, ClosesEnvironment, EnvironmentFailed, Observation, environment_factory,
+    TOOL_PARSERS, Action, ChecksOptions, ClosesEnvironment, EnvironmentFailed, Observation, environment_factory,
 )
 from gfcr.stages.generate.turn_tokens import TurnBoundary
 from gfcr.stages.resources import GenerationRequest, prompt_tokens
@@ -69,6 +70,11 @@ class EnvironmentRef(BaseModel):
             names = ", ".join(f"`{p}`" for p in signature.parameters if p not in ("args", "kwargs")) or "none"
             raise fixable(f"environment `{self.use}` does not take these arguments: {exc}",
                           f"give `with` only arguments of {getattr(factory, '__name__', self.use)}: {names}") from None
+        if isinstance(factory, type) and isinstance(factory, ChecksOptions):
+            try:
+                factory.check_options(**self.with_)
+            except ValueError as exc:
+                raise fixable(str(exc), "fix the environment's `with` arguments") from None
         return self
 
 
@@ -168,12 +174,16 @@ def run_episodes(stage: Any, allocation: Allocation, round_: int, params: Sampli
         requests = [e.request(k, params, min(cfg.max_turn_tokens, cfg.max_tokens - len(e.tokens))) for e in live]
         results = engine.generate(requests, None, cfg.max_in_flight)
         version = engine.policy_version
+        acts: list[tuple[Episode, Turn, Action]] = []
         for e, request, (completion,) in zip(live, requests, results):
             text = decode(completion.token_ids)
             turn = e.add_model_turn(request, completion, version, text)
             call = parser(text) if parser is not None else None
             turn.tool_call = call.state() if call is not None else None
-            obs = _guarded(stage, e, f"step (model turn {k + 1})", lambda e=e, a=Action(text, call): e.env.step(a))
+            acts.append((e, turn, Action(text, call)))
+        where = f"step (model turn {k + 1})"
+        observations = _each(lambda a: _guarded(stage, a[0], where, lambda: a[0].env.step(a[2])), acts, cfg.env_workers)
+        for (e, turn, _), obs in zip(acts, observations):
             if obs is not None:
                 _observe(e, turn, obs, boundary, version, cfg.max_tokens, k + 1)
     for e in episodes:
@@ -182,6 +192,18 @@ def run_episodes(stage: Any, allocation: Allocation, round_: int, params: Sampli
         if isinstance(e.env, ClosesEnvironment):
             _guarded(stage, e, "close", e.env.close, ended=True)
     return _groups(allocation, episodes, decode), episodes
+
+
+def _each(call: Callable[[Any], Any], items: list[Any], workers: int) -> list[Any]:
+    """``call`` on every item, in order; on up to ``workers`` threads at once (environments whose steps
+    wait on a process, such as the code environment's tests, overlap). The first exception, in the
+    items' order, is raised once every call has ended."""
+    if workers <= 1 or len(items) <= 1:
+        return [call(item) for item in items]
+    with ThreadPoolExecutor(max_workers=min(workers, len(items)), thread_name_prefix="gfcr-env") as pool:
+        futures = [pool.submit(call, item) for item in items]
+        wait(futures)
+    return [f.result() for f in futures]
 
 
 def _reset(stage: Any, ep: Episode, seed: int) -> None:

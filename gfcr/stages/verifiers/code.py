@@ -18,7 +18,8 @@ Ground truth: the test code. Options (per prompt, set by the data source): ``ent
 ``guard`` or ``auto`` (the default: ``bwrap`` where it works on this machine, else ``guard``).
 
 The guard (``gfcr/stages/verifiers/code_runner.py``): a fresh ``python -I -S -B`` with an empty
-environment, no standard input and its output discarded; rlimits on memory, CPU time, file size
+environment, no standard input and its output discarded (an environment's tool keeps it, up to a cap:
+``run_program``, ``gfcr.stages.environments.sandboxed``); rlimits on memory, CPU time, file size
 and process count; an audit hook refusing sockets, new processes, signals, ctypes and any file
 access outside its working directory and Python's installation (so the run directory is out
 of reach); killed past ``timeout_s``. An infinite loop, allocating 10 GB, a fork, a write
@@ -60,7 +61,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Annotated, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field
 
@@ -68,6 +70,9 @@ from gfcr.stages.verifiers.base import Score, VerifierOptions, parse_options
 from gfcr.stages.verifiers.sandbox import (
     INSIDE_RUNNER, INSIDE_WORKDIR, SandboxLevel, bwrap_prefix, bwrap_problem, interpreter, resolve,
 )
+
+if TYPE_CHECKING:  # imported for annotations only: the stage catalog lists the option models this module holds
+    from gfcr.stages.verifiers.sandbox import SandboxLimits
 
 RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "code_runner.py")
 FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
@@ -99,18 +104,40 @@ def build_program(code: str, tests: str, opts: CodeOptions) -> str:
     return f"{body}\n\n{tests}\n\ncheck({opts.entry_point})\n"
 
 
-def cpu_seconds(opts: CodeOptions) -> int:
+def cpu_seconds(opts: CodeOptions | SandboxLimits) -> int:
     """The program's CPU rlimit: a second past the wall-clock limit, so the wall clock decides (one
     reason for one program, however the machine is loaded) and the rlimit is the backstop that ends
     a program whose parent died before it could kill it."""
     return math.ceil(opts.timeout_s) + 1
 
 
+@dataclass(frozen=True, slots=True)
+class ProgramRun:
+    """What running a program in the sandbox gave: whether it ran to the end, why not, the line it
+    failed at (``line`` 0: none known; ``source``: that line's text), and, when its output was
+    captured (``run_program``'s ``output_bytes``), what it wrote to stdout and stderr, cut at the cap."""
+
+    passed: bool
+    reason: str
+    line: int = 0
+    source: str = ""
+    output: str = ""
+
+
 def run_sandboxed(program: str, opts: CodeOptions) -> tuple[bool, str]:
     """(passed, reason) of ``program`` run by ``code_runner`` under ``opts``' limits, at ``opts.sandbox``'s level."""
+    run = run_program(program, opts)
+    return run.passed, run.reason
+
+
+def run_program(program: str, opts: CodeOptions | SandboxLimits, output_bytes: int = 0) -> ProgramRun:
+    """``program`` run by ``code_runner`` under ``opts``' limits, at ``opts.sandbox``'s level. With
+    ``output_bytes`` > 0 its stdout and stderr are kept, up to that many bytes: a program that writes
+    more is killed at once (``output limit``); with 0 they are discarded, as the verifier does."""
     level = resolve(opts.sandbox)
     workdir = tempfile.mkdtemp(prefix="gfcr-code-")
     read_fd, write_fd = os.pipe()
+    out_read, out_write = os.pipe() if output_bytes > 0 else (-1, -1)
     try:
         program_path = os.path.join(workdir, "program.py")
         with open(program_path, "w", encoding="utf-8") as handle:
@@ -121,55 +148,80 @@ def run_sandboxed(program: str, opts: CodeOptions) -> tuple[bool, str]:
                     str(write_fd), INSIDE_WORKDIR, *limits]
         else:
             args = [sys.executable, "-I", "-S", "-B", RUNNER, str(write_fd), workdir, *limits]
-        process = subprocess.Popen(args, cwd=workdir, env={}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL, pass_fds=(write_fd,), close_fds=True)
-        os.close(write_fd)
-        write_fd = -1
-        verdict, overran = _read_verdict(read_fd, time.monotonic() + opts.timeout_s)
-        if overran:
-            process.kill()  # under bwrap, --die-with-parent and the PID namespace take everything inside with it
+        output = out_write if out_write >= 0 else subprocess.DEVNULL
+        process = subprocess.Popen(args, cwd=workdir, env={}, stdin=subprocess.DEVNULL, stdout=output,
+                                   stderr=output, pass_fds=(write_fd,), close_fds=True, start_new_session=True)
+        for fd in (write_fd, out_write):
+            if fd >= 0:
+                os.close(fd)
+        write_fd = out_write = -1
+        verdict, captured, ended = _read(read_fd, out_read, output_bytes, time.monotonic() + opts.timeout_s)
+        if ended:
+            _kill(process)  # under bwrap, --die-with-parent and the PID namespace take everything inside with it
         code = process.wait()
     finally:
-        for fd in (read_fd, write_fd):
+        for fd in (read_fd, write_fd, out_read, out_write):
             if fd >= 0:
                 os.close(fd)
         shutil.rmtree(workdir, ignore_errors=True)
     if level == "bwrap" and code > 128:
         code = 128 - code  # bwrap exits 128 + N when the runner was killed by signal N
-    return _judge(verdict, overran, code, opts)
+    passed, reason, where = _judge(verdict, ended, code, opts, output_bytes)
+    text = captured.decode("utf-8", "replace")
+    return ProgramRun(passed, reason, int(where.get("line") or 0), str(where.get("source") or ""), text)
 
 
-def _read_verdict(fd: int, deadline: float) -> tuple[bytes, bool]:
-    """What the child wrote to the verdict pipe (capped), and whether it ran past the deadline."""
-    data = b""
-    while True:
+def _kill(process: subprocess.Popen) -> None:
+    """Kill the runner and its process group (what it may have left under the guard, where it cannot fork)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except OSError:
+        process.kill()
+
+
+def _read(verdict_fd: int, output_fd: int, output_bytes: int, deadline: float) -> tuple[bytes, bytes, str]:
+    """What the child wrote to the verdict pipe (capped) and, when ``output_fd`` >= 0, to its output (up
+    to ``output_bytes``); and why it was stopped: ``time`` (past the deadline), ``output`` (more output
+    than ``output_bytes``), or "" (it closed both pipes itself)."""
+    verdict, output, open_fds = b"", b"", [fd for fd in (verdict_fd, output_fd) if fd >= 0]
+    while open_fds:
         wait = deadline - time.monotonic()
-        if wait <= 0 or not select.select([fd], [], [], wait)[0]:
-            return data, True
-        chunk = os.read(fd, 65536)
-        if not chunk:
-            return data, False
-        if len(data) < MAX_VERDICT:
-            data += chunk[:MAX_VERDICT - len(data)]
+        ready = select.select(open_fds, [], [], wait)[0] if wait > 0 else []
+        if not ready:
+            return verdict, output, "time"
+        for fd in ready:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                open_fds.remove(fd)
+            elif fd == verdict_fd:
+                verdict += chunk[:max(0, MAX_VERDICT - len(verdict))]
+            else:
+                output += chunk
+                if len(output) > output_bytes:
+                    return verdict, output[:output_bytes], "output"
+    return verdict, output, ""
 
 
-def _judge(verdict: bytes, overran: bool, code: int, opts: CodeOptions) -> tuple[bool, str]:
+def _judge(verdict: bytes, ended: str, code: int, opts: CodeOptions | SandboxLimits,
+           output_bytes: int = 0) -> tuple[bool, str, dict[str, Any]]:
     lines = [line for line in verdict.decode("utf-8", "replace").split("\n") if line.strip()]
     try:
         first = json.loads(lines[0]) if lines else None
     except ValueError:
         first = None
     if isinstance(first, dict) and first.get("passed") is False:  # a refusal, or the program's failure
-        return False, str(first.get("reason", "failed"))
-    if overran:
-        return False, f"time limit: still running after {opts.timeout_s:g}s (killed)"
+        return False, str(first.get("reason", "failed")), first
+    if ended == "output":
+        return False, f"output limit: more than {output_bytes} bytes of output (killed)", {}
+    if ended == "time":
+        return False, f"time limit: still running after {opts.timeout_s:g}s (killed)", {}
     if code == -signal.SIGXCPU or code == -signal.SIGKILL:
-        return False, f"time limit: past {cpu_seconds(opts)} CPU seconds (killed)"
+        return False, f"time limit: past {cpu_seconds(opts)} CPU seconds (killed)", {}
     if code < 0:
-        return False, f"the program was killed by signal {-code}"
+        return False, f"the program was killed by signal {-code}", {}
     if first == {"passed": True} and len(lines) == 1 and code == 0:
-        return True, "all tests passed"
-    return False, f"the program ended without finishing its tests (exit status {code})"
+        return True, "all tests passed", {}
+    return False, f"the program ended without finishing its tests (exit status {code})", {}
 
 
 def verify_code(response: str, ground_truth: str, options: dict[str, Any]) -> Score:

@@ -20,7 +20,9 @@ environment. Before the program runs:
    ``PermissionError``.
 
 The verdict is one JSON line on the pipe ``VERDICT_FD``: ``{"passed": true}`` or
-``{"passed": false, "reason": "..."}``.
+``{"passed": false, "reason": "...", "line": N, "source": "..."}``: where the program failed (the
+innermost line of ``program.py`` in the traceback, or a syntax error's line), when there is one
+(the code environment shows it to the model as test feedback).
 
 This is a guard against accidents and against the hostile-but-dumb output of a policy
 being trained (infinite loops, huge allocations, fork bombs, stray writes, network calls),
@@ -53,6 +55,19 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
     except (OSError, AttributeError):
         pass
+
+
+def _where(exc: BaseException, program_path: str, lines: list) -> dict:
+    """``{"line", "source"}`` of the innermost line of the program the exception passed through, or {}."""
+    lineno = getattr(exc, "lineno", None) if isinstance(exc, SyntaxError) else None
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == program_path:
+            lineno = tb.tb_lineno
+        tb = tb.tb_next
+    if not isinstance(lineno, int) or not 1 <= lineno <= len(lines):
+        return {}
+    return {"line": lineno, "source": lines[lineno - 1].strip()[:300]}
 
 
 def main() -> None:
@@ -109,21 +124,26 @@ def main() -> None:
                                               if isinstance(a, (str, bytes))):
             refuse(f"{event} on {args[:2]!r} outside the sandbox directory")
 
+    lines = source.splitlines()
     _limits(memory, cpu, file_size)
     try:
         code = compile(source, program_path, "exec")
     except (SyntaxError, ValueError) as exc:
-        os.write(verdict_fd, (json.dumps({"passed": False, "reason": f"{type(exc).__name__}: {exc}"}) + "\n").encode())
+        outcome = {"passed": False, "reason": f"{type(exc).__name__}: {exc}", **_where(exc, program_path, lines)}
+        os.write(verdict_fd, (json.dumps(outcome) + "\n").encode())
         return
     sys.addaudithook(hook)
     try:
         exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
-    except MemoryError:
-        outcome = {"passed": False, "reason": f"memory limit: MemoryError past {memory >> 20} MB"}
+    except MemoryError as exc:
+        outcome = {"passed": False, "reason": f"memory limit: MemoryError past {memory >> 20} MB",
+                   **_where(exc, program_path, lines)}
     except AssertionError as exc:
-        outcome = {"passed": False, "reason": f"a test failed: AssertionError{': ' + str(exc)[:200] if str(exc) else ''}"}
+        said = f": {str(exc)[:200]}" if str(exc) else ""
+        outcome = {"passed": False, "reason": f"a test failed: AssertionError{said}", **_where(exc, program_path, lines)}
     except BaseException as exc:  # noqa: BLE001  (SystemExit too: the program must reach the end)
-        outcome = {"passed": False, "reason": f"{type(exc).__name__}: {str(exc)[:300]}"}
+        outcome = {"passed": False, "reason": f"{type(exc).__name__}: {str(exc)[:300]}",
+                   **_where(exc, program_path, lines)}
     else:
         outcome = {"passed": True}
     if refused:

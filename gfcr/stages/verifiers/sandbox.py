@@ -34,7 +34,11 @@ import os
 import shutil
 import subprocess
 import sys
-from typing import Literal
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from gfcr.stages.verifiers.base import VerifierOptions
 
 SandboxLevel = Literal["auto", "bwrap", "guard"]
 
@@ -45,6 +49,18 @@ SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64")  # the inter
 INSTALL_FIX = ("install bubblewrap (`apt-get install bubblewrap`, or `make sysdeps`); as a user other than root "
                "it also needs unprivileged user namespaces (`sysctl kernel.unprivileged_userns_clone=1`; on Ubuntu "
                "`sysctl kernel.apparmor_restrict_unprivileged_userns=0`)")
+
+
+class SandboxLimits(VerifierOptions):
+    """Where and under which limits a program runs (``gfcr.stages.verifiers.code.run_program``): the code
+    verifier's options, and the tool-process limits of the environments that run code
+    (``gfcr.stages.environments.sandboxed``)."""
+
+    timeout_s: Annotated[float, Field(gt=0.0, le=600.0, description="wall-clock seconds for the program")] = 3.0
+    memory_mb: Annotated[int, Field(ge=64, le=1 << 20, description="address-space limit, MiB")] = 512
+    file_size_kb: Annotated[int, Field(ge=0, le=1 << 30, description="largest file it may write, KiB")] = 1024
+    sandbox: SandboxLevel = Field("auto", description="bwrap (a namespace sandbox), guard (rlimits and an audit "
+                                  "hook alone), or auto (bwrap where it works)")
 
 
 class SandboxUnavailable(RuntimeError):

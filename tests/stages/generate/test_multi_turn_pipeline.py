@@ -3,6 +3,7 @@ its lineage holds every trajectory, and an environment that raises is handled as
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -68,3 +69,37 @@ def test_the_lineage_shows_a_trajectory_turn_by_turn(tmp_path):
     n_env = row["turns"][1]["n_tokens"]
     assert "model turn 1:" in result.output and f"environment: {n_env} tokens, not trained: ' 1 Answer:'" in result.output
     assert "model turn 2:" in result.output
+
+
+CODE_PIPELINE = REPO / "pipelines" / "examples" / "multi_turn_code_tiny.yaml"
+RGYM_PIPELINE = REPO / "pipelines" / "examples" / "multi_turn_rgym_arith.yaml"
+
+
+def test_the_code_pipeline_runs_three_steps(tmp_path):
+    """Test feedback between turns: tiny-arith's submissions fail, the failures come back, it retries."""
+    Run.start(load_pipeline(CODE_PIPELINE, QUICK), tmp_path / "run").train()
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1, 2]
+    assert all(r["rollouts_generated"] == 16 and r["stages"]["rollout"]["environment_errors"] == 0 for r in records)
+    rows = read_lineage(tmp_path / "run" / "lineage").to_pylist()
+    assert len(rows) == 48 and all(row["reward"] in (0.0, 1.0) for row in rows)
+    for row in rows:
+        turns = row["turns"]
+        assert [t["role"] for t in turns] == ["model", "environment"] * (len(turns) // 2) + ["model"]
+        assert all(t["text"].startswith("Failed: ") for t in turns[1::2])  # the failing test, fed back
+        assert row["reward"] == 1.0 or len(turns) == 5  # a trajectory ends at a pass or after 3 submissions
+
+
+@pytest.mark.skipif(importlib.util.find_spec("reasoning_gym") is None, reason="`pip install reasoning-gym`")
+def test_the_reasoning_gym_pipeline_runs_three_steps(tmp_path):
+    Run.start(load_pipeline(RGYM_PIPELINE, QUICK), tmp_path / "run").train()
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1, 2]
+    assert all(r["rollouts_generated"] == 16 and r["stages"]["rollout"]["environment_errors"] == 0 for r in records)
+    rows = read_lineage(tmp_path / "run" / "lineage").to_pylist()
+    assert len(rows) == 48
+    for row in rows:  # a trajectory ends at a right answer (reward 1) or after 3 answers (their score)
+        answers = [t for t in row["turns"] if t["role"] == "model"]
+        assert all(t["text"] == " Answer:" for t in row["turns"] if t["role"] == "environment")
+        assert (row["reward"] == 1.0 and answers[-1]["reward"] == 1.0) or len(answers) == 3
+    assert records[-1]["policy_version"] >= 1
