@@ -59,7 +59,7 @@ def _die_with_parent() -> None:
 
 def _where(exc: BaseException, program_path: str, lines: list) -> dict:
     """``{"line", "source"}`` of the innermost line of the program the exception passed through, or {}."""
-    lineno = getattr(exc, "lineno", None) if isinstance(exc, SyntaxError) else None
+    lineno = exc.lineno if isinstance(exc, SyntaxError) else None
     tb = exc.__traceback__
     while tb is not None:
         if tb.tb_frame.f_code.co_filename == program_path:

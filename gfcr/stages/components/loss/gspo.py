@@ -83,12 +83,18 @@ class GSPO:
         self.config = config
 
     def terms(self, log_ratio: Any, advantages: Any, weight: Any) -> LossTerms:
-        import torch
-
-        counted = (weight > 0).to(log_ratio.dtype)  # [B, R]: the tokens of y_i
-        log_s = capped(sequence_mean(log_ratio, counted), self.config.log_ratio_cap)  # [B, 1]
-        ratio = torch.exp(log_s).expand_as(log_ratio)  # [B, R], s_i on each token
+        ratio = sequence_ratio(log_ratio, weight, self.config.log_ratio_cap)  # [B, R]
         return clipped_surrogate(ratio, advantages, self.config.clip)
+
+
+def sequence_ratio(log_ratio: Any, weight: Any, cap: float | None) -> Any:
+    """``[B, R]``: each response's length-normalised sequence ratio s_i (the exp of its tokens' mean
+    log-ratio, capped at ``cap``) on each of its tokens."""
+    import torch
+
+    counted = (weight > 0).to(log_ratio.dtype)  # [B, R]: the tokens of y_i
+    log_s = capped(sequence_mean(log_ratio, counted), cap)  # [B, 1]
+    return torch.exp(log_s).expand_as(log_ratio)
 
 
 def capped(log_s: Any, cap: float | None) -> Any:

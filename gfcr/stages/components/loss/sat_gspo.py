@@ -54,7 +54,7 @@ from pydantic import Field
 
 from gfcr.stages.components.base import Requirement
 from gfcr.stages.components.loss.base import LossConfig, LossTerms, sequence_mean
-from gfcr.stages.components.loss.gspo import capped
+from gfcr.stages.components.loss.gspo import sequence_ratio
 from gfcr.stages.components.loss.sat import PROXY_CORRECTIONS, Bandwidth, Quantile, contracted_interval
 
 
@@ -81,9 +81,7 @@ class SATGSPO:
     def terms(self, log_ratio: Any, advantages: Any, weight: Any) -> LossTerms:
         import torch
 
-        counted = (weight > 0).to(log_ratio.dtype)  # [B, R]: the tokens of y_i
-        log_s = capped(sequence_mean(log_ratio, counted), self.config.log_ratio_cap)  # [B, 1]
-        ratio = torch.exp(log_s).expand_as(log_ratio)  # [B, R], s_i on each token
+        ratio = sequence_ratio(log_ratio, weight, self.config.log_ratio_cap)  # [B, R], s_i on each token
         low, high = self.interval(log_ratio.detach(), advantages, weight)
         per_token = -torch.min(ratio * advantages, torch.clamp(ratio, low, high) * advantages)
         detached = ratio.detach()
