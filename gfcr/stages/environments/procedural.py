@@ -42,6 +42,7 @@ from typing import Any
 from gfcr.errors import did_you_mean, known
 from gfcr.records import Prompt
 from gfcr.stages.environments.base import Action, Observation
+from gfcr.stages.verifiers.reasoning_gym import build_dataset, freeze
 
 INSTALL_FIX = "install it: `pip install reasoning-gym` (0.1.25 is the version gfcr is tested with)"
 FEEDBACK = "That is not correct (score {score:g}). Try again."
@@ -62,7 +63,7 @@ def _dataset(name: str, config_json: str) -> Any:
         hint = did_you_mean(name, gym.factory.DATASETS) or f"the datasets are: {known(gym.factory.DATASETS, 20)}"
         raise ValueError(f"reasoning_gym: unknown dataset `{name}`; {hint}")
     try:
-        return gym.create_dataset(name, **json.loads(config_json))
+        return build_dataset(name, freeze(json.loads(config_json)))  # the verifier's cache: one dataset per config
     except (TypeError, ValueError, AssertionError) as exc:
         raise ValueError(f"reasoning_gym: dataset `{name}` refuses config {config_json}: {exc}") from None
 
