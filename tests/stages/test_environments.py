@@ -46,3 +46,11 @@ def test_too_many_calls_end_the_episode_with_nothing():
 def test_a_prompt_with_no_ground_truth_is_refused():
     with pytest.raises(ValueError, match="has no verifier"):
         make_environment("calculator", {}).reset(Prompt("a:0", text="What is 1 + 1?"), seed=0)
+
+
+def test_a_withheld_result_keeps_the_turn_and_drops_the_value():
+    env = make_environment("calculator", {"show_result": False})
+    env.reset(Prompt("a:0", text="What is 12 + 30? Answer:", verifier=VerifierSpec("arithmetic", "42")), seed=0)
+    obs = env.step(Action(" 12 + 30?", parse_calc(" 12 + 30?")))
+    assert (obs.text, obs.done, obs.metadata["result"]) == (" Answer:", False, "withheld")
+    assert env.step(Action(" 42")).reward == 1.0

@@ -9,6 +9,10 @@ the value and the answer cue, ``" 42 Answer:"`` (``" nAn Answer:"`` when the exp
 verifier (reward 1 when correct, else 0). More than ``max_tool_calls`` calls end the episode
 with reward 0. The observation texts keep to the ``tiny-arith`` tokenizer's characters.
 
+``show_result: false`` withholds the tool's result: a call is answered with the answer cue alone
+(``" Answer:"``), so the trajectory has the same shape without the tool's help (the contrast run
+of issue 41, Must show 3).
+
 Fidelity: gfcr's own: a calculator tool task in the spirit of the tool environments of
 ``verifiers`` (``ToolEnv``) and OpenEnv; no reference run.
 """
@@ -23,10 +27,10 @@ from gfcr.stages.environments.tools import calculate
 class Calculator:
     """Arithmetic with a calculator tool (see the module docstring)."""
 
-    def __init__(self, max_tool_calls: int = 3):
+    def __init__(self, max_tool_calls: int = 3, show_result: bool = True):
         if max_tool_calls < 0:
             raise ValueError(f"calculator: max_tool_calls is {max_tool_calls}; it must be 0 or more")
-        self.max_tool_calls = max_tool_calls
+        self.max_tool_calls, self.show_result = max_tool_calls, show_result
         self.prompt: Prompt | None = None
         self.calls = 0
 
@@ -45,6 +49,8 @@ class Calculator:
                     "correct": False, "reason": f"more than {self.max_tool_calls} calculator calls"})
             value = calculate(str(call.arguments.get("expression", "")))
             shown = "nAn" if value is None else str(value)
+            if not self.show_result:
+                return Observation(" Answer:", metadata={"tool": "calc", "result": "withheld"})
             return Observation(f" {shown} Answer:", metadata={"tool": "calc", "result": shown})
         return self._answer(action.text)
 
