@@ -122,9 +122,8 @@ What is still not verl's, each written in `update.grpo`'s or the component's `De
 (`gfcr stages update.grpo`, the list below): one optimizer step per batch (verl's `ppo_epochs`
 and mini-batches: the same step when there is one of each); micro-batches that hold only the
 rollouts with a signal (the step's loss and gradient are verl's, each micro-batch's loss is
-not); `ppo_clip`'s `clip_fraction` metric counts more
-tokens than verl's `pg_clipfrac`; verl's legacy `dp_actor`, which reduces each micro-batch
-against its own totals. On the checked runs (binary rewards, groups of 8, fresh or one
+not); `ppo_clip`'s `clip_fraction` metric counts more tokens than verl's `pg_clipfrac`; verl's
+legacy `dp_actor`, which reduces each micro-batch against its own totals. On the checked runs (binary rewards, groups of 8, fresh or one
 version stale) one of these settings moved a number beyond float32 rounding: REINFORCE++'s
 `variance: unbiased` (0.19% of every advantage); GRPO's `precision` and `single_rollout`, the
 ratio's `correction` and the clamps and dual clip (which never bound there) moved nothing by

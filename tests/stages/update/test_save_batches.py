@@ -10,7 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gfcr.stages.update.batch_trace import from_hex, read_steps, to_hex
+from gfcr.stages.training import TrainBatch
+from gfcr.stages.update.batch_trace import from_hex, read_steps, save_step, to_hex
+from gfcr.stages.update.ranks import ShardOutcome, ShardSums
 from tests.runtime.test_metric_fixtures import FIXTURES, assert_same_run, seeded_metrics
 
 
@@ -48,3 +50,16 @@ def test_a_folder_of_other_files_is_refused(tmp_path: Path) -> None:
     (tmp_path / "batch-000000.json").write_text(json.dumps({"format": "something/else", "version": 0}))
     with pytest.raises(ValueError, match="is not a gfcr.update_batch/1 file"):
         read_steps(tmp_path)
+
+
+def test_trainer_ranks_micro_batches_follow_in_rank_order(tmp_path: Path) -> None:
+    """Under trainer ranks each rank records its own micro-batches; the step's file lists rank 0's,
+    then rank 1's, and the loss every rank agrees on."""
+    def outcome(rows: list[str]) -> ShardOutcome:
+        return ShardOutcome(ShardSums(), 0.5, 1.0, None, None, {}, None, [{"rows": rows, "loss": 0.25}])
+
+    batch = TrainBatch([], [], version=3, saved={"rollouts": []})
+    save_step(tmp_path, batch, [outcome(["a", "b"]), outcome(["c"])])
+    (step,) = read_steps(tmp_path)
+    assert [m["rows"] for m in step["micro_batches"]] == [["a", "b"], ["c"]]
+    assert (step["version"], step["loss"], step["skip_reason"]) == (3, 0.5, None)
