@@ -83,6 +83,52 @@ each component's `Deviations:` paragraph: where it differs from its paper or its
 code (verl for most of the built-ins), and the setting that gives the reference's behaviour
 where there is one. After adding a component, regenerate this page with `{COMMAND}`.
 
+## Getting verl's numbers
+
+With these settings a step of `update.grpo` computes what verl's own functions
+(`verl/trainer/ppo/core_algos.py` at volcengine/verl@b178a3c) compute on the same batch: the
+advantages, and each micro-batch's policy loss and KL loss within float32 rounding (4 seeded
+runs of 5 steps in `tests/fidelity/steps/`, [fidelity.md](fidelity.md#whole-steps-against-verl)):
+
+```yaml
+update:
+  use: update.grpo
+  from: reward
+  with:
+    advantage: {{use: mean_std, with: {{precision: float32, single_rollout: verl}}}}
+    loss: {{use: ppo_clip, with: {{clip: [0.2, 0.28], dual_clip: 3.0, log_ratio_clamp: 20.0}}}}
+    aggregation: {{use: token_mean}}
+    correction: {{use: recompute_old}}
+    kl_coef: 0.001
+    kl_clamp: 10.0
+```
+
+| verl | gfcr, in the update's `with` | whole steps checked |
+|---|---|---|
+| `algorithm.adv_estimator: grpo` | `advantage: {{use: mean_std, with: {{precision: float32, single_rollout: verl}}}}` | yes |
+| `reinforce_plus_plus_baseline` | `advantage: {{use: reinforce_pp, with: {{variance: unbiased, single_rollout: verl}}}}` | yes |
+| `reinforce_plus_plus` (`gamma: 1.0`) | `advantage: {{use: reinforce_pp_plain, with: {{variance: unbiased}}}}` | yes |
+| `grpo` with `norm_adv_by_std_in_grpo: false` | `advantage: {{use: dr_grpo, with: {{single_rollout: verl}}}}` | function cases |
+| `rloo` | `advantage: {{use: rloo, with: {{single_rollout: verl}}}}` | function cases |
+| `actor.clip_ratio_low`, `clip_ratio_high`, `clip_ratio_c` | `loss: {{use: ppo_clip, with: {{clip: [low, high], dual_clip: c, log_ratio_clamp: 20.0}}}}` | yes |
+| `loss_agg_mode: token-mean` | `aggregation: {{use: token_mean}}` | yes |
+| `loss_agg_mode: seq-mean-token-mean` (engine workers) | `aggregation: {{use: seq_mean_token_mean, with: {{responses: all}}}}` | function cases |
+| `loss_agg_mode: seq-mean-token-sum-norm`, `loss_scale_factor: C` | `aggregation: {{use: seq_mean_token_sum, with: {{constant: C, per_response: false}}}}` | function cases |
+| `old_log_prob` recomputed by the actor (the default) | `correction: {{use: recompute_old}}` | yes |
+| `use_rollout_log_probs` | `correction: {{use: none}}` | yes (one version stale) |
+| `use_kl_loss`, `kl_loss_coef: k`, `kl_loss_type: low_var_kl` | `kl_coef: k`, `kl_clamp: 10.0` | yes |
+
+What is still not verl's, each written in `update.grpo`'s or the component's `Deviations:`
+(`gfcr stages update.grpo`, the list below): one optimizer step per batch (verl's `ppo_epochs`
+and mini-batches: the same step when there is one of each); micro-batches that hold only the
+rollouts with a signal (the step's loss and gradient are verl's, each micro-batch's loss is
+not); `ppo_clip`'s `clip_fraction` metric counts more tokens than verl's `pg_clipfrac`; verl's
+legacy `dp_actor`, which reduces each micro-batch against its own totals. On the checked runs (binary rewards, groups of 8, fresh or one
+version stale) one of these settings moved a number beyond float32 rounding: REINFORCE++'s
+`variance: unbiased` (0.19% of every advantage); GRPO's `precision` and `single_rollout`, the
+ratio's `correction` and the clamps and dual clip (which never bound there) moved nothing by
+more than 1.2e-7.
+
 """
 
 

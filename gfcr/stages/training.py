@@ -55,6 +55,7 @@ class TrainBatch:
     metrics: dict[str, float] = field(default_factory=dict)
     skip_reason: str | None = None
     version: int = 0
+    saved: dict[str, Any] | None = None  # what the stage saves of the batch when asked (``update.grpo``'s save_batches)
 
 
 def step_here(stage: Any, version: int, *inputs: Any, **named: Any) -> UpdateReport:

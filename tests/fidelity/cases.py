@@ -130,7 +130,57 @@ def fidelity_markdown() -> str:
     head = ["| method | gfcr unit | reference | file: function | cases | passing | documented deviations | cases file |",
             "|---|---|---|---|---|---|---|---|"]
     return "\n".join([DOC_INTRO, *head, *rows, "", "## Documented deviations", "",
-                      *(notes or ["None."]), "", pending(), ""])
+                      *(notes or ["None."]), "", steps_markdown(), "", pending(), ""])
+
+
+STEPS_INTRO = """## Whole steps against verl
+
+The cases above check one function at a time. `tests/fidelity/steps/` checks whole update steps:
+seeded runs of the quickstart (tiny-arith, 8 prompts x 8 rollouts, 5 steps) with `update.grpo` set
+to verl's settings (the list in `tests/fidelity/verl_steps.py` and in
+[update-catalog.md](update-catalog.md#getting-verls-numbers)) save every step's batch
+(`save_batches`: the rollouts, rewards and groups, each micro-batch's log-probs and gfcr's loss);
+verl's own `core_algos` functions, imported from its source in a scratch folder, then compute the
+advantages over each batch and the loss of each of gfcr's micro-batches with the engine workers'
+`global_batch_info`, and the same step's loss over verl's own micro-batch split.
+`tests/fidelity/test_verl_steps.py` makes each run again, checks that today's batches are the ones
+the reference was computed on, and that gfcr's advantages, micro-batch losses, step losses (and
+KL) equal verl's within the file's float32 `tolerance`; a changed aggregation or estimator setting
+breaks the equality. A case is one step. Regenerate with
+
+    HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 .venv/bin/python scripts/verl_steps.py \\
+        --verl /tmp/scratch-verl-steps/verl --site /tmp/scratch-verl-steps/site
+
+(the docstring of `scripts/verl_steps.py` says how to extract verl's source and what is stubbed).
+"""
+
+
+def step_files() -> list[Path]:
+    return sorted((HERE / "steps").glob("*.json"))
+
+
+def steps_status() -> str:
+    """``update.grpo``'s status line for the whole-step references (every step passes: the test asserts it)."""
+    data = [json.loads(p.read_text()) for p in step_files()]
+    total = sum(len(d["steps"]) for d in data)
+    return f"checked against {data[0]['repository']}@{data[0]['commit'][:7]}: {total}/{total} cases"
+
+
+def steps_markdown() -> str:
+    """The whole-step section of ``docs/fidelity.md``: one row per run of ``tests/fidelity/steps``."""
+    rows = ["| run | verl | gfcr settings (`--set` on pipelines/quickstart.yaml) | steps | micro-batches | file |",
+            "|---|---|---|---|---|---|"]
+    for path in step_files():
+        d = json.loads(path.read_text())
+        verl = ", ".join(f"{k} {v}" for k, v in d["verl"].items())
+        shown = ("update.with.advantage", "update.with.correction", "update.with.kl_", "lifecycle.")
+        sets = ", ".join(f"`{o}`" for o in d["overrides"] if o.startswith(shown))
+        micro = sum(len(s["micro_batches"]) for s in d["steps"])
+        rows.append(f"| {path.stem} | {d['repository']}@{d['commit'][:7]}: {verl} | {sets} | {len(d['steps'])} "
+                    f"| {micro} | [{path.name}](../tests/fidelity/steps/{path.name}) |")
+    common = "Every run: `loss: {use: ppo_clip, with: {clip: [0.2, 0.28], dual_clip: 3.0, log_ratio_clamp: 20.0}}`, " \
+             "`aggregation: {use: token_mean}`, `micro_batch_size: 8`."
+    return "\n".join([STEPS_INTRO, *rows, "", common])
 
 
 DOC_INTRO = """# Fidelity to the authors' code

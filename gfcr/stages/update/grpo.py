@@ -69,10 +69,30 @@ on rank 0 only), then the same clip and AdamW step. The sum of the shards' gradi
 single-process gradient, to float rounding; the trainer then loads rank 0's weights into the
 driver's policy.
 
+Saving the batches: with ``save_batches: <folder>`` each step writes ``batch-<version>.json``
+there: every rollout of the batch (group, reward, length, advantage, token weights), and per
+micro-batch the tensors its loss was built from (current, old, behaviour and reference
+log-probs, advantages, weights) with the micro-batch's loss (``gfcr.stages.update.batch_trace``
+has the format). It records nothing when unset and changes no number of the step; it is how
+``tests/fidelity/test_verl_steps.py`` runs verl's own formulas on gfcr's batches.
+
 Deviations:
 - one optimizer step per batch (no PPO epochs or mini-batches yet), so on fresh rollouts
   the ratio is 1 up to numerics; under the correction ``none`` the ratio is taken against
-  the engine's behaviour log-probabilities, not against recomputed ``pi_old``;
+  the engine's behaviour log-probabilities, not against recomputed ``pi_old``. verl recomputes
+  ``old_log_prob`` with the actor (with one mini-batch and one epoch it takes
+  ``log_prob.detach()``, a ratio of exactly 1): ``correction: {use: recompute_old}`` gives verl's;
+  ``none`` is verl's ``use_rollout_log_probs``;
+- a micro-batch holds only rollouts with a signal (a zero-advantage rollout without a KL term
+  is left out of the forward pass), so the micro-batches are not verl's (every response in
+  batch order) and neither is each one's loss; the step's loss and gradient are the same (the
+  aggregation divides by the whole batch's totals, as verl's engine workers'
+  ``global_batch_info`` does; ``tests/fidelity/steps`` checks both splits);
+- the k3 KL (``kl_coef``, verl's ``use_kl_loss`` with ``kl_loss_type: low_var_kl``) is not
+  clamped by default; verl clamps ``log(pi_ref / pi)`` to [-20, 20] and the estimate to
+  [-10, 10] (no gradient past it), so the two differ on a token whose estimate passes 10: the
+  reference gives it more than about 13.6 times the policy's probability, or less than ``e^-11``
+  of it (``tests/fidelity/kl_low_var.json``): ``kl_clamp: 10.0`` gives verl's;
 - the sample weights of Prompt-GDRO-style stages multiply the advantage;
 - position ids follow the attention mask (left-padded prompts), as generation does; TRL
   and the peer hand loop do not pass them;
@@ -80,8 +100,15 @@ Deviations:
   leaf is still divided by its own length, so "counts once" is exact only under
   ``token_mean`` (the default).
 
-Fidelity: gfcr's own: the assembly of five registered components (``docs/update-catalog.md``); the
-components' reference cases, where there are some, are listed per component in ``docs/fidelity.md``.
+Fidelity: checked against volcengine/verl@b178a3c: 20/20 cases (``tests/fidelity/steps``: whole
+steps with verl's settings, against verl's own ``core_algos`` on the batches this stage saved: 4
+seeded runs of 5 steps, GRPO with and without its KL loss, REINFORCE++ with baseline one version
+stale, plain REINFORCE++; a case is one step, its advantages and every micro-batch's loss within
+float32 rounding; the settings are in ``docs/update-catalog.md``, "Getting verl's numbers");
+checked against volcengine/verl@b178a3c: 5/10 cases, 5 documented deviations
+(``tests/fidelity/kl_low_var.json``: the KL term against ``kl_penalty`` with ``low_var_kl``, the
+estimate and its gradient; with ``kl_clamp: 10.0`` all 10 agree). Beyond these runs the assembly of five registered components is gfcr's own; the components'
+reference cases are listed per component in ``docs/fidelity.md``.
 
 Example (one update of the ``tiny-arith`` policy on a hand-scored group):
 
@@ -142,8 +169,9 @@ from gfcr.stages.components.base import PairingContext
 from gfcr.stages.components.correction import CorrectionSpec
 from gfcr.stages.components.loss import LossSpec
 from gfcr.stages.components.lr_rule import LrRuleSpec, sequence_log_weights
-from gfcr.stages.update.logprobs import padded, response_logprobs
+from gfcr.stages.update.logprobs import k3_kl, padded, response_logprobs
 from gfcr.stages.training import Ranks, TrainBatch, step_here
+from gfcr.stages.update.batch_trace import micro_batch_record, save_step, saved_rollout
 from gfcr.stages.update.by_gradients import number_groups, refine_shard, trajectory_gradient, write_back_advantages
 from gfcr.stages.update.ranks import ShardOutcome, ShardSums
 from gfcr.stages.update.tree_weights import shared_prefix_weights
@@ -222,12 +250,18 @@ class GRPOUpdate:
         lr_rule: LrRuleSpec = Field(LrRuleSpec(), description="how each step's learning rate is scaled from its "
                                                               "batch: {use: <alias>, with: {...}}")
         kl_coef: Annotated[float, Field(ge=0.0, description="weight of the k3 KL to the initial policy")] = 0.0
+        kl_clamp: Annotated[float, Field(gt=0.0)] | None = Field(
+            None, description="clamp each token's KL estimate to [-c, c] (and its log-ratio to [-20, 20]): "
+                              "10.0 is verl's low_var_kl; null: unclamped")
         max_grad_norm: Annotated[float, Field(gt=0.0)] | None = 1.0
         weight_decay: Annotated[float, Field(ge=0.0)] = 0.0
         betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW's (beta1, beta2), each in [0, 1)")
         adam_eps: Annotated[float, Field(gt=0.0)] = 1e-8
         micro_batch_size: Annotated[int, Field(ge=1, description="rollouts per forward/backward pass")] = 16
         temperature: Annotated[float, Field(gt=0.0, description="the sampling temperature (log-probs are tempered)")] = 1.0
+        save_batches: str | None = Field(None, description="a folder: each step's batch, the tensors its loss saw "
+                                                           "and its losses, saved as JSON there "
+                                                           "(gfcr.stages.update.batch_trace); null: nothing saved")
 
         @field_validator("betas")
         @classmethod
@@ -314,12 +348,26 @@ class GRPOUpdate:
         if self.by_gradients:
             number_groups(forward)
         skip = None if forward else "empty batch" if not items else "every advantage is zero"
-        return TrainBatch(forward, [len(i.rollout) for i in forward], plan, metrics, skip, policy.version)
+        saved = self._saved_batch(items, forward) if self.config.save_batches else None
+        return TrainBatch(forward, [len(i.rollout) for i in forward], plan, metrics, skip, policy.version, saved)
+
+    def _saved_batch(self, items: list[_Item], forward: list[_Item]) -> dict[str, Any]:
+        """What ``save_batches`` keeps of the batch before training (``gfcr.stages.update.batch_trace``)."""
+        cfg, entered = self.config, {id(i) for i in forward}
+        built = {"advantage": self.estimator, "loss": self.loss, "aggregation": self.aggregation,
+                 "correction": self.correction, "lr_rule": self.lr_rule}
+        components = {k: {"use": getattr(cfg, k).use, "with": c.config.model_dump(mode="json")}
+                      for k, c in built.items()}  # every component's resolved Config, defaults included
+        update = {**components, "micro_batch_size": cfg.micro_batch_size, "temperature": cfg.temperature,
+                  "kl_coef": cfg.kl_coef}
+        return {"update": update, "rollouts": [saved_rollout(i, id(i) in entered) for i in items]}
 
     def finish(self, batch: TrainBatch, shards: list[ShardOutcome]) -> UpdateReport:
         """The step's report from the shards' answers (in rank order; none when the batch was
         skipped). Its ``policy_version`` is the batch's; the trainer writes the version after."""
         metrics, forward = batch.metrics, batch.items
+        if self.config.save_batches:
+            save_step(self.config.save_batches, batch, shards)
         if batch.skip_reason is not None:
             return UpdateReport(batch.version, skipped=True, skip_reason=batch.skip_reason, metrics=metrics)
         outcome, loss = shards[0], shards[0].loss
@@ -343,24 +391,25 @@ class GRPOUpdate:
         for this batch (restored after the step); then a correction with a proximal policy of its
         own follows the new weights. In one process ``shard`` is the batch."""
         advantages = self._weigh_by_gradients(shard, ranks) if self.by_gradients else None
-        sums, loss, lr_totals = self.shard_gradients(shard, plan, version, ranks)
+        trace = [] if self.config.save_batches else None
+        sums, loss, lr_totals = self.shard_gradients(shard, plan, version, ranks, trace)
         extra = self.aggregation.metrics() if provides(self.aggregation, ReportsStepMetrics) else {}
         factor, lr_metrics = self.lr_rule.factor(lr_totals)
         extra = {**extra, **lr_metrics}
         old = [i.rollout.old_logprobs for i in shard] if self.off_policy else None
         if not math.isfinite(loss):
             self.optimizer.zero_grad(set_to_none=True)
-            return ShardOutcome(sums, loss, None, f"non-finite loss ({loss})", old, extra, advantages)
+            return ShardOutcome(sums, loss, None, f"non-finite loss ({loss})", old, extra, advantages, trace)
         grad_norm = self._clip_gradients()
         if not math.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
             return ShardOutcome(sums, loss, grad_norm, f"non-finite gradient norm ({grad_norm})", old, extra,
-                                advantages)
+                                advantages, trace)
         self._step_scaled(factor)
         self.optimizer.zero_grad(set_to_none=True)
         if self.keeps_proximal:
             self.correction.follow(self._policy().model)
-        return ShardOutcome(sums, loss, grad_norm, None, old, extra, advantages)
+        return ShardOutcome(sums, loss, grad_norm, None, old, extra, advantages, trace)
 
     def _step_scaled(self, factor: float) -> None:
         """One optimizer step with every param group's learning rate multiplied by ``factor``, then
@@ -377,12 +426,12 @@ class GRPOUpdate:
             for g, lr in zip(self.optimizer.param_groups, base):
                 g["lr"] = lr
 
-    def shard_gradients(self, shard: list[_Item], plan: Any, version: int,
-                        ranks: Ranks) -> tuple[ShardSums, float, list[float]]:
+    def shard_gradients(self, shard: list[_Item], plan: Any, version: int, ranks: Ranks,
+                        trace: list[dict[str, Any]] | None = None) -> tuple[ShardSums, float, list[float]]:
         """The first half of ``train_shard``: the gradients of the whole batch's loss, in every
         rank's ``.grad``, the loss (the batch term added on rank 0 only) and the learning-rate
-        rule's sums over the whole batch."""
-        sums = self.backward(shard, plan, batch_term=ranks.rank == 0)
+        rule's sums over the whole batch (each micro-batch's record appended to ``trace``)."""
+        sums = self.backward(shard, plan, batch_term=ranks.rank == 0, trace=trace)
         loss, lr_totals = self._sum_over_ranks(sums.loss, ranks, sums.lr_sums)
         return sums, loss, lr_totals
 
@@ -465,11 +514,13 @@ class GRPOUpdate:
             weights = weights * np.asarray(f, dtype=np.float64)
         return weights
 
-    def backward(self, items: list[_Item], plan: Any, batch_term: bool) -> ShardSums:
+    def backward(self, items: list[_Item], plan: Any, batch_term: bool,
+                 trace: list[dict[str, Any]] | None = None) -> ShardSums:
         """Backward the loss of ``items`` in micro-batches (and, with ``batch_term``, the
         aggregation's once-a-step term); the aggregation divides by the whole batch's totals
         (``plan``), so leaving out zero-advantage rollouts changes nothing. Returns the sums the
-        step's diagnostics are made of."""
+        step's diagnostics are made of; with ``trace``, appends each micro-batch's tensors and loss
+        to it (``save_batches``)."""
         import torch
 
         cfg = self.config
@@ -493,12 +544,19 @@ class GRPOUpdate:
             if self.reference is not None:
                 with torch.no_grad():
                     ref, _ = response_logprobs(self.reference, chunk, cfg.temperature)
-                kl = torch.exp(ref - logp) - (ref - logp) - 1
+                kl = k3_kl(ref, logp, cfg.kl_clamp)
                 per_token = per_token + cfg.kl_coef * kl
                 sums.kl += float((kl.detach() * weight).sum())
             loss = self.aggregation.reduce(per_token, weight, [i.row() for i in chunk], plan)
             loss.backward()
             sums.loss += float(loss.detach())
+            if trace is not None:
+                tensors = {"log_prob": logp, "old_log_prob": behaviour if correction is None else correction.proximal,
+                           "behaviour_log_prob": behaviour, "advantage": adv.expand_as(logp), "weight": weight}
+                if self.reference is not None:
+                    tensors["ref_log_prob"] = ref
+                trace.append(micro_batch_record([i.rollout.rollout_id for i in chunk], [len(i.rollout) for i in chunk],
+                                                tensors, float(loss.detach())))
             with torch.no_grad():
                 counted_mask = mask if weight is mask else (weight > 0).to(mask.dtype)
                 sums.clipped += float((terms.clipped.to(mask.dtype) * counted_mask).sum())

@@ -47,3 +47,17 @@ def padded(arrays: Sequence[np.ndarray], width: int, device: Any = None) -> Any:
     for b, a in enumerate(arrays):
         out[b, :len(a)] = torch.from_numpy(np.asarray(a, dtype=np.float32))
     return out if device is None else out.to(device)
+
+
+def k3_kl(ref: Any, logp: Any, clamp: float | None = None) -> Any:
+    """The k3 estimate of KL(pi || pi_ref) at every token, ``exp(x) - x - 1`` with
+    ``x = log pi_ref - log pi`` (GRPO's KL term; verl's ``low_var_kl``). With ``clamp``, verl's
+    numerics: ``x`` clamped to [-20, 20] and the estimate to [-clamp, clamp] (verl: 10), past which
+    a token carries no gradient."""
+    import torch
+
+    x = ref - logp
+    if clamp is None:
+        return torch.exp(x) - x - 1
+    x = x.clamp(-20.0, 20.0)
+    return (torch.exp(x) - x - 1).clamp(-clamp, clamp)

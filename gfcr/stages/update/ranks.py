@@ -54,3 +54,4 @@ class ShardOutcome:
     old_logprobs: list[Any] | None  # [T] float32 per shard item, under an off-policy correction
     extra: dict[str, float]  # the aggregation's and the learning-rate rule's metrics, before the step
     advantages: list[float] | None = None  # per shard item, where the estimator weighs by gradients
+    batch_trace: list[dict[str, Any]] | None = None  # the micro-batches' records, under ``save_batches``

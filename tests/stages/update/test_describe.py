@@ -118,9 +118,11 @@ def test_stages_components_lists_them_as_a_table_and_as_markdown():
 def test_the_catalog_page_examples_validate():
     page = (REPO / "docs" / "update-catalog.md").read_text(encoding="utf-8")
     quickstart = (REPO / "pipelines" / "quickstart.yaml").read_text(encoding="utf-8")
-    (yaml_block,) = re.findall(r"```yaml\n(.*?)```", page, re.S)
+    blocks = re.findall(r"```yaml\n(.*?)```", page, re.S)
+    assert len(blocks) == 2  # Dr. GRPO's components, and verl's settings
     update_line = next(line for line in quickstart.splitlines() if line.startswith("update:"))
-    compile_pipeline(load_spec_text(quickstart.replace(update_line, yaml_block.rstrip()), "update-catalog.md"))
+    for yaml_block in blocks:
+        compile_pipeline(load_spec_text(quickstart.replace(update_line, yaml_block.rstrip()), "update-catalog.md"))
     commands = re.findall(r"^(gfcr validate .*?)\n```", page, re.M | re.S)
     assert len(commands) == 2  # Dr. GRPO's components, and a correction
     for command in commands:

@@ -28,7 +28,13 @@ Deviations (verl, TRL and the peer hand loop compute the same surrogate):
   without a dual clip, for a negative advantage on a token whose ratio is past ``e^20`` (4
   reference cases): ``log_ratio_clamp: 20.0`` gives verl's;
 - verl always dual-clips (``clip_ratio_c`` 3.0 by default); here ``dual_clip`` is off unless
-  set, as in TRL: ``dual_clip: 3.0`` gives verl's.
+  set, as in TRL: ``dual_clip: 3.0`` gives verl's;
+- the ``clip_fraction`` metric counts every counted token whose ratio is outside the range;
+  verl's ``pg_clipfrac`` counts only those where the clip binds (``pg_losses2 > pg_losses1``:
+  above ``1 + eps_high`` with ``A > 0``, below ``1 - eps_low`` with ``A < 0``), per micro-batch.
+  On the one-version-stale REINFORCE++ run of ``tests/fidelity/steps`` (the same losses) step 1
+  reports 0.049 here and 0.014 in verl (token-weighted over its micro-batches). The loss is
+  unaffected; no setting gives verl's metric.
 
 Example (a token whose probability rose 50% with a positive advantage is clipped):
 
