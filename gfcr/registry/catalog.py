@@ -85,6 +85,7 @@ BUILTIN_ADVANTAGE_ESTIMATORS = {
     "tic_grpo": "gfcr.stages.components.advantage.tic_grpo:TICLengthCorrected",
     "tree": "gfcr.stages.components.advantage.tree:TreeAdvantage",
     "opob": "gfcr.stages.components.advantage.opob:OPOB",
+    "hgpo": "gfcr.stages.components.advantage.hgpo:HGPO",
 }
 
 BUILTIN_LOSSES = {
