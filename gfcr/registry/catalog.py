@@ -52,6 +52,7 @@ BUILTIN_STAGES = {
     "generate.partial": "gfcr.stages.generate.partial:Partial",
     "generate.speculative": "gfcr.stages.generate.speculative:Speculative",
     "generate.multi_turn": "gfcr.stages.generate.multi_turn:MultiTurn",
+    "generate.elpo": "gfcr.stages.generate.elpo:ELPO",
     "generate.fake": "gfcr.stages.testing:FakeGenerate",
     "update.grpo": "gfcr.stages.update.grpo:GRPOUpdate",
     "update.fake": "gfcr.stages.testing:FakeUpdate",

@@ -43,3 +43,25 @@ def test_the_hgpo_pipeline_runs_three_steps(tmp_path, monkeypatch):
     # trajectory's turns differ (a per-turn advantage, not one per trajectory)
     assert seen and all(np.isfinite(a).all() for g in seen for a in g)
     assert any(len(set(np.round(a, 6))) > 1 for g in seen for a in g if len(a) > 1)
+
+
+@needs_rgym
+def test_the_elpo_pipeline_runs_three_steps(tmp_path):
+    Run.start(load_pipeline(EXAMPLES / "multi_turn_elpo_rgym_arith.yaml", QUICK), tmp_path / "run").train()
+    records = _records(tmp_path / "run")
+    assert [r["step"] for r in records] == [0, 1, 2] and records[-1]["policy_version"] >= 1
+    stages = [r["stages"]["rollout"] for r in records]
+    assert all(s["elpo_searches"] > 0 and s["elpo_continuations"] == 2 * s["elpo_probes"] for s in stages)
+    rows = read_lineage(tmp_path / "run" / "lineage").to_pylist()
+    assert len(rows) == sum(16 + s["elpo_continuations"] for s in stages)
+    originals = [row for row in rows if row["branch_token_idx"] is None]
+    continuations = [row for row in rows if row["branch_token_idx"] is not None]
+    assert len(originals) == 48 and len(continuations) == sum(s["elpo_continuations"] for s in stages)
+    # each continuation forks at the start of a model turn of a failed original of its group, which it copies
+    by_id = {row["rollout_id"]: row for row in originals}
+    for c in continuations:
+        source = [o for o in originals if o["group_id"] == c["group_id"] and o["tree_id"] == c["tree_id"]]
+        assert len(source) == 1 and source[0]["reward"] < 1.0 and source[0]["rollout_id"] in by_id
+        starts = [sum(t["n_tokens"] for t in source[0]["turns"][:i]) for i, t in enumerate(source[0]["turns"])
+                  if t["role"] == "model"]
+        assert c["branch_token_idx"] in starts[1:]
