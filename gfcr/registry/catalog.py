@@ -53,6 +53,7 @@ BUILTIN_STAGES = {
     "generate.speculative": "gfcr.stages.generate.speculative:Speculative",
     "generate.multi_turn": "gfcr.stages.generate.multi_turn:MultiTurn",
     "generate.elpo": "gfcr.stages.generate.elpo:ELPO",
+    "generate.trace": "gfcr.stages.generate.trace:Trace",
     "generate.fake": "gfcr.stages.testing:FakeGenerate",
     "update.grpo": "gfcr.stages.update.grpo:GRPOUpdate",
     "update.fake": "gfcr.stages.testing:FakeUpdate",

@@ -24,8 +24,8 @@ trajectory records what the search found: ``reward_components["first_irrecoverab
 turns counted from 1) and ``"first irrecoverable"`` under ``elpo`` in that turn's ``info``.
 
 Replay: a continuation's environment is a fresh one, reset with the trajectory's own seed and
-stepped with its first ``t`` actions (the model turns' text and parsed tool calls). An observation
-that differs from the one recorded drops the continuation with that error (``on_env_error``): ELPO
+stepped with its first ``t`` actions (``gfcr.stages.generate.turn_tree``). An observation that
+differs from the one recorded drops the continuation with that error (``on_env_error``): ELPO
 needs an environment that is deterministic given its seed and actions, as a rollout tree does.
 
 Seeding: the continuation ``<group>/<i>``'s turn ``k`` samples from the row stream of request
@@ -85,19 +85,14 @@ from typing import Annotated, Any, Callable, ClassVar
 from pydantic import Field
 
 from gfcr.errors import ModelError
-from gfcr.records import (
-    Allocation, Rollout, RolloutGroup, RolloutGroups, StepContext, Turn, TurnRole, rollout_id,
-)
+from gfcr.records import Allocation, RolloutGroups, StepContext
 from gfcr.stages.common.seeds import step_seed
-from gfcr.stages.engine import SamplingParams, row_seed
-from gfcr.stages.environments import TOOL_PARSERS, Action, environment_factory
-from gfcr.stages.generate.episodes import (
-    Episode, advance, decoder, finish, guarded, rollout_of, start_episodes,
-)
+from gfcr.stages.engine import SamplingParams
+from gfcr.stages.environments import environment_factory
+from gfcr.stages.generate.episodes import Episode, advance, decoder, finish, start_episodes
 from gfcr.stages.generate.multi_turn import MultiTurn, episode_metrics
-from gfcr.stages.generate.tree import cut_segments
-from gfcr.stages.generate.tree_topology import parents, segment_tree
 from gfcr.stages.generate.turn_tokens import TurnBoundary
+from gfcr.stages.generate.turn_tree import continue_from, model_turns, tree_groups
 from gfcr.stages.resources import Engine, Lent, Policy
 
 
@@ -225,7 +220,7 @@ class ELPO:
                 prefix = p.search.next_probe()
                 made = []
                 for _ in range(self.config.probes):
-                    c, fork = self._continuation(p.source, prefix, count[p.source.gid], seed)
+                    c, fork = continue_from(self, p.source, prefix, count[p.source.gid], seed)
                     count[p.source.gid] += 1
                     p.continuations.append((c, fork))
                     made.append(c)
@@ -236,88 +231,12 @@ class ELPO:
             for p, prefix, made in this_round:
                 p.search.record(prefix, any(self._succeeded(c) for c in made))
 
-    def _continuation(self, src: Episode, prefix: int, index: int, seed: int) -> tuple[Episode, int]:
-        """A new episode holding ``src`` up to the start of its model turn ``prefix + 1``, its
-        environment replayed there; and the fork position."""
-        model = [t for t in src.turns if t.role == TurnRole.MODEL]
-        fork = model[prefix].start
-        ep = Episode(src.entry, src.gid, rollout_id(src.gid, index), src.prompt_ids)
-        ep.tokens = list(src.tokens[:fork])
-        ep.segments = list(cut_segments(src.segments, fork))
-        ep.turns = [Turn.from_state(t.state()) for t in src.turns if t.end <= fork]
-        ep.rewards = [t.reward for t in ep.turns if t.role == TurnRole.MODEL and t.reward is not None]
-        guarded(self, ep, "replay", lambda: self._replay(ep, src, prefix, seed))
-        return ep, fork
-
-    def _replay(self, ep: Episode, src: Episode, prefix: int, seed: int) -> None:
-        """A fresh environment, reset as ``src``'s was and stepped with its first ``prefix`` actions."""
-        parser = TOOL_PARSERS[self.config.tool_parser] if self.config.tool_parser else None
-        ep.env = self.make()
-        ep.env.reset(src.entry.prompt, row_seed(seed, src.rid, 0))
-        turns = src.turns
-        for j, turn in enumerate(t for t in turns if t.role == TurnRole.MODEL):
-            if j == prefix:
-                break
-            obs = ep.env.step(Action(turn.text, parser(turn.text) if parser else None))
-            after = turns.index(turn) + 1
-            recorded = turns[after] if after < len(turns) and turns[after].role == TurnRole.ENVIRONMENT else None
-            expected = "" if recorded is None else str(recorded.info.get("observation", recorded.text))
-            if obs.done or (obs.text if recorded is not None else "") != expected:
-                raise RuntimeError(f"replaying trajectory {src.rid} to model turn {j + 1} gave another observation "
-                                   f"({obs.text!r}, done={obs.done}) than recorded ({expected!r}); generate.elpo "
-                                   "needs an environment that is deterministic given its seed and actions")
-            ep.last = obs
-
     @staticmethod
     def _mark(p: Probe) -> None:
-        model = [t for t in p.source.turns if t.role == TurnRole.MODEL]
-        model[p.search.hi - 1].info["elpo"] = "first irrecoverable"
+        model_turns(p.source)[p.search.hi - 1].info["elpo"] = "first irrecoverable"
 
     def _groups(self, allocation: Allocation, episodes: list[Episode], probes: list[Probe]) -> RolloutGroups:
-        decode = decoder(self.policy)
-        first = {p.source.rid: p.search.hi for p in probes}
         forks = {c.rid: (p.source.rid, fork) for p in probes for c, fork in p.continuations}
+        found = {p.source.rid: {"first_irrecoverable_turn": float(p.search.hi)} for p in probes}
         made = [c for p in probes for c, _ in p.continuations]
-        groups = []
-        by_group: dict[str, list[Episode]] = {}
-        for e in episodes + made:
-            by_group.setdefault(e.gid, []).append(e)
-        return RolloutGroups([self._group(allocation.step, members, forks, first, decode)
-                              for members in by_group.values()])
-
-    def _group(self, step: int, members: list[Episode], forks: dict[str, tuple[str, int]], first: dict[str, int],
-               decode: Any) -> RolloutGroup:
-        entry, gid = members[0].entry, members[0].gid
-        rollouts = []
-        for e in members:
-            r = rollout_of(e, step, decode)
-            if e.rid in forks:
-                r.branch_token_idx = forks[e.rid][1]
-            if e.rid in first:
-                r.reward_components["first_irrecoverable_turn"] = float(first[e.rid])
-            rollouts.append(r)
-        group = RolloutGroup(gid, entry.prompt_id, step, len(rollouts), rollouts, sample_weight=entry.sample_weight)
-        group.tree = _tree(group.rollouts, forks, [e for e in members if e.error is None])
-        for e in members:
-            if e.error is not None:
-                group.remove(e.rid, e.error)
-        return group
-
-
-def _tree(rollouts: list[Rollout], forks: dict[str, tuple[str, int]], kept: list[Episode]):
-    """The turn-level tree of the group's trajectories that did not fail in their environment."""
-    ids = [e.rid for e in kept]
-    position = {rid: i for i, rid in enumerate(ids)}
-    sources = [position[forks[rid][0]] if rid in forks else None for rid in ids]
-    tree = segment_tree(sources, [forks[rid][1] if rid in forks else 0 for rid in ids],
-                        [len(e.tokens) for e in kept], ids)
-    up = parents(tree)
-    leaf = {leaves[0]: node for node, leaves in tree.leaves.items() if len(leaves) == 1 and not tree.children.get(node)}
-    by_id = {r.rollout_id: r for r in rollouts}
-    for rid in ids:
-        r = by_id[rid]
-        root = forks[rid][0] if rid in forks else rid
-        while root in forks:
-            root = forks[root][0]
-        r.tree_id, r.node_id, r.parent_node_id = f"t{root.rsplit('/', 1)[1]}", leaf[rid], up.get(leaf[rid])
-    return tree
+        return tree_groups(allocation.step, episodes + made, forks, decoder(self.policy), found)

@@ -161,7 +161,7 @@ def start_episodes(stage: Any, allocation: Allocation, round_: int, seed: int) -
         for i in range(entry.n_rollouts):
             ep = Episode(entry, gid, rollout_id(gid, i), prompt_ids)
             episodes.append(ep)
-            guarded(stage, ep, "reset", lambda ep=ep: _reset(stage, ep, seed))
+            guarded(stage, ep, "reset", lambda ep=ep: reset_episode(stage, ep, seed))
     return episodes
 
 
@@ -226,7 +226,7 @@ def _each(call: Callable[[Any], Any], items: list[Any], workers: int) -> list[An
     return [f.result() for f in futures]
 
 
-def _reset(stage: Any, ep: Episode, seed: int) -> None:
+def reset_episode(stage: Any, ep: Episode, seed: int) -> None:
     ep.env = stage.make()
     ep.env.reset(ep.entry.prompt, row_seed(seed, ep.rid, 0))
 

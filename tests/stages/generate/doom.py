@@ -1,4 +1,5 @@
-"""A labelled test environment for ``generate.elpo``: a planted first irrecoverable turn.
+"""Labelled test environments for ``generate.elpo`` and ``generate.trace``: ``Doom``, a planted first
+irrecoverable turn; ``Parity``, per-turn rewards that predict success.
 
 An episode lasts ``turns`` model turns, each answered " Answer:". The first episode reset with a
 seed (per ``key``) is the *original*: its actions are recorded, and it fails (reward 0). A later
@@ -38,3 +39,19 @@ class Doom:
         first = self.originals[self.seed]
         diverged = any(a != b for a, b in zip(self.actions[:self.at], first[:self.at]))
         return Observation("", done=True, reward=float(diverged), metadata={"correct": diverged})
+
+
+class Parity:
+    """Each model turn earns 0.5 when its text has an even number of characters; ``turns`` model
+    turns, the reward the sum: a prefix's reward so far predicts its trajectories' success."""
+
+    def __init__(self, turns: int = 3):
+        self.turns, self.seen = turns, 0
+
+    def reset(self, prompt: Prompt, seed: int) -> None:
+        self.seen = 0
+
+    def step(self, action: Action) -> Observation:
+        self.seen += 1
+        return Observation("" if self.seen >= self.turns else " Answer:", done=self.seen >= self.turns,
+                           reward=0.5 * (len(action.text) % 2 == 0))

@@ -65,3 +65,25 @@ def test_the_elpo_pipeline_runs_three_steps(tmp_path):
         starts = [sum(t["n_tokens"] for t in source[0]["turns"][:i]) for i, t in enumerate(source[0]["turns"])
                   if t["role"] == "model"]
         assert c["branch_token_idx"] in starts[1:]
+
+
+@needs_rgym
+def test_the_trace_pipeline_runs_three_steps_and_checkpoints_its_predictor(tmp_path):
+    Run.start(load_pipeline(EXAMPLES / "multi_turn_trace_rgym_arith.yaml", QUICK + ["run.checkpoint_every=3"]),
+              tmp_path / "run").train()
+    records = _records(tmp_path / "run")
+    assert [r["step"] for r in records] == [0, 1, 2] and records[-1]["policy_version"] >= 1
+    stages = [r["stages"]["rollout"] for r in records]
+    assert all(s["trace_rounds"] == 2 and s["trace_root_branches"] + s["trace_prefix_branches"] == 8 for s in stages)
+    assert sum(s["trace_prefix_branches"] for s in stages) > 0
+    rows = read_lineage(tmp_path / "run" / "lineage").to_pylist()
+    assert len(rows) == 3 * 4 * 6  # every prompt's budget of 6, roots and branches together
+    assert sum(row["branch_token_idx"] is not None for row in rows) == sum(s["trace_continuations"] for s in stages)
+    # the shared predictor and its 3 calls of anchors are in the checkpoint, and load back
+    from gfcr.stages.generate.trace import Trace
+
+    state = json.loads((tmp_path / "run" / "checkpoints" / "step-000003" / "stages" / "rollout" / "state.json").read_text())
+    assert len(state["history"]) == 3 and any(w != 0.0 for w in state["predictor"]["weights"])
+    stage = Trace(load_pipeline(EXAMPLES / "multi_turn_trace_rgym_arith.yaml").nodes["rollout"].config)
+    stage.load_state_dict(state)
+    assert stage.predictor.state_dict() == state["predictor"]
