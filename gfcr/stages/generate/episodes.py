@@ -18,7 +18,7 @@ from typing import Any, Callable
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gfcr.errors import GfcrError
+from gfcr.errors import GfcrError, ModelError
 from gfcr.records import (
     Allocation, AllocationEntry, Rollout, RolloutGroup, RolloutGroups, RolloutStatus, Segment, SegmentOrigin, Turn,
     TurnRole, group_id, rollout_id,
@@ -140,6 +140,18 @@ class Episode:
                                      SegmentOrigin.ENVIRONMENT))
         info = {} if text == observation else {"observation": observation}
         self.turns.append(Turn(TurnRole.ENVIRONMENT, start, len(self.tokens), text, info=info))
+
+
+def setup_turns(stage: Any, lent: Any, alias: str) -> None:
+    """Lend ``stage`` (``generate.multi_turn`` or a stage built on its turn loop) its policy and
+    engine, and check that the policy's chat template renders each message as written."""
+    stage.policy = lent.require_policy(alias)
+    stage.engine = lent.require_engine(alias)
+    try:
+        TurnBoundary(stage.policy, stage.config.observation_role)
+    except ValueError as exc:
+        raise ModelError(f"{alias}: policy `{stage.policy.name}`: {exc}",
+                         "use a policy whose chat template renders each message as written") from None
 
 
 def run_episodes(stage: Any, allocation: Allocation, round_: int, params: SamplingParams,

@@ -80,15 +80,15 @@ from typing import Annotated, Any, ClassVar
 import numpy as np
 from pydantic import Field
 
-from gfcr.errors import ModelError
 from gfcr.records import Allocation, RolloutGroups, SegmentOrigin, StepContext, rollout_id
 from gfcr.stages.common.logistic import LogisticSuccess, with_history
 from gfcr.stages.common.seeds import step_seed
 from gfcr.stages.engine import SamplingParams
 from gfcr.stages.environments import environment_factory
-from gfcr.stages.generate.episodes import Episode, advance, decoder, finish, guarded, reset_episode, start_episodes
+from gfcr.stages.generate.episodes import (
+    Episode, advance, decoder, finish, guarded, reset_episode, setup_turns, start_episodes,
+)
 from gfcr.stages.generate.multi_turn import MultiTurn, episode_metrics
-from gfcr.stages.generate.turn_tokens import TurnBoundary
 from gfcr.stages.generate.turn_tree import continue_from, model_turns, tree_groups
 from gfcr.stages.resources import Engine, Lent, Policy
 
@@ -143,13 +143,7 @@ class Trace:
         self._metrics: dict[str, float] = {}
 
     def setup(self, lent: Lent) -> None:
-        self.policy = lent.require_policy("generate.trace")
-        self.engine = lent.require_engine("generate.trace")
-        try:
-            TurnBoundary(self.policy, self.config.observation_role)
-        except ValueError as exc:
-            raise ModelError(f"generate.trace: policy `{self.policy.name}`: {exc}",
-                             "use a policy whose chat template renders each message as written") from None
+        setup_turns(self, lent, "generate.trace")
 
     def make(self) -> Any:
         return self.factory(**self.config.environment.with_)
