@@ -202,8 +202,10 @@ class Rollout:
         and one that starts with an accepted draft (``generate.speculative``), whose first
         ``draft_tokens`` were sampled when the draft was. An environment's turns in a trajectory
         (``generate.multi_turn``) were not sampled and do not count."""
-        copied = max(self.branch_token_idx or 0, self.resumed_tokens, self.draft_tokens)
-        return len(self) - min(copied, len(self)) - self.environment_tokens
+        copied = min(max(self.branch_token_idx or 0, self.resumed_tokens, self.draft_tokens), len(self))
+        environment = sum(max(0, s.end - max(s.start, copied)) for s in self.segments
+                          if s.origin == SegmentOrigin.ENVIRONMENT)  # those past the copied prefix
+        return len(self) - copied - environment
 
     @property
     def forced_tokens(self) -> int:

@@ -52,6 +52,8 @@ BUILTIN_STAGES = {
     "generate.partial": "gfcr.stages.generate.partial:Partial",
     "generate.speculative": "gfcr.stages.generate.speculative:Speculative",
     "generate.multi_turn": "gfcr.stages.generate.multi_turn:MultiTurn",
+    "generate.elpo": "gfcr.stages.generate.elpo:ELPO",
+    "generate.trace": "gfcr.stages.generate.trace:Trace",
     "generate.fake": "gfcr.stages.testing:FakeGenerate",
     "update.grpo": "gfcr.stages.update.grpo:GRPOUpdate",
     "update.fake": "gfcr.stages.testing:FakeUpdate",
@@ -85,6 +87,7 @@ BUILTIN_ADVANTAGE_ESTIMATORS = {
     "tic_grpo": "gfcr.stages.components.advantage.tic_grpo:TICLengthCorrected",
     "tree": "gfcr.stages.components.advantage.tree:TreeAdvantage",
     "opob": "gfcr.stages.components.advantage.opob:OPOB",
+    "hgpo": "gfcr.stages.components.advantage.hgpo:HGPO",
 }
 
 BUILTIN_LOSSES = {

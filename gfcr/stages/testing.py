@@ -26,7 +26,8 @@ from pydantic import Field
 
 from gfcr.records import (
     Allocation, AllocationEntry, Origin, Provided, ProvidedRollout, Rollout, RolloutGroup, RolloutGroups,
-    RolloutStatus, Segment, StepContext, StepOutputs, UpdateReport, group_id, rollout_id,
+    RolloutStatus, Segment, SegmentOrigin, StepContext, StepOutputs, Turn, TurnRole, UpdateReport, group_id,
+    rollout_id,
 )
 from gfcr.registry import InFlightController, StageConfig
 from gfcr.stages.engine import InFlightView, LiveRow, Steer
@@ -43,6 +44,27 @@ def scored_group(prompt: str, rewards: list[float], step: int = 0) -> RolloutGro
         for i, r in enumerate(rewards)
     ]
     return RolloutGroup(gid, prompt, step, len(rewards), rollouts)
+
+
+def trajectory(rid: str, parts: Sequence[tuple[int, float | None] | str], prompt: str = "p") -> Rollout:
+    """A trajectory rollout ``<group>/<i>`` of labelled tokens: each ``(n, reward)`` a model turn of
+    ``n`` tokens with the environment's reward for it, each string an environment turn (one token
+    per character, its text the string); its ``reward`` the sum of the turn rewards."""
+    tokens: list[int] = []
+    segments, turns = [], []
+    for part in parts:
+        start = len(tokens)
+        if isinstance(part, str):
+            tokens += [2] * len(part)
+            segments.append(Segment(start, len(tokens), 0, np.zeros(len(part)), SegmentOrigin.ENVIRONMENT))
+            turns.append(Turn(TurnRole.ENVIRONMENT, start, len(tokens), part))
+        else:
+            tokens += [1] * part[0]
+            segments.append(Segment(start, len(tokens), 0, np.zeros(part[0])))
+            turns.append(Turn(TurnRole.MODEL, start, len(tokens), "", part[1]))
+    rewards = [t.reward for t in turns if t.reward is not None]
+    return Rollout(rid, rid.rsplit("/", 1)[0], prompt, tokens, segments, turns=turns,
+                   reward=float(sum(rewards)) if rewards else None)
 
 
 def prompt_success_probability(prompt_id: str, seed: int) -> float:

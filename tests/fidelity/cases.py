@@ -210,6 +210,7 @@ EXPECTED = {
     "spec_rl": "SPEC-RL (ShopeeLLM/Spec-RL: spec_cut)",
     "meds": "MEDS (Linxi000/MEDS: penalty, kNN cluster assignment)",
     "tree": "TreeRL (THUDM/TreeRL: entropy_guided_chain)",
+    "hgpo": "HGPO (langfengQ/verl-agent recipe/hgpo, as OliverLeeXZ/SERL carries it: hgpo_advantage_estimate)",
     "copris": "CoPRIS (777pomingzi/CoPRIS: pool rules)",
     "april": "APRIL (THUDM/slime: partial-rollout buffer order)",
     "mopps": "MoPPS (thu-rllab/MoPPS: PosteriorSampler)",

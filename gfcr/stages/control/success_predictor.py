@@ -50,15 +50,12 @@ from pydantic import Field
 from gfcr.records import Prompt, PromptStats, RolloutGroup
 from gfcr.registry import StageConfig
 from gfcr.stages.common.fingerprints import FORWARDS_POLICY, fingerprints
+from gfcr.stages.common.logistic import LogisticSuccess, sigmoid, with_history  # noqa: F401 (re-exported)
 from gfcr.stages.common.prompt_stats import beta_update, observe_group, stats_from_state, stats_to_state, \
     stats_with_prior
 from gfcr.stages.resources import Policy, Lent, prompt_tokens
 
 EMBEDDINGS = "embeddings.npy"
-
-
-def sigmoid(z: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-np.asarray(z, dtype=np.float64)))
 
 
 def features(vectors: np.ndarray, rows: Sequence[int]) -> np.ndarray:
@@ -70,51 +67,9 @@ def features(vectors: np.ndarray, rows: Sequence[int]) -> np.ndarray:
     return z / np.sqrt(d)
 
 
-def with_history(p_model: float | np.ndarray, successes: float | np.ndarray, trials: float | np.ndarray,
-                 kappa: float) -> float | np.ndarray:
-    """``(kappa * p_model + S) / (kappa + N)``: the model's prediction as a prior of ``kappa``
-    pseudo-trials, updated with the prompt's own evidence."""
-    return (kappa * p_model + successes) / (kappa + trials)
-
-
 def zero_variance_probability(p: float | np.ndarray, group_size: int) -> float | np.ndarray:
     """``p^G + (1 - p)^G``: the chance that a group of ``G`` independent 0/1 rewards is all equal."""
     return p ** group_size + (1.0 - p) ** group_size
-
-
-class LogisticSuccess:
-    """``sigmoid(w . x + b)``, fitted by gradient descent on the binomial log-loss."""
-
-    def __init__(self, dim: int):
-        self.weights = np.zeros(dim, dtype=np.float64)
-        self.bias = 0.0
-
-    def predict(self, x: np.ndarray) -> np.ndarray:
-        return sigmoid(np.asarray(x, dtype=np.float64) @ self.weights + self.bias)
-
-    def loss(self, x: np.ndarray, s: np.ndarray, n: np.ndarray, l2: float) -> float:
-        p = np.clip(self.predict(x), 1e-12, 1.0 - 1e-12)
-        nll = -(s * np.log(p) + (n - s) * np.log(1.0 - p)).sum() / n.sum()
-        return float(nll + 0.5 * l2 * float(self.weights @ self.weights))
-
-    def fit(self, x: np.ndarray, s: np.ndarray, n: np.ndarray, steps: int, lr: float, l2: float) -> float:
-        """``steps`` gradient steps on ``(x, s of n)``; returns the loss before the first step."""
-        x, s, n = (np.asarray(a, dtype=np.float64) for a in (x, s, n))
-        if not len(n) or n.sum() <= 0:
-            return float("nan")
-        before = self.loss(x, s, n, l2)
-        for _ in range(steps):
-            residual = (n * self.predict(x) - s) / n.sum()
-            self.weights = self.weights - lr * (x.T @ residual + l2 * self.weights)
-            self.bias = self.bias - lr * float(residual.sum())
-        return before
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"weights": [float(w) for w in self.weights], "bias": float(self.bias)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.weights = np.array(state["weights"], dtype=np.float64)
-        self.bias = float(state["bias"])
 
 
 class PromptEmbeddings:

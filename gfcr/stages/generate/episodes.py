@@ -18,7 +18,7 @@ from typing import Any, Callable
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gfcr.errors import GfcrError
+from gfcr.errors import GfcrError, ModelError
 from gfcr.records import (
     Allocation, AllocationEntry, Rollout, RolloutGroup, RolloutGroups, RolloutStatus, Segment, SegmentOrigin, Turn,
     TurnRole, group_id, rollout_id,
@@ -142,36 +142,65 @@ class Episode:
         self.turns.append(Turn(TurnRole.ENVIRONMENT, start, len(self.tokens), text, info=info))
 
 
+def setup_turns(stage: Any, lent: Any, alias: str) -> None:
+    """Lend ``stage`` (``generate.multi_turn`` or a stage built on its turn loop) its policy and
+    engine, and check that the policy's chat template renders each message as written."""
+    stage.policy = lent.require_policy(alias)
+    stage.engine = lent.require_engine(alias)
+    try:
+        TurnBoundary(stage.policy, stage.config.observation_role)
+    except ValueError as exc:
+        raise ModelError(f"{alias}: policy `{stage.policy.name}`: {exc}",
+                         "use a policy whose chat template renders each message as written") from None
+
+
 def run_episodes(stage: Any, allocation: Allocation, round_: int, params: SamplingParams,
                  deadline: float | None) -> tuple[RolloutGroups, list[Episode]]:
     """Every allocated trajectory, from reset to its end; their groups (see ``multi_turn``).
     ``stage`` is the ``generate.multi_turn`` stage: its ``config``, ``policy``, ``engine`` and ``make``."""
-    cfg, policy, engine = stage.config, stage.policy, stage.engine
-    assert policy is not None and engine is not None
-    parser = TOOL_PARSERS[cfg.tool_parser] if cfg.tool_parser else None
-    decode = _decoder(policy)
-    boundary = TurnBoundary(policy, cfg.observation_role)
+    episodes = start_episodes(stage, allocation, round_, params.seed)
+    advance(stage, episodes, params, deadline)
+    finish(stage, episodes)
+    return groups_of(allocation, episodes, decoder(stage.policy)), episodes
+
+
+def start_episodes(stage: Any, allocation: Allocation, round_: int, seed: int) -> list[Episode]:
+    """``n`` fresh episodes per active allocation entry, each environment reset on its prompt."""
     episodes: list[Episode] = []
     for entry in allocation.active():
         gid = group_id(entry.prompt_id, allocation.step, round_)
-        prompt_ids = tuple(prompt_tokens(policy, entry.prompt))
+        prompt_ids = tuple(prompt_tokens(stage.policy, entry.prompt))
         for i in range(entry.n_rollouts):
             ep = Episode(entry, gid, rollout_id(gid, i), prompt_ids)
             episodes.append(ep)
-            _guarded(stage, ep, "reset", lambda ep=ep: _reset(stage, ep, params.seed))
-    for k in range(cfg.max_turns):
-        live = [e for e in episodes if e.live]
+            guarded(stage, ep, "reset", lambda ep=ep: reset_episode(stage, ep, seed))
+    return episodes
+
+
+def advance(stage: Any, episodes: list[Episode], params: SamplingParams, deadline: float | None) -> None:
+    """Run the live episodes turn by turn until each ends or has ``max_turns`` model turns (an
+    episode continued from a prefix starts at its own turn count)."""
+    cfg, policy, engine = stage.config, stage.policy, stage.engine
+    assert policy is not None and engine is not None
+    parser = TOOL_PARSERS[cfg.tool_parser] if cfg.tool_parser else None
+    decode = decoder(policy)
+    boundary = TurnBoundary(policy, cfg.observation_role)
+    for _ in range(cfg.max_turns):
+        live = [e for e in episodes if e.live and e.model_turns < cfg.max_turns]
         if deadline is not None and time.monotonic() > deadline:
             for e in live:
-                e.end(RolloutStatus.TRUNCATED, f"wall budget of {cfg.max_wall_s}s spent before model turn {k + 1}")
+                e.end(RolloutStatus.TRUNCATED,
+                      f"wall budget of {cfg.max_wall_s}s spent before model turn {e.model_turns + 1}")
             break
         for e in live:
             if cfg.max_tokens - len(e.tokens) < 1:
-                e.end(RolloutStatus.TRUNCATED, f"token budget of {cfg.max_tokens} spent before model turn {k + 1}")
+                e.end(RolloutStatus.TRUNCATED,
+                      f"token budget of {cfg.max_tokens} spent before model turn {e.model_turns + 1}")
         live = [e for e in live if e.live]
         if not live:
             break
-        requests = [e.request(k, params, min(cfg.max_turn_tokens, cfg.max_tokens - len(e.tokens))) for e in live]
+        requests = [e.request(e.model_turns, params, min(cfg.max_turn_tokens, cfg.max_tokens - len(e.tokens)))
+                    for e in live]
         results = engine.generate(requests, None, cfg.max_in_flight)
         version = engine.policy_version
         acts: list[tuple[Episode, Turn, Action]] = []
@@ -181,17 +210,20 @@ def run_episodes(stage: Any, allocation: Allocation, round_: int, params: Sampli
             call = parser(text) if parser is not None else None
             turn.tool_call = call.state() if call is not None else None
             acts.append((e, turn, Action(text, call)))
-        where = f"step (model turn {k + 1})"
-        observations = _each(lambda a: _guarded(stage, a[0], where, lambda: a[0].env.step(a[2])), acts, cfg.env_workers)
+        observations = _each(lambda a: guarded(stage, a[0], f"step (model turn {a[0].model_turns})",
+                                                lambda: a[0].env.step(a[2])), acts, cfg.env_workers)
         for (e, turn, _), obs in zip(acts, observations):
             if obs is not None:
-                _observe(e, turn, obs, boundary, version, cfg.max_tokens, k + 1)
+                _observe(e, turn, obs, boundary, version, cfg.max_tokens, e.model_turns)
+
+
+def finish(stage: Any, episodes: list[Episode]) -> None:
+    """End the episodes still live at the turn budget and close their environments."""
     for e in episodes:
         if e.live:
-            e.end(RolloutStatus.TRUNCATED, f"turn budget: {cfg.max_turns} model turns")
+            e.end(RolloutStatus.TRUNCATED, f"turn budget: {stage.config.max_turns} model turns")
         if isinstance(e.env, ClosesEnvironment):
-            _guarded(stage, e, "close", e.env.close, ended=True)
-    return _groups(allocation, episodes, decode), episodes
+            guarded(stage, e, "close", e.env.close, ended=True)
 
 
 def _each(call: Callable[[Any], Any], items: list[Any], workers: int) -> list[Any]:
@@ -206,7 +238,7 @@ def _each(call: Callable[[Any], Any], items: list[Any], workers: int) -> list[An
     return [f.result() for f in futures]
 
 
-def _reset(stage: Any, ep: Episode, seed: int) -> None:
+def reset_episode(stage: Any, ep: Episode, seed: int) -> None:
     ep.env = stage.make()
     ep.env.reset(ep.entry.prompt, row_seed(seed, ep.rid, 0))
 
@@ -230,7 +262,7 @@ def _observe(e: Episode, turn: Turn, obs: Observation, boundary: TurnBoundary, v
         e.add_environment_turn(ids, text, version, obs.text)
 
 
-def _guarded(stage: Any, e: Episode, where: str, call: Callable[[], Any], ended: bool = False) -> Any:
+def guarded(stage: Any, e: Episode, where: str, call: Callable[[], Any], ended: bool = False) -> Any:
     """``call()``, or, when the environment raises, the episode ends by ``on_env_error``."""
     if not (e.live or ended):
         return None
@@ -248,20 +280,20 @@ def _guarded(stage: Any, e: Episode, where: str, call: Callable[[], Any], ended:
         return None
 
 
-def _groups(allocation: Allocation, episodes: list[Episode], decode: Callable[[Any], str]) -> RolloutGroups:
+def groups_of(allocation: Allocation, episodes: list[Episode], decode: Callable[[Any], str]) -> RolloutGroups:
     groups: dict[str, RolloutGroup] = {}
     for e in episodes:
         g = groups.get(e.gid)
         if g is None:
             g = groups[e.gid] = RolloutGroup(e.gid, e.entry.prompt_id, allocation.step, e.entry.n_rollouts,
                                              sample_weight=e.entry.sample_weight)
-        g.rollouts.append(_rollout(e, allocation.step, decode))
+        g.rollouts.append(rollout_of(e, allocation.step, decode))
         if e.error is not None:
             g.remove(e.rid, e.error)
     return RolloutGroups(list(groups.values()))
 
 
-def _rollout(e: Episode, step: int, decode: Callable[[Any], str]) -> Rollout:
+def rollout_of(e: Episode, step: int, decode: Callable[[Any], str]) -> Rollout:
     meta = e.last.metadata if e.last is not None else {}
     done = e.status == RolloutStatus.COMPLETED
     # an episode the environment ended scores what it gave (None when it gave nothing: filter.verify's
@@ -278,5 +310,5 @@ def _rollout(e: Episode, step: int, decode: Callable[[Any], str]) -> Rollout:
                    reward_components=components, turns=list(e.turns))
 
 
-def _decoder(policy: Any) -> Callable[[Any], str]:
+def decoder(policy: Any) -> Callable[[Any], str]:
     return lambda ids: policy.tokenizer.decode(list(ids), skip_special_tokens=True)

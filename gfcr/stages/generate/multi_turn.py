@@ -84,16 +84,14 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
-from gfcr.errors import ModelError
 from gfcr.records import Allocation, RolloutGroups, StepContext
 from gfcr.registry import Seed, StageConfig
 from gfcr.spec.problems import fixable
 from gfcr.stages.common.seeds import step_seed
 from gfcr.stages.engine import SamplingParams
 from gfcr.stages.environments import TOOL_PARSERS, environment_factory
-from gfcr.stages.generate.episodes import Episode, EnvironmentRef, run_episodes
+from gfcr.stages.generate.episodes import Episode, EnvironmentRef, run_episodes, setup_turns
 from gfcr.stages.generate.sample import no_empty_stop
-from gfcr.stages.generate.turn_tokens import TurnBoundary
 from gfcr.stages.resources import Engine, Lent, Policy
 
 
@@ -151,13 +149,7 @@ class MultiTurn:
         self._metrics: dict[str, float] = {}
 
     def setup(self, lent: Lent) -> None:
-        self.policy = lent.require_policy("generate.multi_turn")
-        self.engine = lent.require_engine("generate.multi_turn")
-        try:
-            TurnBoundary(self.policy, self.config.observation_role)
-        except ValueError as exc:
-            raise ModelError(f"generate.multi_turn: policy `{self.policy.name}`: {exc}",
-                             "use a policy whose chat template renders each message as written") from None
+        setup_turns(self, lent, "generate.multi_turn")
 
     def run(self, allocation: Allocation, ctx: StepContext | None = None) -> RolloutGroups:
         if self.engine is None or self.policy is None:
