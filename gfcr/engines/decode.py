@@ -68,6 +68,7 @@ class Row:
     finish: str | None = None
     forced: int = 0  # trailing tokens a controller appended (``Steer.exit``)
     given: tuple[int, ...] | None = None  # teacher-forced response (``score_requests``): taken, not drawn
+    versions: list[tuple[int, int]] = field(default_factory=list)  # (first new token, policy version), in flight
 
     @property
     def prefix(self) -> tuple[int, ...]:
@@ -84,7 +85,7 @@ class Row:
     def completion(self, decode: Decode, replica: str) -> Completion:
         ent = np.array(self.entropy, np.float32) if self.request.params.entropy else None
         return Completion(tuple(self.tokens), np.array(self.logprobs, np.float32), self.finish or "aborted",
-                          decode(self.response()), replica, ent, self.forced)
+                          decode(self.response()), replica, ent, self.forced, versions=tuple(self.versions))
 
     def exit(self, ex: Exit) -> None:
         """End as ``exited``: keep the first ``ex.cut`` new tokens, then the controller's own."""

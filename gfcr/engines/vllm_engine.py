@@ -65,6 +65,13 @@ Deviations:
   it, ``max_in_flight`` rows at a time, refilled); it samples what the same call without a
   controller does. Without a controller ``LLM.generate`` runs the call and ``max_in_flight``
   is left to vLLM's own scheduler (``max_num_seqs``).
+- In-flight weight updates (``lifecycle: {mode: async, in_flight: true}``): the runtime sets
+  ``in_flight`` (the async schedule), and every call then runs step by step
+  (``gfcr.engines.vllm_steps``) and asks it between engine steps for a newer version; when one is
+  ready the call's rows are aborted, vLLM reloads, and each row continues from its tokens so far,
+  its prefix recomputed by the new weights (a kept KV cache would match neither version). Each
+  completion says where each version's tokens start (``Completion.versions``). Entropies asked
+  for in such a call are scored after it by the newest version's weights.
 - Generate calls from a controller's ``steer`` (``control.truncate_steps``' trial answers) are
   served by the trained policy's own decode loop (``gfcr.engines.hf.TransformersEngine`` over
   the same model object, whose weights vLLM holds), not by vLLM: vLLM's one engine is stepping
@@ -108,13 +115,14 @@ Deviations:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.metadata  # noqa: F401  (installed_vllm reads both; tests patch them through this module)
 import importlib.util  # noqa: F401
 import os
 import zlib
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -124,7 +132,7 @@ from gfcr.engines.hf import TransformersEngine, score_batch
 from gfcr.engines.policy import HFPolicy
 from gfcr.engines.run_log import LoggerToFile, captured
 from gfcr.engines.vllm_lora import LoadedAdapters, lora_llm_kwargs
-from gfcr.engines.vllm_steps import generate_steered
+from gfcr.engines.vllm_steps import InFlightWeights, continuation_seed, generate_steered
 from gfcr.engines.vllm_worker import device_uuid
 from gfcr.errors import GfcrError
 from gfcr.spec.models import ENGINE_LACKS, ENGINE_NEEDS, VLLMSpec
@@ -297,6 +305,9 @@ class VLLMEngine:
             raise
         self._version = -1
         self.adapters = None if policy.lora is None else LoadedAdapters(self.llm.llm_engine, adapters_kept)
+        # where generate calls take newer versions between decode steps (the async lifecycle's `in_flight`,
+        # set by the runtime: gfcr.runtime.loop.lifecycle.AsyncSchedule); None: a call samples one version
+        self.in_flight: InFlightWeights | None = None
         self._steering = False  # a steered call is running: a controller's own calls go to `in_steer`
         self.in_steer = TransformersEngine(policy, replica)  # the trained policy's decode loop (see above)
         self.sync_weights(policy.version)
@@ -364,12 +375,14 @@ class VLLMEngine:
             check_params(r.params)
         if self._version != self.policy.version:
             self.sync_weights(self.policy.version)
-        if controller is not None:  # step by step through vLLM's engine (gfcr.engines.vllm_steps)
+        if controller is not None or self.in_flight is not None:  # step by step (gfcr.engines.vllm_steps)
             self._steering = True
             try:
                 with captured(self.log):
                     groups = generate_steered(self.llm.llm_engine, requests, self._row_params, self.policy.decode,
-                                              self.replica, controller, max_in_flight, self._adapter())
+                                              self.replica, controller, max_in_flight, self._adapter(),
+                                              weights=self.in_flight, version=self._version,
+                                              hold=contextlib.nullcontext if self.in_process else self._held)
             finally:
                 self._steering = False
         else:
@@ -409,9 +422,19 @@ class VLLMEngine:
         from vllm.sampling_params import RequestOutputKind
 
         r = row.request
-        seed = request_seed(r.params.seed, r.request_id) + row.index
-        return VLLMSamplingParams(**sampling_kwargs(r.params, 1, seed, len(row.prefix)),
+        seed = continuation_seed(request_seed(r.params.seed, r.request_id) + row.index, row)
+        return VLLMSamplingParams(**sampling_kwargs(r.params, 1, seed, len(row.prefix) + len(row.tokens)),
                                   output_kind=RequestOutputKind.DELTA)
+
+    @contextlib.contextmanager
+    def _held(self) -> Iterator[None]:
+        """vLLM's scheduler paused (its running rows kept) while a steered call adds rows to an engine
+        core in its own process, which would otherwise start decoding on the first to arrive."""
+        self.llm.sleep(level=0, mode="keep")
+        try:
+            yield
+        finally:
+            self.llm.wake_up(tags=["scheduling"])
 
     def _generate(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
         from vllm import SamplingParams as VLLMSamplingParams

@@ -349,7 +349,9 @@ class LifecycleSpec(StrictModel):
       run equals its sequential twin (verl's one-step-off-policy is K = 1).
     - ``async`` with ``max_staleness: K``: generation runs ahead as fast as it can, but no rollout
       is *started* more than K versions ahead of the trainer (AReaL's bound, enforced when a
-      rollout is scheduled); tokens that still arrive older go to the update's correction.
+      rollout is scheduled); tokens that still arrive older go to the update's correction. With
+      ``in_flight: true`` (vLLM) a newer version reaches the engine between decode steps of a
+      running step; a row that spans it has one segment per version.
 
     Whenever staleness can be above 0, ``gfcr validate`` requires the update to declare its
     off-policy correction (``correction: {use: tis}``, ..., or ``{use: none}`` to opt out).
@@ -366,6 +368,11 @@ class LifecycleSpec(StrictModel):
     max_staleness: Annotated[int, Field(ge=0, description=(
         "`async` only, and required there: no rollout starts more than this many policy versions ahead of the "
         "trainer (0 is the synchronous schedule)"))] | None = None
+    in_flight: bool | None = Field(None, description=(
+        "`async` only, on the vLLM engine: a version the trainer records while a step generates reaches vLLM "
+        "between its decode steps (the rows are aborted, vLLM reloads, each row continues from its tokens, its "
+        "prefix recomputed by the new weights); each token keeps the version it was sampled under (default "
+        "`false`: a step samples with one version)"))
 
     @model_validator(mode="after")
     def _settings_fit_the_mode(self) -> "LifecycleSpec":
@@ -380,6 +387,11 @@ class LifecycleSpec(StrictModel):
             raise fixable(f"`lifecycle.max_staleness` is the asynchronous lifecycle's bound, but `lifecycle.mode` "
                           f"is `{self.mode}`", "set `mode: async`, or remove `max_staleness`"
                           + (" (the pipelined lifecycle's is `lag`)" if self.mode == "pipelined" else ""))
+        if self.in_flight is not None and self.mode != "async":
+            raise fixable(f"`lifecycle.in_flight` is the asynchronous lifecycle's, but `lifecycle.mode` is "
+                          f"`{self.mode}`", "set `mode: async` (with `max_staleness`), or remove `in_flight`"
+                          + (" (a pipelined step samples exactly the version of step t - lag)"
+                             if self.mode == "pipelined" else ""))
         if self.mode == "async" and self.max_staleness is None:
             raise fixable("`lifecycle: {mode: async}` needs its bound: how many policy versions generation may run "
                           "ahead of the trainer", "add `max_staleness: K`, e.g. `lifecycle: {mode: async, "

@@ -6,7 +6,9 @@ ids and the segments that tile them). Each completion holds only the NEW tokens,
 behaviour log-probabilities (the tempered, untruncated distribution; greedy: untempered),
 optionally their entropies, and a finish reason (``stop``, ``length``, ``aborted``,
 ``pruned``, ``exited``). The stage splices the prefix's segments and a new one, so a resumed rollout
-keeps the behaviour log-probs of every token it ever sampled.
+keeps the behaviour log-probs of every token it ever sampled. A completion whose row took a newer
+policy version mid-call (the async lifecycle's ``in_flight``, docs/async.md) says, in
+``versions``, where each version's tokens start, and ``splice`` cuts one segment per version.
 
 In-flight control: an ``InFlightController`` (a Control stage attached to a Generate stage)
 sees an ``InFlightView`` of every row every ``every`` decode steps and answers a ``Steer``:
@@ -105,24 +107,41 @@ class Completion:
     entropy: np.ndarray | None = None  # [T] float32, when params.entropy
     forced: int = 0  # the last ``forced`` tokens were appended by a controller (``Exit``), not sampled
     ray_node: str | None = None  # the Ray node id of the replica that sampled it (None in process)
+    # where each policy version's new tokens start, ``((0, v0), (k, v1), ...)``, when the row took a newer
+    # version mid-call (an in-flight weight update); empty: every new token at the call's version
+    versions: tuple[tuple[int, int], ...] = ()
 
 
 def splice(prefix: ResponsePrefix | None, completion: Completion,
            policy_version: int) -> tuple[list[int], list[Segment]]:
     """The whole response of a completion and its segments: the prefix's own, then one new
-    segment of the new tokens at ``policy_version`` (CoPRIS-style spliced behaviour log-probs);
-    tokens a controller appended (``completion.forced``) get a segment of their own, origin
-    ``forced``."""
+    segment of the new tokens at ``policy_version`` (CoPRIS-style spliced behaviour log-probs), or,
+    where ``completion.versions`` says the row changed version mid-call, one segment per version
+    (the first at ``versions[0]``'s, whatever ``policy_version`` says); tokens a controller appended
+    (``completion.forced``) get a segment of their own, origin ``forced``, at the last version."""
     head = list(prefix.token_ids) if prefix else []
     segments = [Segment(s.start, s.end, s.policy_version, s.behavior_logprobs, s.origin)
                 for s in (prefix.segments if prefix else ())]
     sampled = len(completion.token_ids) - completion.forced
+    spans = _version_spans(completion.versions, sampled) if completion.versions else [(0, sampled, policy_version)]
     if sampled or not (segments or completion.forced):
-        segments.append(Segment(len(head), len(head) + sampled, policy_version, completion.logprobs[:sampled]))
+        segments += [Segment(len(head) + a, len(head) + b, version, completion.logprobs[a:b])
+                     for a, b, version in spans if b > a or (a, b) == (0, 0)]
     if completion.forced:
-        segments.append(Segment(len(head) + sampled, len(head) + len(completion.token_ids), policy_version,
+        segments.append(Segment(len(head) + sampled, len(head) + len(completion.token_ids), spans[-1][2],
                                 completion.logprobs[sampled:], SegmentOrigin.FORCED))
     return head + list(completion.token_ids), segments
+
+
+def _version_spans(versions: tuple[tuple[int, int], ...], sampled: int) -> list[tuple[int, int, int]]:
+    """``[start, end)`` of each version's sampled tokens, clipped to ``sampled`` (a stop string may
+    have cut the row after a version started); an empty span keeps its version only when it is the
+    last (forced tokens take it)."""
+    starts = [min(start, sampled) for start, _ in versions] + [sampled]
+    if any(b < a for a, b in zip(starts, starts[1:])) or starts[0] != 0:
+        raise ValueError(f"a completion's versions {versions} must start at token 0 and be in order")
+    spans = [(starts[i], starts[i + 1], version) for i, (_, version) in enumerate(versions)]
+    return [s for s in spans[:-1] if s[1] > s[0]] + spans[-1:]
 
 
 @dataclass(frozen=True, slots=True)

