@@ -103,7 +103,8 @@ def build_schedule(spec: PipelineSpec, lent: Lent) -> Any:
     kind = AsyncSchedule if spec.lifecycle.mode == "async" else PipelinedSchedule
     if lent.policy is None or lent.engine is None:
         return kind(spec.lifecycle.staleness_bound())
-    reloads = spec.policy is not None and spec.policy.engine == "vllm"  # vLLM holds its own copy: `reload`
+    # vLLM and the Ray engine replicas hold copies of their own: the schedule reloads them from its own
+    reloads = spec.policy is not None and (spec.policy.engine == "vllm" or spec.executor.kind == "ray")
     return kind(spec.lifecycle.staleness_bound(), lent.policy, lent.engine.policy,
                 engine=lent.engine if reloads else None)
 
