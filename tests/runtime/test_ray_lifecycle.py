@@ -9,7 +9,8 @@ local cluster (``ray.cluster_utils.Cluster``, the fixture of ``test_ray_placemen
   rollouts are 1 version old) and the replicas were synced from the driver's generation copy, not
   from trainer rank 0.
 - ``pipelined, lag: 1``, 4 steps, with the 2 ranks or the update in the driver: every step samples
-  exactly the version of step t - 1's start, and the replicas sync exactly when it moves.
+  exactly the version of step t - 1's start, and the replicas sync exactly when it moves; with the
+  ranks, 2 steps, a stop and a resume to 4 equal 4 steps run at once (metrics and lineage).
 - In both, every step's behaviour log-probs (sampled in the replicas) equal the transformers
   forward pass of the weights of the version their segments record, taken from the schedule's
   history, within the engine conformance tolerance, and are far from the weights the trainer
@@ -190,6 +191,30 @@ def test_pipelined_on_ray_samples_exactly_the_lagging_version(cluster, tmp_path,
     assert max(check.gaps) <= TOL
     assert min(check.trained_gaps[1:]) > 100 * TOL, check.trained_gaps
     assert [m > 0 for m in moves] == [False, False, True, True], moves  # the replicas synced when the version moved
+
+
+@pytest.mark.slow
+def test_a_resumed_pipelined_run_on_ray_equals_the_uninterrupted_one(cluster, tmp_path):
+    """``pipelined, lag: 1`` with 2 replicas and 2 ranks: 2 steps, a stop, a resume to 4 (new
+    replicas and ranks, the schedule's weight history and the ranks' AdamW from the checkpoint)
+    gives the metrics and lineage of 4 steps run at once."""
+    overrides = ON_THE_CLUSTER + ["lifecycle.mode=pipelined", "lifecycle.lag=1", "run.checkpoint_every=2"]
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    _train(Run.start(load_pipeline(QUICKSTART, overrides + ["run.steps=4"]), whole), SampledWith())
+    _train(Run.start(load_pipeline(QUICKSTART, overrides + ["run.steps=2"]), part), SampledWith())
+    resumed = Run.resume(part, steps=4)
+    assert resumed.runner.step == 2
+    _train(resumed, SampledWith())
+
+    def untimed(run_dir: Path) -> list[dict]:
+        return [{k: v for k, v in r.items() if k != "time"} for r in _metrics(run_dir)]
+
+    def unnamed(run_dir: Path) -> list[list[dict]]:
+        return [[{k: v for k, v in row.items() if k != "run_id"} for row in rows] for rows in _lineage(run_dir)]
+
+    assert [r["step"] for r in untimed(part)] == [0, 1, 2, 3]
+    assert untimed(whole) == untimed(part)
+    assert unnamed(whole) == unnamed(part)
 
 
 @pytest.mark.slow
