@@ -84,13 +84,16 @@ def test_validate_and_run_refuse_what_the_runtime_cannot_run_yet(tmp_path):
     result = CliRunner().invoke(app, ["validate", str(REPO / "pipelines" / "april_arith.yaml"), *stale, *vllm])
     assert result.exit_code == 2 and "stages.rollout.in_flight" in result.output, result.output  # not its controllers
     assert "in-flight controllers cannot step its rows there yet" in result.output, result.output
-    result = CliRunner().invoke(app, ["validate", str(QUICK), *stale, "--set", "executor.kind=ray"])
-    assert result.exit_code == 2 and "not with the Ray executor" in result.output, result.output
-    result = CliRunner().invoke(app, ["validate", "--no-inputs", str(QUICK), *stale, "--set", "executor.kind=ray"])
+    ray = ["--set", "executor.kind=ray"]
+    result = CliRunner().invoke(app, ["validate", str(QUICK), *stale, *ray])
+    assert result.exit_code == 0, result.output  # replicas on the transformers engine run it (test_ray_lifecycle)
+    result = CliRunner().invoke(app, ["validate", str(QUICK), *stale, *ray, *vllm])
+    assert result.exit_code == 2 and "not vLLM replicas" in result.output, result.output  # vLLM replicas do not yet
+    assert "set `policy.engine: hf`" in result.output, result.output
+    result = CliRunner().invoke(app, ["validate", "--no-inputs", str(QUICK), *stale, *ray, *vllm])
     assert result.exit_code == 0, result.output  # the spec itself is sound
-    result = CliRunner().invoke(app, ["run", str(QUICK), "--run-dir", str(tmp_path / "run"), *stale,
-                                      "--set", "executor.kind=ray"])
-    assert result.exit_code == 2 and "not with the Ray executor" in result.output, result.output
+    result = CliRunner().invoke(app, ["run", str(QUICK), "--run-dir", str(tmp_path / "run"), *stale, *ray, *vllm])
+    assert result.exit_code == 2 and "not vLLM replicas" in result.output, result.output
     assert not (tmp_path / "run").exists()
 
 

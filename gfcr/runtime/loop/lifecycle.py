@@ -78,10 +78,11 @@ class PipelinedSchedule:
     threads it gets, and two threads of one process share torch's pool unevenly."""
 
     def __init__(self, lag: int, trained: Any = None, generation: Any = None, engine: Any = None):
-        """``engine``: an engine that holds weights of its own (vLLM), over ``generation``: after
-        the weights are loaded into ``generation``, ``engine.sync_weights`` copies them in (the
-        ``reload`` mover's call, made by the producer before it generates). None: the engine
-        samples from ``generation`` itself (the transformers engine)."""
+        """``engine``: an engine that holds weights of its own (vLLM, or the Ray engine group's
+        replicas), over ``generation``: after the weights are loaded into ``generation``,
+        ``engine.sync_weights`` copies them in (vLLM's reload, the replicas' weight sync, made by the
+        producer before it generates). None: the engine samples from ``generation`` itself (the
+        transformers engine in process)."""
         self.lag, self.trained, self.generation, self.engine = lag, trained, generation, engine
         self.moved_s = 0.0  # how long the last ``generation_for`` spent moving weights into ``engine``
         self.history = WeightHistory(lag + 2)

@@ -133,8 +133,11 @@ def lifecycle_runtime_problems(pipeline: CompiledPipeline) -> list[Problem]:
     ``pipelined`` and ``async`` pipelines against their stages (``gfcr.graph.lifecycle``), and the
     runners run them with the local or Prefect executor, on the transformers engine, on the vLLM
     engine (which reloads the weights the schedule picks before each step's generation) or without
-    a policy (docs/async.md, "Status"), so both commands refuse the Ray executor here, and in-flight
-    controllers on vLLM under a stale lifecycle (its engine core decodes in a process of its own)."""
+    a policy, and with the Ray executor on the transformers engine or without a policy (engine
+    replicas synced from the schedule's generation copy, trainer ranks or not; docs/async.md,
+    "Status"). Both commands refuse vLLM replicas on Ray under a stale lifecycle (not run here
+    yet), and in-flight controllers on vLLM under a stale lifecycle (its engine core decodes in a
+    process of its own; on Ray every in-flight controller is refused already)."""
     spec = pipeline.spec
     mode = spec.lifecycle.mode
     if mode == "sync":
@@ -150,10 +153,13 @@ def lifecycle_runtime_problems(pipeline: CompiledPipeline) -> list[Problem]:
                         "rows there yet (docs/async.md, \"On vLLM\")",
                         "remove `in_flight`, use `policy.engine: hf` (the transformers engine), or remove `lifecycle`")
                 for node in pipeline.nodes.values() if node.in_flight]
+    if spec.policy is None or spec.policy.engine != "vllm":
+        return []  # engine replicas on the transformers engine (or none), trainer ranks or not
     return [Problem(spec.source.locate(("lifecycle", "mode")), "lifecycle.mode",
-                    f"`lifecycle: {{mode: {mode}}}` runs with the local or Prefect executor so far (on the "
-                    "transformers or the vLLM engine), not with the Ray executor (docs/async.md, \"Status\")",
-                    "set `executor.kind: prefect` (or `local`), or remove `lifecycle`")]
+                    f"`lifecycle: {{mode: {mode}}}` with the Ray executor runs engine replicas on the transformers "
+                    "engine so far, not vLLM replicas (docs/async.md, \"On Ray\")",
+                    "set `policy.engine: hf`, or run vLLM with `executor.kind: prefect` (or `local`), "
+                    "or remove `lifecycle`")]
 
 
 def in_flight_problems(pipeline: CompiledPipeline) -> list[Problem]:

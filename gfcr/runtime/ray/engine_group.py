@@ -156,7 +156,9 @@ def replica_engine(policy: Any, spec: PolicySpec, name: str, seed: int) -> Any:
 class RayEngineGroup:
     """The Engine protocol over K ``EngineReplica`` actors, driven from the driver process.
 
-    ``policy`` is the driver's policy being trained; the replicas start from the same source
+    ``policy`` is the driver's policy being trained (under a stale lifecycle, the driver's
+    generation copy, which the schedule loads with the version each step samples:
+    ``gfcr.runtime.ray.executor.ray_services``); the replicas start from the same source
     weights (version 0). Before generating, a group whose replicas lag the policy's version
     (a resumed run loads a checkpoint into the driver only) syncs them first. ``nodes`` holds
     the Ray node id of each replica, as the replica reports it.

@@ -72,7 +72,18 @@ __all__ = ["RayEngineGroup", "RayMap", "check_capacity", "connect", "engine_plac
 
 def ray_services(spec: PipelineSpec, mover: str) -> RuntimeServices:
     """The policy (in the driver), an engine group on Ray, the Ray map and the weight mover
-    ``mover``; ``close()`` stops the replicas, the trainer ranks and a cluster gfcr started."""
+    ``mover``; ``close()`` stops the replicas, the trainer ranks and a cluster gfcr started.
+
+    Under a stale lifecycle (``pipelined``, ``async``; docs/async.md, "On Ray") the engine group
+    is driven over a second copy of the policy in the driver, the *generation copy*, as the local
+    engines are: before each step's generation the schedule (``gfcr.runtime.loop.lifecycle``)
+    loads into it the weights it picks from its history and syncs the replicas from it
+    (``RayEngineGroup.sync_weights``, by ``executor.weight_sync``, the driver the source), so every
+    replica samples the version the step's segments record. The update's mover is then ``none``
+    (a new version reaches the replicas only when a step's generation asks for it), and trainer
+    rank 0 is not the weight group's source: the trainer steps while the producer syncs, and
+    rank 0's weights may be newer than the version the schedule picked."""
+    stale = spec.lifecycle.mode != "sync"
     policy = _driver_policy(spec.policy)
     placement = engine_placement(spec)
     trainers = trainer_placement(spec)
@@ -85,16 +96,17 @@ def ray_services(spec: PipelineSpec, mover: str) -> RuntimeServices:
         if trainers is not None and spec.policy is not None:  # started by the runner, for the update
             from gfcr.runtime.ray.trainer_ranks import trainer_starter
 
-            services.start_trainers = trainer_starter(spec.policy, trainers, services.closers,
-                                                      started=lambda group: _weights_from_rank_zero(services, group))
+            started = (lambda group: None) if stale else (lambda group: _weights_from_rank_zero(services, group))
+            services.start_trainers = trainer_starter(spec.policy, trainers, services.closers, started=started)
         if policy is not None and spec.policy is not None:
-            group = RayEngineGroup.start(policy, spec.policy, placement, spec.run.seed,
+            generation = _driver_policy(spec.policy) if stale else policy  # the copy the replicas follow
+            group = RayEngineGroup.start(generation, spec.policy, placement, spec.run.seed,
                                          spec.executor.weight_sync or "collective",
                                          spec.executor.max_replica_restarts)
             services.lent.engine = group
             services.closers.append(group.close)
             services.runtime_metrics["ray"] = group.step_metrics
-            services.mover = make_mover(mover, group)
+            services.mover = make_mover("none" if stale else mover, group)
     except BaseException:
         services.close()
         raise

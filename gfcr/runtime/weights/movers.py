@@ -14,10 +14,11 @@ it returns. The movers, by name (``WEIGHT_MOVERS``, each a factory ``make(engine
 
 ``mover_name(spec)`` picks the run's: ``executor.weight_sync`` (default ``collective``) under the
 Ray executor, ``reload`` for the vLLM engine, else ``none``. Under a stale lifecycle
-(``pipelined``, ``async``) the update's mover is ``none`` on either local engine: the engine
-samples a second copy of the policy, which the schedule loads from its weight history before
-each step's generation, and on vLLM the schedule then makes the ``reload`` call itself
-(``engine.sync_weights``, in the producer; ``gfcr.runtime.loop.lifecycle``).
+(``pipelined``, ``async``) the update's mover is ``none`` on either local engine and on Ray:
+the engine samples a second copy of the policy, which the schedule loads from its weight history
+before each step's generation, and on vLLM or the Ray engine replicas the schedule then makes the
+engine's sync call itself (``engine.sync_weights``, in the producer: vLLM reloads, the replicas
+take the copy by ``executor.weight_sync``; ``gfcr.runtime.loop.lifecycle``).
 
 Adding a sync path is one module and one registration: a class with ``move(version) -> int``
 and ``WEIGHT_MOVERS.register("name", make)`` (or ``register_lazy("name", "pkg.module:make",
