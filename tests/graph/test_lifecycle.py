@@ -115,7 +115,7 @@ def test_in_flight_updates_are_the_async_lifecycles_on_vllm_and_refused_elsewher
     result = CliRunner().invoke(app, ["validate", str(REPO / "pipelines" / "april_arith.yaml"), *stale, *vllm])
     assert result.exit_code == 2 and "in-flight controllers cannot step its rows there yet" in result.output
     result = CliRunner().invoke(app, ["validate", str(QUICK), *stale, *vllm, "--set", "executor.kind=ray"])
-    assert result.exit_code == 2 and "not with the Ray executor" in result.output, result.output
+    assert result.exit_code == 2 and "not vLLM replicas" in result.output, result.output  # vLLM on Ray: refused
     with pytest.raises(GfcrError) as info:  # the spec's own error (a SpecError)
         load_pipeline(QUICK, ["lifecycle.mode=pipelined", "lifecycle.in_flight=true", "update.with.correction.use=tis"])
     assert "`lifecycle.in_flight` is the asynchronous lifecycle's" in str(info.value)
