@@ -185,6 +185,7 @@ def advance(stage: Any, episodes: list[Episode], params: SamplingParams, deadlin
     parser = TOOL_PARSERS[cfg.tool_parser] if cfg.tool_parser else None
     decode = decoder(policy)
     boundary = TurnBoundary(policy, cfg.observation_role)
+    positions = context_positions(policy)
     for _ in range(cfg.max_turns):
         live = [e for e in episodes if e.live and e.model_turns < cfg.max_turns]
         if deadline is not None and time.monotonic() > deadline:
@@ -196,10 +197,14 @@ def advance(stage: Any, episodes: list[Episode], params: SamplingParams, deadlin
             if cfg.max_tokens - len(e.tokens) < 1:
                 e.end(RolloutStatus.TRUNCATED,
                       f"token budget of {cfg.max_tokens} spent before model turn {e.model_turns + 1}")
+            elif _room(e, positions) < 1:
+                e.end(RolloutStatus.TRUNCATED, f"context limit of {positions} positions (the model's) reached "
+                                               f"before model turn {e.model_turns + 1}")
         live = [e for e in live if e.live]
         if not live:
             break
-        requests = [e.request(e.model_turns, params, min(cfg.max_turn_tokens, cfg.max_tokens - len(e.tokens)))
+        requests = [e.request(e.model_turns, params,
+                              min(cfg.max_turn_tokens, cfg.max_tokens - len(e.tokens), _room(e, positions)))
                     for e in live]
         results = engine.generate(requests, None, cfg.max_in_flight)
         version = engine.policy_version
@@ -214,7 +219,19 @@ def advance(stage: Any, episodes: list[Episode], params: SamplingParams, deadlin
                                                 lambda: a[0].env.step(a[2])), acts, cfg.env_workers)
         for (e, turn, _), obs in zip(acts, observations):
             if obs is not None:
-                _observe(e, turn, obs, boundary, version, cfg.max_tokens, e.model_turns)
+                _observe(e, turn, obs, boundary, version, cfg.max_tokens, e.model_turns, positions)
+
+
+def context_positions(policy: Any) -> int | None:
+    """The most positions the policy's model takes (prompt and response together): its config's
+    ``max_position_embeddings``; None where the config does not say."""
+    value = policy.model.config.to_dict().get("max_position_embeddings")
+    return int(value) if value else None
+
+
+def _room(e: Episode, positions: int | None) -> int:
+    """New tokens the episode's context can still take (no limit: a large number)."""
+    return 1 << 30 if positions is None else positions - len(e.prompt_ids) - len(e.tokens)
 
 
 def finish(stage: Any, episodes: list[Episode]) -> None:
@@ -244,7 +261,7 @@ def reset_episode(stage: Any, ep: Episode, seed: int) -> None:
 
 
 def _observe(e: Episode, turn: Turn, obs: Observation, boundary: TurnBoundary, version: int, max_tokens: int,
-             k: int) -> None:
+             k: int, positions: int | None = None) -> None:
     """Write the environment's answer to model turn ``k``: its reward, the end, or its turn."""
     e.last = obs
     turn.info = dict(obs.metadata)
@@ -257,6 +274,10 @@ def _observe(e: Episode, turn: Turn, obs: Observation, boundary: TurnBoundary, v
     ids, text = boundary.ids(obs.text, e.tokens[turn.start:turn.end]) if obs.text or boundary.template else ([], "")
     if len(e.tokens) + len(ids) >= max_tokens:  # no room for the environment's turn and one more model token
         e.end(RolloutStatus.TRUNCATED, f"token budget of {max_tokens} spent after model turn {k}")
+        return
+    if _room(e, positions) - len(ids) < 1:  # the environment's turn and one more model token past the model's context
+        e.end(RolloutStatus.TRUNCATED, f"context limit of {positions} positions (the model's) reached after model "
+                                       f"turn {k}")
         return
     if ids:
         e.add_environment_turn(ids, text, version, obs.text)

@@ -21,8 +21,10 @@ fresh environment object per trajectory, ``reset`` on the prompt. Then, turn by 
    conversation.
 
 A trajectory ends when the environment says done (status ``completed``), after ``max_turns``
-model turns, when its next turn would not fit in ``max_tokens`` (prompt excluded), or when the
-call's ``max_wall_s`` is spent (status ``truncated``, the reason in ``stop_reason``). Its rollout
+model turns, when its next turn would not fit in ``max_tokens`` (prompt excluded) or in the model's
+context (its config's ``max_position_embeddings``, prompt included: on either engine, instead of
+an engine error that would fail the step), or when the call's ``max_wall_s`` is spent (status
+``truncated``, the reason in ``stop_reason``). Its rollout
 holds the whole response, its ``turns`` (``gfcr.records.trajectory``), the environment's reward
 summed over turns on ``reward`` (left None when the environment gave none, for ``filter.verify``
 to score), ``correct`` and ``reward_reason`` from the last observation's metadata, and

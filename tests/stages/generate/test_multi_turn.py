@@ -188,6 +188,19 @@ def test_budgets_end_trajectories_as_truncated_and_say_why(policy):
     assert all(r.stop_reason.startswith("wall budget") and len(r) == 0 for r in groups.rollouts())
 
 
+def test_a_context_past_the_models_positions_ends_the_trajectory_as_truncated(policy):
+    """tiny-arith takes 128 positions: long observations over many turns would pass them; each
+    trajectory ends where the next turn would not fit (before or after the environment's turn),
+    the step goes on, and no rollout is longer than the model's context."""
+    long = {**ECHO, "environment": {"use": "testing.echo", "with": {"turns": 12, "reply": " 7 Answer: 7 Answer: 7 Answer:"}},
+            "max_turns": 12, "max_turn_tokens": 8, "max_tokens": 400}
+    _, groups, pool = run(policy, long, n_prompts=3, n=2)
+    for r in groups.rollouts():
+        prompt = len(policy.encode(pool.get(r.prompt_id)))
+        assert r.status == RolloutStatus.TRUNCATED and "context limit of 128 positions" in r.stop_reason, r.stop_reason
+        assert prompt + len(r) <= 128
+
+
 def test_an_environment_that_raises_drops_its_trajectory_only(policy):
     config = {**ECHO, "environment": {"use": "testing.raising", "with": {"at": 2, "every": 2}}}
     stage, groups, _ = run(policy, config)
