@@ -31,8 +31,13 @@ not fit; installing it would add 21 packages (openai, mcp, prime-sandboxes ...) 
 Its normalisation is kept (weights >= 0, divided by their total) and ``normalise: sum`` is offered
 beside it.
 
-Fidelity: no paper: gfcr's own; the weighted mean is that of verifiers 0.4.0's
-``RubricJudge.score`` (``sum(w * s) / sum(w)``).
+Deviations: from verifiers 0.4.0's ``RubricJudge``: rule criteria sit beside judge questions in one
+rubric; each judge criterion is its own judge call (``RubricJudge`` grades all its criteria in one
+call, ``max_criteria`` at a time) with a yes/no or number parse, not a JSON verdict over ordered
+choices; a judge criterion that gives no score falls back (``RubricJudge`` errors the rollout).
+
+Fidelity: gfcr's own: no paper; the weighted mean is that of verifiers 0.4.0's ``RubricJudge.score``
+(``sum(w * s) / sum(w)``).
 
 Example (a correctness criterion with the ``arithmetic`` verifier, a format rule and a length rule):
 
