@@ -72,7 +72,8 @@ def test_the_shipped_rubric_pipeline_scores_each_criterion(tmp_path):
 
 def test_a_reward_model_is_lent_by_the_runtime_and_charged_to_the_step(write_spec, tmp_path, classifier):
     run_dir = tmp_path / "run"
-    spec = write_spec(SCORED.format(model=classifier, steps=2, update="{use: update.grpo, from: score, with: {lr: 1.0e-4}}"))
+    update = "{use: update.grpo, from: score, with: {lr: 1.0e-4}}"
+    spec = write_spec(SCORED.format(model=classifier, steps=2, update=update))
     Run.start(load_pipeline(spec), run_dir).train()
     for record in _records(run_dir):
         score = record["stages"]["score"]
@@ -116,3 +117,28 @@ def test_under_async_the_reward_model_scores_while_the_trainer_updates(write_spe
         return
     assert {name for _, _, name in scoring} != {name for _, _, name in updating}  # two threads
     assert overlapping, (scoring, updating)
+
+
+TRAINED = REPO / "runs" / "reward-model-gsm8k"
+GSM8K = REPO.parent / "shared" / "data" / "gsm8k"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not TRAINED.is_dir(), reason=f"make {TRAINED} with `python benchmarks/train_reward_model.py`")
+def test_the_shipped_reward_model_pipeline_runs_with_the_trained_model(tmp_path):
+    """pipelines/examples/reward_model_gsm8k_smollm2.yaml, 2 steps of 2 prompts x 2 rollouts of at most 32
+    tokens: SmolLM2 answers GSM8K and the trained MiniLM classifier scores every answer."""
+    if not GSM8K.is_dir():
+        pytest.skip(f"needs the GSM8K files in {GSM8K}")
+    spec = REPO / "pipelines" / "examples" / "reward_model_gsm8k_smollm2.yaml"
+    run_dir = tmp_path / "run"
+    Run.start(load_pipeline(spec, ["run.steps=2", "executor.kind=local", "tracking.mlflow=null",
+                                   "stages.pick.with.batch_size=2", "stages.budget.with.n=2",
+                                   "stages.rollout.with.max_new_tokens=32",
+                                   f"data.with.path={GSM8K / 'train.jsonl'}"]), run_dir).train()
+    for record in _records(run_dir):
+        score = record["stages"]["score"]
+        assert score["scored"] == 4 and score["fallbacks"] == 0 and record["tokens_scored"] >= score["rm_tokens"] > 0
+    rows = [r for r in read_lineage(run_dir / "lineage").to_pylist() if r["reward"] is not None]
+    assert len(rows) == 8 and all(0 < r["reward"] < 1 for r in rows)
+    assert all(r["reward_reason"].startswith("reward model logit ") for r in rows)

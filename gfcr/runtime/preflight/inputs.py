@@ -45,7 +45,8 @@ from gfcr.errors import DataError, Problem
 from gfcr.graph import CompiledPipeline
 from gfcr.records import PromptPool
 from gfcr.engines.reward_models import check_reward_model
-from gfcr.registry import ChecksHost, ChecksRows, CountsPrompts, HostNote, LoadsModels, LoadsRewardModels, PicksBatch
+from gfcr.registry import (ChecksHost, ChecksRows, CountsPrompts, HostNote, LoadsModels, LoadsRewardModels,
+                           PicksBatch)
 
 
 def input_problems(pipeline: CompiledPipeline) -> list[Problem]:

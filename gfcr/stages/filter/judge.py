@@ -45,7 +45,8 @@ clock decides which rows finish).
 
 Deviations: TRL's judges and verl's GenRM ask a served model over HTTP and retry; here the judge is
 one engine call per step with no retries (a retried greedy call would answer the same). Rubric
-rewards (several criteria, weighted) and a discriminative reward model are not here.
+rewards (several criteria, weighted) are ``filter.rubric``, whose judge criteria ask through this
+stage; a discriminative reward model is ``filter.reward_model``.
 
 Fidelity: gfcr's own: the LLM-as-a-judge pattern (Zheng et al., 2023, arXiv 2306.05685), single-answer
 grading with an optional reference; no reference code is followed.
