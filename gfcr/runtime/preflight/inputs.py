@@ -41,10 +41,10 @@ from __future__ import annotations
 import importlib.util
 
 from gfcr.engines.models import ModelError, check_lora_targets, check_model, check_vllm_cpu_heads
+from gfcr.engines.reward_models import check_reward_model
 from gfcr.errors import DataError, Problem
 from gfcr.graph import CompiledPipeline
 from gfcr.records import PromptPool
-from gfcr.engines.reward_models import check_reward_model
 from gfcr.registry import (ChecksHost, ChecksRows, CountsPrompts, HostNote, LoadsModels, LoadsRewardModels,
                            PicksBatch)
 
