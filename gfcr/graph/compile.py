@@ -371,7 +371,7 @@ class _Compiler:
         if self.spec.executor.kind != "ray":
             return
         for sid, config in configs.items():
-            if isinstance(config, SteersItsEngineCalls):
+            if isinstance(config, SteersItsEngineCalls) and config.steers_engine_calls:
                 self.problem(_stage_path(sid) + ("use",),
                              f"`{sid}` calls the engine itself with an in-flight controller of its own (a deadline), "
                              "and with `executor: {kind: ray}` the engine is replica actors that take no controller",

@@ -13,13 +13,15 @@ from gfcr.registry.lifecycle import (
 )
 from gfcr.registry.lifecycle import (  # capabilities: what a stage's Config says it is
     BuildsTrees, ChecksHost, ChecksRows, CountsPrompts, DeclaresCorrection, DropsFinishes, EstimatesAdvantages,
-    FixesGroupSize, LoadsModels, MarksCorrect, NeedsOfEngine, NeedsSyncLifecycle, PicksBatch, ReadsRewards, RecordsEntropy,
+    FixesGroupSize, LoadsModels, LoadsRewardModels, MarksCorrect, NeedsOfEngine, NeedsSyncLifecycle, PicksBatch,
+    ReadsRewards, RecordsEntropy,
     ReplaysFresh, ServesStore, SizesEachGroup, SteersItsEngineCalls, UPSTREAM_NEEDS, UpstreamNeed,
 )
 
 __all__ = [
     "BuildsTrees", "ChecksHost", "ChecksPipeline", "ChecksRows", "CountsPrompts", "DeclaresCorrection", "DropsFinishes",
-    "EstimatesAdvantages", "FixesGroupSize", "LoadsModels", "MarksCorrect", "NeedsOfEngine", "NeedsSyncLifecycle", "PicksBatch",
+    "EstimatesAdvantages", "FixesGroupSize", "LoadsModels", "LoadsRewardModels", "MarksCorrect", "NeedsOfEngine",
+    "NeedsSyncLifecycle", "PicksBatch",
     "ReadsRewards", "RecordsEntropy", "ReplaysFresh", "ServesStore", "SizesEachGroup", "SteersItsEngineCalls",
     "BeforeStep", "EndsLoop", "HostsInFlight", "InFlightController", "NeedsOfUpdate", "Observes", "OwnsFiles",
     "HostNote", "PipelineProblem", "ReportsMetrics", "SetsUp",

@@ -37,6 +37,8 @@ BUILTIN_STAGES = {
     "filter.dynamic_sampling": "gfcr.stages.filter.dynamic_sampling:DynamicSampling",
     "filter.verify": "gfcr.stages.filter.verify:Verify",
     "filter.judge": "gfcr.stages.filter.judge:Judge",
+    "filter.reward_model": "gfcr.stages.filter.reward_model:RewardModel",
+    "filter.rubric": "gfcr.stages.filter.rubric:Rubric",
     "filter.finish_reason": "gfcr.stages.filter.finish_reason:FinishReasonFilter",
     "filter.beta_difficulty": "gfcr.stages.filter.beta_difficulty:BetaDifficulty",
     "filter.overlong": "gfcr.stages.filter.overlong:Overlong",

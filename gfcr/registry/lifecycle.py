@@ -208,6 +208,15 @@ class LoadsModels(Protocol):
 
 
 @runtime_checkable
+class LoadsRewardModels(Protocol):
+    """Scores with a discriminative reward model of its own (``filter.reward_model``):
+    ``reward_models_loaded()`` gives ``(key under with, folder, label)`` for each, which ``gfcr validate``
+    checks from the folder's config.json (there, with a sequence-classification head), loading nothing."""
+
+    def reward_models_loaded(self) -> tuple[tuple[str, str, int], ...]: ...
+
+
+@runtime_checkable
 class FixesGroupSize(Protocol):
     """Allocates the same ``rollouts_per_prompt`` to every prompt it keeps (``control.fixed_n``,
     ``control.mc_grpo``'s G + 1); ``group_size_setting(n)`` is the ``key=value`` of its ``with``
@@ -375,7 +384,7 @@ class CountsPrompts(Protocol):
 CAPABILITIES: tuple[type, ...] = (PicksBatch, FixesGroupSize, SizesEachGroup, RecordsEntropy, MarksCorrect,
                                   ReadsRewards, DropsFinishes, BuildsTrees, ServesStore, ReplaysFresh,
                                   EstimatesAdvantages, NeedsOfEngine, NeedsSyncLifecycle, DeclaresCorrection,
-                                  LoadsModels, SteersItsEngineCalls)
+                                  LoadsModels, LoadsRewardModels, SteersItsEngineCalls)
 
 
 def capability_members(capability: type) -> tuple[str, ...]:

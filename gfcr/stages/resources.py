@@ -30,6 +30,9 @@ rollouts through it): in-process by default, batches of Ray tasks under the Ray 
 ``Lent.judges`` serves a judge model other than the policy (``filter.judge``): the runtime loads it
 once, frozen, on a transformers engine of its own (``gfcr.engines.judges``).
 
+``Lent.reward_models`` serves a discriminative reward model (``filter.reward_model``): the runtime
+loads each local sequence-classifier folder once, frozen, on the CPU (``gfcr.engines.reward_models``).
+
 ``Lent.steps_optimizer`` is False in the driver where the update runs as trainer ranks
 (``executor: {kind: ray}`` with ``resources.replicas`` on the update): the runtime builds the
 update stage in every rank, and the driver's copy then only prepares batches and reports.
@@ -74,6 +77,15 @@ class Policy(Protocol):
         ...
 
 
+class Classifier(Protocol):
+    """A frozen sequence classifier scoring (prompt, response) rows (``gfcr.engines.reward_models.RewardModel``):
+    one ``RowScore`` (``logit``, ``tokens`` read, ``cut``) a row, None for the rows not started before
+    ``deadline`` (``time.monotonic()``)."""
+
+    def score(self, prompts: Sequence[str], responses: Sequence[str], *, format: str, max_length: int,
+              batch_size: int, label: int = 1, deadline: float | None = None) -> list[Any]: ...
+
+
 Map = Callable[[Callable[[Any], Any], Sequence[Any]], list[Any]]
 """``map(fn, items) -> [fn(item) for item in items]``, in order, wherever the runtime runs it."""
 
@@ -107,6 +119,9 @@ class Lent:
     # a judge model by alias or folder -> (its frozen policy, the engine serving it), loaded once each
     # (``filter.judge`` with a model other than the policy's); None where the runtime serves none
     judges: Callable[[str], tuple[Policy, Engine]] | None = None
+    # a reward model folder -> the frozen sequence classifier scoring with it, loaded once each
+    # (``filter.reward_model``); None where the runtime serves none
+    reward_models: Callable[[str], "Classifier"] | None = None
 
     def take_tokens_scored(self) -> int:
         """The tokens scored since the last call (the runner calls it once a step)."""
@@ -156,6 +171,14 @@ class Lent:
                              "its own (the Ray executor does not)", f"set `model: policy` on `{stage}` (the policy's "
                              "own engine judges), or run with `executor: {kind: local}` or `prefect`")
         return self.judges(model)
+
+    def require_reward_model(self, path: str, stage: str) -> "Classifier":
+        """The frozen reward model in the folder ``path``."""
+        if self.reward_models is None:
+            raise ModelError(f"`{stage}` scores with the reward model `{path}`, and this runtime serves no reward "
+                             "model", "run it with `gfcr run` (the local, Prefect or Ray executor lends one), or "
+                             "lend `Lent(reward_models=RewardModels())` (gfcr.engines.reward_models) in a test")
+        return self.reward_models(path)
 
     def require_store(self, stage_id: str, by: str) -> Callable[[], Any]:
         """The store stage ``stage_id`` owns (``OwnsStore``: ``replay.store``), as a function that

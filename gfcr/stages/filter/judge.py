@@ -45,7 +45,8 @@ clock decides which rows finish).
 
 Deviations: TRL's judges and verl's GenRM ask a served model over HTTP and retry; here the judge is
 one engine call per step with no retries (a retried greedy call would answer the same). Rubric
-rewards (several criteria, weighted) and a discriminative reward model are not here.
+rewards (several criteria, weighted) are ``filter.rubric``, whose judge criteria ask through this
+stage; a discriminative reward model is ``filter.reward_model``.
 
 Fidelity: gfcr's own: the LLM-as-a-judge pattern (Zheng et al., 2023, arXiv 2306.05685), single-answer
 grading with an optional reference; no reference code is followed.
@@ -88,6 +89,7 @@ from gfcr.records import Prompt, PromptPool, Rollout, RolloutGroups
 from gfcr.registry import StageConfig
 from gfcr.stages.engine import GenerationRequest, InFlightView, SamplingParams, Steer
 from gfcr.stages.filter.judge_prompts import Judged, Parse, YesNoParse, check_template, render
+from gfcr.stages.filter.model_scores import write_model_score
 from gfcr.stages.resources import Engine, Lent, Policy
 
 ALIAS = "filter.judge"
@@ -164,6 +166,13 @@ class Judge:
 
     def run(self, groups: RolloutGroups, pool: PromptPool) -> RolloutGroups:
         todo = [r for r in groups.rollouts() if r.reward is None]
+        for rollout, judged in zip(todo, self.judge_rollouts(todo, pool), strict=True):
+            self._write(rollout, judged)
+        return groups
+
+    def judge_rollouts(self, todo: list[Rollout], pool: PromptPool) -> list[Judged]:
+        """Ask the judge about each rollout in one engine call, charge the step, and give what was read
+        (``filter.rubric``'s judge criteria call it too)."""
         if self.judge is None or self.engine is None:
             raise RuntimeError(f"{ALIAS} ran before setup: the runtime calls `setup(lent)` first")
         requests = [self._request(r, pool) for r in todo]
@@ -171,10 +180,8 @@ class Judge:
         completions = self.engine.generate(requests, controller=Deadline(self.config.timeout_s)) if requests else []
         waited = time.monotonic() - started
         verdicts = [self._read(completion, waited) for (completion,) in completions]
-        for rollout, judged in zip(todo, verdicts, strict=True):
-            self._write(rollout, judged)
         self._charge(requests, completions, verdicts)
-        return groups
+        return verdicts
 
     def _read(self, completion: Any, waited: float) -> Judged:
         if completion.finish_reason == "aborted":  # stopped by the Deadline
@@ -198,11 +205,8 @@ class Judge:
     def _write(self, rollout: Rollout, judged: Judged) -> None:
         cfg = self.config
         cut = len(rollout.text or "") > cfg.max_response_chars
-        reward = cfg.fallback if judged.value is None else judged.value
-        rollout.reward, rollout.correct = reward, judged.value is not None and reward >= cfg.pass_at
-        rollout.reward_components = {"judge": reward, "judge_fallback": float(judged.value is None)}
-        reason = judged.reason if judged.value is not None else f"judge fallback {cfg.fallback:g}: {judged.reason}"
-        rollout.reward_reason = reason + (f" (response cut to {cfg.max_response_chars} chars)" if cut else "")
+        write_model_score(rollout, judged, name="judge", fallback=cfg.fallback, pass_at=cfg.pass_at,
+                          note=f" (response cut to {cfg.max_response_chars} chars)" if cut else "")
 
     def _charge(self, requests: list[GenerationRequest], completions: list[Any], verdicts: list[Judged]) -> None:
         """Charge the judge's tokens to the step, and keep the step's numbers."""
