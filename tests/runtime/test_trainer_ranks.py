@@ -4,7 +4,9 @@ Two ``TrainerRank`` actors over torch.distributed (gloo), each with its own copy
 tiny-arith policy and of ``update.grpo``: the summed gradient of the two shards equals the
 single-process gradient of the whole batch (and an all-reduce that averages is caught); a seeded
 run with 2 ranks gives the local runner's metrics; a checkpoint of a run with ranks resumes with
-its optimizer state. One cluster serves the module; the tests on it are ``slow``
+its optimizer state. The same with the policy sharded over the ranks by FSDP2 (``sharding: fsdp2``,
+issue 43, Must show 3): the gradients and the parameters after one step equal one process's, each rank
+holds half, a run gives the local runner's metrics and resumes. One cluster serves the module; the tests on it are ``slow``
 (``pytest -m slow tests/runtime/test_trainer_ranks.py``); the validate rules run without Ray.
 """
 
