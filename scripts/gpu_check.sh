@@ -20,7 +20,8 @@
 #       benchmarks/partial_rollouts.py --engine vllm --device cuda (APRIL's stop-at-target against
 #       synchronous sampling on vLLM: issue 28, Must show 4 and 5, measured on the CPU so far).
 # Part 3, the distributed case: quickstart on the Ray executor with trainer ranks over NCCL (2 ranks
-#   where 3 GPUs exist, 1 where 2 exist, skipped on one GPU), against the local runner on CUDA.
+#   where 3 GPUs exist, 1 where 2 exist, skipped on one GPU), against the local runner on CUDA;
+#   3b the same with the ranks sharded by FSDP2 (`update.resources.sharding=fsdp2`, issue 43).
 # Not yet run on a GPU (no GPU has been lent since Part 2 was written): read, not executed.
 #
 # Python: $GFCR_PYTHON if set; else python3 if it imports torch, transformers and pydantic (gfcr is
@@ -165,14 +166,29 @@ else
   echo "exit $rc in $((SECONDS - t0)) s"
   [ "$rc" -eq 0 ] || { failed=1; tail -n 40 "$OUT/quickstart-ray-ranks.log"; }
   "$PY" scripts/step_times.py "$OUT/quickstart-cuda/metrics.jsonl" "$OUT/quickstart-ray-ranks/metrics.jsonl"
-  "$PY" - "$OUT/quickstart-cuda/metrics.jsonl" "$OUT/quickstart-ray-ranks/metrics.jsonl" <<'PY' || failed=1
+  # 3b. the same with the policy sharded over the ranks (issue 43: `sharding: fsdp2`, FSDP2's
+  # all-gathers and reduce-scatters over NCCL, the weights gathered whole for the engine)
+  echo "== 3b. the same, update.resources.sharding=fsdp2 ($RANKS rank(s), FSDP2 over NCCL)"
+  rm -rf "$OUT/quickstart-ray-fsdp2"
+  t0=$SECONDS
+  "$PY" -m gfcr.cli.main run pipelines/quickstart.yaml --steps "$STEPS" --run-dir "$OUT/quickstart-ray-fsdp2" \
+    --executor ray --set policy.device=cuda --set stages.rollout.resources.gpus=1 \
+    --set update.resources.replicas="$RANKS" --set update.resources.gpus=1 --set update.resources.cpus=2 \
+    --set update.resources.sharding=fsdp2 --set tracking.mlflow=null > "$OUT/quickstart-ray-fsdp2.log" 2>&1
+  rc=$?
+  echo "exit $rc in $((SECONDS - t0)) s"
+  [ "$rc" -eq 0 ] || { failed=1; tail -n 40 "$OUT/quickstart-ray-fsdp2.log"; }
+  for run in quickstart-ray-ranks quickstart-ray-fsdp2; do
+    "$PY" - "$OUT/quickstart-cuda/metrics.jsonl" "$OUT/$run/metrics.jsonl" "$run" <<'PY' || failed=1
 import json, sys
-local, ranks = ([json.loads(l) for l in open(p) if l.strip()] for p in sys.argv[1:])
+local, ranks = ([json.loads(l) for l in open(p) if l.strip()] for p in sys.argv[1:3])
 diff = max(abs(a["reward_mean"] - b["reward_mean"]) for a, b in zip(local, ranks) if a["reward_mean"] is not None)
-print(f"reward_mean, ranks on Ray against the local runner on CUDA: max |difference| {diff:.3g} over {len(ranks)} steps")
+print(f"reward_mean, {sys.argv[3]} on Ray against the local runner on CUDA: max |difference| {diff:.3g} over "
+      f"{len(ranks)} steps")
 # the same seeded rows: only float rounding (GPU kernels, NCCL's sum) differs, and a token it flips
 # moves a step's mean over 128 rows by 1/128; more than 0.05 is a different run
-raise SystemExit(diff > 0.05)
+raise SystemExit(diff > 0.05 or len(ranks) != len(local))
 PY
+  done
 fi
 exit $failed

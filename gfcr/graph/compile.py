@@ -462,7 +462,8 @@ class _Compiler:
             self.problem(path, message, fix)
         self.check_own_engine_calls(configs)
         if UPDATE_ID in infos:  # the update's trainer ranks
-            for path, message, fix in trainer_problems(self.spec, infos[UPDATE_ID].cls):
+            for path, message, fix in trainer_problems(self.spec, infos[UPDATE_ID].cls,
+                                                          configs.get(UPDATE_ID)):
                 self.problem(path, message, fix)
         for path, message, fix in lifecycle_problems(self.spec, {sid: info.alias for sid, info in infos.items()},
                                                      {sid: c for sid, c in configs.items() if c is not None}):

@@ -16,7 +16,11 @@ samples on a device other than the one its spec asks for:
 - ``executor.weight_sync`` with another executor than Ray (it has no replicas to sync);
 - trainer ranks (``resources: {replicas: N}`` on the update, N > 1) without the Ray executor,
   for an update that cannot run split (no ``train_shard``), or with GPUs that disagree with
-  ``policy.device`` (``trainer_problems``).
+  ``policy.device`` (``trainer_problems``);
+- ``sharding: fsdp2`` anywhere but on the update's trainer ranks (a stage's replicas each hold
+  the whole policy; without the Ray executor the update steps in the driver), on an update that
+  cannot train sharded (``TrainsSharded``) or whose Config asks for what sharded ranks cannot do
+  (its ``sharding_problems``), and with ``policy.lora``.
 
 A cluster without the GPUs reserved, without nodes that declare the ``node_resource``, or too
 small for the ``strategy``, and a driver without CUDA for a ``cuda`` policy, are found when the
@@ -26,10 +30,10 @@ with its fix.
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Any, Iterator
 
 from gfcr.errors import GfcrError
-from gfcr.registry import Trains, has_role
+from gfcr.registry import Trains, TrainsSharded, has_role
 from gfcr.spec import PipelineSpec
 from gfcr.spec import Resources as Placement
 
@@ -62,9 +66,12 @@ def trainer_placement(spec: PipelineSpec) -> Placement | None:
     return spec.update.resources
 
 
-def trainer_problems(spec: PipelineSpec, update_class: type) -> Iterator[tuple[tuple, str, str]]:
-    """``(key path, message, fix)`` for trainer ranks the update's ``resources`` ask for and cannot get."""
+def trainer_problems(spec: PipelineSpec, update_class: type, config: Any = None) -> Iterator[tuple[tuple, str, str]]:
+    """``(key path, message, fix)`` for trainer ranks the update's ``resources`` ask for and cannot get
+    (``config``: the update's parsed Config, None where it did not parse)."""
     ranks = spec.update.resources
+    if ranks.sharding != "replicated":
+        yield from _sharding_problems(spec, update_class, config)
     if ranks.replicas > 1 and spec.executor.kind != "ray":
         yield (("update", "resources", "replicas"),
                f"the update asks for {ranks.replicas} trainer ranks, which run as Ray actors, but the executor is "
@@ -92,8 +99,35 @@ def trainer_problems(spec: PipelineSpec, update_class: type) -> Iterator[tuple[t
                "set `resources: {gpus: 1}` on the update, or `policy.device: cpu`")
 
 
+def _sharding_problems(spec: PipelineSpec, update_class: type, config: Any) -> Iterator[tuple[tuple, str, str]]:
+    """``sharding: fsdp2`` on the update: the Ray executor, an update that trains sharded, no LoRA."""
+    path, use = ("update", "resources", "sharding"), spec.update.use
+    if spec.executor.kind != "ray":
+        yield (path, f"`sharding: fsdp2` shards the policy over the update's trainer ranks, which run as Ray actors, "
+                     f"but the executor is `{spec.executor.kind}` (the update steps in the driver, unsharded)",
+               "set `executor: {kind: ray}` (--set executor.kind=ray), or remove `sharding`")
+        return
+    if not has_role(update_class, TrainsSharded):
+        yield (path, f"the update `{use}` cannot train with its policy sharded (it does not play the "
+                     "`TrainsSharded` role)", "remove `sharding` (the ranks then replicate the policy)")
+        return
+    if spec.policy is not None and spec.policy.lora is not None:
+        yield (path, "`sharding: fsdp2` with `policy.lora`: sharded ranks train and gather full weights, not an "
+                     "adapter, so far (an adapter is small: replicated ranks hold it)",
+               "remove `sharding` (or set `sharding: replicated`), or remove `policy.lora`")
+    if config is not None:
+        for problem in update_class.sharding_problems(config):
+            yield ("update", "with", *problem.key), problem.message, problem.fix
+
+
 def placement_problems(spec: PipelineSpec) -> Iterator[tuple[tuple, str, str]]:
     """``(key path, message, fix)`` for each thing Ray placement cannot honour in ``spec``."""
+    for sid, stage in spec.stages.items():  # the update's own is ``trainer_problems``'
+        if stage.resources.sharding != "replicated":
+            yield (("stages", sid, "resources", "sharding"),
+                   f"`sharding: {stage.resources.sharding}` shards the update's trainer ranks; `{sid}` is a stage "
+                   "whose replicas each hold the whole policy", f"remove `sharding` from `{sid}`'s resources, and "
+                   "set it on the update's (`update: {resources: {replicas: 2, sharding: fsdp2}}`)")
     if spec.executor.weight_sync is not None and spec.executor.kind != "ray":
         yield (("executor", "weight_sync"),
                f"`executor.weight_sync` chooses how weights reach Ray engine replicas, but the executor is "

@@ -8,8 +8,8 @@ from gfcr.registry.contract import FAMILIES, FilePath, Port, Seed, StageConfig, 
 from gfcr.registry.core import Registry
 from gfcr.registry.lifecycle import (
     BeforeStep, ChecksPipeline, EndsLoop, HostsInFlight, InFlightController, NeedsOfUpdate, Observes, OwnsFiles,
-    HostNote, OwnsStore, PipelineProblem, ReportsMetrics, SetsUp, Stage, Stateful, Trains, UpdateNeed,
-    declares, has_role,
+    HostNote, OwnsStore, PipelineProblem, ReportsMetrics, SetsUp, Stage, Stateful, Trains, TrainsSharded,
+    UpdateNeed, declares, has_role,
 )
 from gfcr.registry.lifecycle import (  # capabilities: what a stage's Config says it is
     BuildsTrees, ChecksHost, ChecksRows, CountsPrompts, DeclaresCorrection, DropsFinishes, EstimatesAdvantages,
@@ -25,7 +25,7 @@ __all__ = [
     "ReadsRewards", "RecordsEntropy", "ReplaysFresh", "ServesStore", "SizesEachGroup", "SteersItsEngineCalls",
     "BeforeStep", "EndsLoop", "HostsInFlight", "InFlightController", "NeedsOfUpdate", "Observes", "OwnsFiles",
     "HostNote", "PipelineProblem", "ReportsMetrics", "SetsUp",
-    "OwnsStore", "Stage", "Stateful", "Trains", "UPSTREAM_NEEDS", "UpdateNeed", "UpstreamNeed", "declares", "has_role",
+    "OwnsStore", "Stage", "Stateful", "Trains", "TrainsSharded", "UPSTREAM_NEEDS", "UpdateNeed", "UpstreamNeed", "declares", "has_role",
     "BUILTIN_DATA_SOURCES", "BUILTIN_STAGES", "DATA_SOURCES", "FAMILIES", "Port", "Registry", "STAGES",
     "FilePath", "Seed", "StageConfig", "StageInfo", "describe_stage", "path_keys", "make_data_registry", "make_stage_registry",
     "stage_info", "stage_infos",

@@ -82,6 +82,20 @@ class Trains(Protocol):
 
 
 @runtime_checkable
+class TrainsSharded(Protocol):
+    """A ``Trains`` update that can step with the policy's parameters sharded over the trainer ranks
+    (``resources: {sharding: fsdp2}`` on the update; ``gfcr.runtime.training.sharding``): a
+    staticmethod ``sharding_problems(config) -> [problem]`` names what its Config asks for that
+    sharded ranks cannot do (each a ``PipelineProblem`` on a key under the update's ``with``). The
+    stage's ``train_shard`` then honours ``Ranks.sharded``: the policy's gradients are reduced by the
+    model in each backward pass, and every rank runs as many forward and backward passes as the
+    busiest (``Ranks.most``). An update without it is refused with ``sharding: fsdp2``."""
+
+    @staticmethod
+    def sharding_problems(config: Any) -> Sequence[PipelineProblem]: ...
+
+
+@runtime_checkable
 class OwnsStore(Protocol):
     """A stage that owns a store other stages read (``replay.store``). The runtime lends
     ``owned_store`` (not the stage) to the stages, through ``Lent.require_store``."""
@@ -406,14 +420,15 @@ CAPABILITY_NAMES: frozenset[str] = frozenset(
 
 ROLES: tuple[type, ...] = (Stage, SetsUp, BeforeStep, Observes, ReportsMetrics, Stateful, OwnsFiles, EndsLoop,
                            InFlightController, HostsInFlight, ChecksPipeline, NeedsOfUpdate, Trains,
-                           OwnsStore)
+                           TrainsSharded, OwnsStore)
 METHODS: dict[type, tuple[str, ...]] = {
     Stage: ("run",), SetsUp: ("setup",), BeforeStep: ("before_step",), Observes: ("observe",),
     ReportsMetrics: ("step_metrics",),
     Stateful: ("state_dict", "load_state_dict"), OwnsFiles: ("save_files", "load_files"),
     EndsLoop: ("done",), InFlightController: ("steer",), HostsInFlight: ("attach_in_flight",),
     ChecksPipeline: ("check_pipeline",), NeedsOfUpdate: ("update_needs",),
-    Trains: ("prepare", "train_shard", "finish"), OwnsStore: ("owned_store",),
+    Trains: ("prepare", "train_shard", "finish"), TrainsSharded: ("sharding_problems",),
+    OwnsStore: ("owned_store",),
 }
 LIFECYCLE_NAMES: frozenset[str] = frozenset(m for names in METHODS.values() for m in names)
 NEAR_MISS_RATIO = 0.8  # observer/observe 0.93, load_state/load_state_dict 0.8, observe_groups/observe 0.67

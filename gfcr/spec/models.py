@@ -107,6 +107,10 @@ class Resources(StrictModel):
     node_resource: Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.:/-]*$", description=(
         "place the replicas only on nodes that declare this Ray custom resource (`ray start --resources "
         "'{\"engines\": 1}'`); any amount will do: each replica takes 0.001 of it"))] | None = None
+    sharding: Literal["replicated", "fsdp2"] = Field("replicated", description=(
+        "the update's trainer ranks only: `replicated` (each rank a full copy of the policy and AdamW, the "
+        "gradients summed over the ranks) or `fsdp2` (torch's `fully_shard`: each rank holds 1/N of the "
+        "parameters, gradients and AdamW state; docs/scale-out.md)"))
 
 
 class StageSpec(StrictModel):

@@ -28,15 +28,28 @@ def _one_rank(tensors: list[Any]) -> None:
     """The sum over one rank: the tensors as they are."""
 
 
+def _itself(n: int) -> int:
+    """The largest over one rank: ``n``."""
+    return n
+
+
 @dataclass(frozen=True)
 class Ranks:
     """Where one shard of a distributed update runs: rank ``rank`` of ``world_size`` trainer ranks,
     and ``all_reduce_sum``, which replaces each tensor of a list by its sum over the ranks, in
-    place. In one process (the default) it is rank 0 of 1 and the sum does nothing."""
+    place. In one process (the default) it is rank 0 of 1 and the sum does nothing.
+
+    ``sharded``: the policy's parameters are sharded over the ranks (FSDP2, ``resources: {sharding:
+    fsdp2}``; ``gfcr.runtime.training.sharding``): each backward pass reduces the policy's gradients
+    itself (a SUM over the ranks), so the stage sums only what is not the policy's (the loss, a
+    learned aggregation's parameters); and each forward and backward pass is a collective, so every
+    rank must run as many as the busiest: ``most(n)`` is the largest ``n`` over the ranks."""
 
     rank: int = 0
     world_size: int = 1
     all_reduce_sum: Callable[[list[Any]], None] = _one_rank
+    sharded: bool = False
+    most: Callable[[int], int] = _itself
 
 
 @dataclass

@@ -4,7 +4,9 @@ Two ``TrainerRank`` actors over torch.distributed (gloo), each with its own copy
 tiny-arith policy and of ``update.grpo``: the summed gradient of the two shards equals the
 single-process gradient of the whole batch (and an all-reduce that averages is caught); a seeded
 run with 2 ranks gives the local runner's metrics; a checkpoint of a run with ranks resumes with
-its optimizer state. One cluster serves the module; the tests on it are ``slow``
+its optimizer state. The same with the policy sharded over the ranks by FSDP2 (``sharding: fsdp2``,
+issue 43, Must show 3): the gradients and the parameters after one step equal one process's, each rank
+holds half, a run gives the local runner's metrics and resumes. One cluster serves the module; the tests on it are ``slow``
 (``pytest -m slow tests/runtime/test_trainer_ranks.py``); the validate rules run without Ray.
 """
 
@@ -41,6 +43,7 @@ from gfcr.runtime.ray.trainer_ranks import RayTrainerGroup, optimizer_gradients 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "pipelines" / "quickstart.yaml"
 TWO_RANKS = Placement(replicas=2)
+TWO_SHARDED = Placement(replicas=2, sharding="fsdp2")  # FSDP2: each rank holds half the policy and AdamW
 PROMPTS = [Prompt(f"a:{i}", text=f"What is {10 + i} + {20 + 3 * i}? Answer:") for i in range(6)]
 POOL = PromptPool(PROMPTS)
 REWARDS = [[1, 0, 1, 0], [1, 1, 1, 0], [0, 0, 0, 0], [0, 1, 0, 0], [1, 0, 0, 1], [0, 1, 1, 1]]
@@ -65,6 +68,24 @@ def test_validate_refuses_ranks_it_cannot_place_with_the_fix(overrides, path, fi
 def test_two_ranks_on_ray_validate():
     pipeline = load_pipeline(QUICKSTART, ["update.resources.replicas=2", "executor.kind=ray"])
     assert ray_executor.trainer_placement(pipeline.spec) == TWO_RANKS
+
+
+def test_two_sharded_ranks_on_ray_validate():
+    pipeline = load_pipeline(QUICKSTART, ["update.resources.replicas=2", "update.resources.sharding=fsdp2",
+                                          "executor.kind=ray"])
+    assert ray_executor.trainer_placement(pipeline.spec) == TWO_SHARDED
+
+
+@pytest.mark.parametrize(("overrides", "path", "fix"), [
+    (["update.with.advantage.use=opob", "update.with.aggregation.use=seq_mean_token_mean"],
+     "update.with.advantage.use", "remove `sharding` from the update's resources"),
+    (["policy.lora.rank=8"], "update.resources.sharding", "remove `sharding` (or set `sharding: replicated`)"),
+])
+def test_validate_refuses_what_sharded_ranks_cannot_do_with_the_fix(overrides, path, fix):
+    sharded = ["update.resources.replicas=2", "update.resources.sharding=fsdp2", "executor.kind=ray"]
+    with pytest.raises(GraphError) as caught:
+        load_pipeline(QUICKSTART, sharded + overrides)
+    assert path in str(caught.value) and fix in str(caught.value)
 
 
 def test_shards_are_contiguous_and_balanced_by_tokens():
@@ -173,6 +194,69 @@ def test_two_ranks_sum_to_the_single_process_gradient(cluster, batch, loss):
         assert any(key.startswith("1.") for key in single)
 
 
+def _fresh_policy():
+    from gfcr.engines import load_policy
+
+    return load_policy(PolicySpec(model="tiny-arith"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loss", [*LOSSES, "daro"])
+def test_two_sharded_ranks_sum_to_the_single_process_gradient(cluster, batch, loss):
+    """Issue 43, Must show 3: FSDP2 (``sharding: fsdp2``) on 2 ranks over gloo gives the gradient of
+    one process; the shards are cut unevenly (3 micro-batches against 1), so the rank with fewer
+    takes empty passes to meet the other's collectives."""
+    policy, groups = batch
+    config = GRPOUpdate.Config(lr=1e-3, micro_batch_size=5, **(DARO if loss == "daro" else LOSSES[loss]))
+    forward, plan, single = _one_process(policy, groups, config)
+    ranks = RayTrainerGroup.start(PolicySpec(model="tiny-arith"), TWO_SHARDED, GRPOUpdate, config)
+    try:
+        shards = [forward[:15], forward[15:]]
+        summed = cluster.get([ranks.ranks[r].gradients.remote(shard, plan, 0) for r, shard in enumerate(shards)])
+    finally:
+        ranks.close()
+    diff = _max_diff(summed[0], single)
+    print(f"{loss}: max |2 FSDP2 ranks - 1 process| gradient = {diff:.3g} "
+          f"(largest gradient {max(float(g.abs().max()) for g in single.values()):.3g})")
+    assert _max_diff(summed[0], summed[1]) == 0.0  # both ranks gathered the same whole gradient
+    assert diff < 1e-6
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("placement", [TWO_RANKS, TWO_SHARDED], ids=["replicated", "fsdp2"])
+def test_the_parameters_after_one_step_equal_one_process(cluster, batch, placement):
+    """One AdamW step (clipped) on 2 ranks, replicated or sharded, against one process: the weights
+    rank 0 gathers afterwards, and what each rank holds (under FSDP2, half)."""
+    _, groups = batch
+    config = GRPOUpdate.Config(lr=1e-3, micro_batch_size=5)
+    policy = _fresh_policy()
+    stage = GRPOUpdate(config)
+    stage.setup(Lent(policy))
+    items, _, _ = stage._batch(groups, POOL)
+    plan = stage.aggregation.plan([i.row() for i in items])
+    forward = [i for i in items if len(i.rollout) and i.has_signal()]
+    stage.train_shard(forward, plan, 0, Ranks())
+    ranks = RayTrainerGroup.start(PolicySpec(model="tiny-arith"), placement, GRPOUpdate, config)
+    try:
+        shards = split_balanced(forward, [len(i.rollout) for i in forward], 2)
+        outcomes = ranks.step(shards, plan, 0)
+        weights = ranks.weights()
+        held = cluster.get([rank.held.remote() for rank in ranks.ranks])
+    finally:
+        ranks.close()
+    single = policy.model.state_dict()
+    diff = max(float((weights[n] - single[n]).abs().max()) for n in single)
+    print(f"{placement.sharding}: max |2 ranks - 1 process| parameter after one step = {diff:.3g} (lr 1e-3); "
+          f"bytes held per rank: {[h['bytes'] for h in held]}")
+    assert weights.keys() == single.keys() and all(o.skip_reason is None for o in outcomes)
+    assert diff < 0.05 * config.lr  # AdamW's first step moves each weight by about lr
+    whole = sum(p.numel() * 4 for p in {id(p): p for p in policy.model.parameters()}.values())  # float32 bytes
+    share = 1 if placement == TWO_RANKS else 2  # FSDP2: each rank keeps half (give or take a padded row)
+    for h in held:
+        assert abs(h["bytes"]["params"] - whole / share) <= 4096, (h, whole)
+        assert abs(h["bytes"]["optimizer"] - 2 * whole / share) <= 8192, (h, whole)  # AdamW's two moments
+
+
 def _records(run_dir: Path) -> list[dict]:
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     for r in records:
@@ -231,6 +315,36 @@ def test_a_run_with_ranks_resumes_with_its_optimizer_state(cluster, tmp_path):
     for index, moments in saved["state"].items():
         for name, value in moments.items():  # step, exp_avg, exp_avg_sq
             assert torch.equal(torch.as_tensor(live["state"][index][name]), torch.as_tensor(value)), (index, name)
+    resumed.train()
+    assert_same_run(_records(cut), _records(whole))
+
+
+@pytest.mark.slow
+def test_a_sharded_run_gives_the_local_runners_metrics_and_resumes(cluster, tmp_path):
+    """Issue 43: quickstart.yaml with 2 FSDP2 ranks (`sharding: fsdp2`) equals the local runner's metrics;
+    its checkpoint holds AdamW's state whole (one process's layout), and a resume from it equals the
+    uninterrupted run."""
+    from gfcr.runtime.loop.session import Run
+    from gfcr.runtime.store.state_tree import read_tree
+
+    sharded = CUT + ["executor.kind=ray", "update.resources.replicas=2", "update.resources.sharding=fsdp2",
+                     "run.checkpoint_every=2"]
+    whole, cut, local = tmp_path / "whole", tmp_path / "cut", tmp_path / "local"
+    run = Run.start(load_pipeline(QUICKSTART, sharded + ["run.steps=4"]), whole)
+    run.train()
+    assert {(s.path, s.source) for s in run.services.lent.engine.syncs} == {("collective", "trainer rank 0")}
+    Run.start(load_pipeline(QUICKSTART, CUT + ["run.steps=4", "run.checkpoint_every=2", "executor.kind=local"]),
+              local).train()
+    got, expected = _records(whole), _records(local)
+    print(f"4 steps, 2 FSDP2 ranks against the local runner: max |metric difference| = "
+          f"{_max_metric_diff(got, expected):.3g}")
+    assert sum(not r["update_skipped"] for r in got) >= 3
+    assert_same_run(got, expected)
+    Run.start(load_pipeline(QUICKSTART, sharded + ["run.steps=2"]), cut).train()
+    resumed = Run.resume(cut, steps=4)
+    saved = read_tree(resumed.last_checkpoint / "stages" / "update")["optimizer"]
+    shapes = [tuple(p.shape) for p in resumed.services.lent.policy.model.parameters()]
+    assert [tuple(torch.as_tensor(saved["state"][i]["exp_avg"]).shape) for i in sorted(saved["state"], key=int)] == shapes
     resumed.train()
     assert_same_run(_records(cut), _records(whole))
 

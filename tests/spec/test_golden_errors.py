@@ -523,6 +523,23 @@ CASES = [
          "update.resources.gpus", "the update reserves 1 GPU(s) per trainer rank, but the policy is on the CPU",
          "set `policy.device: cuda`, or remove `gpus` from the update's `resources`",
          ["executor.kind=ray", "update.resources.replicas=2", "update.resources.gpus=1"]),
+    Case("sharded trainer ranks without the Ray executor", QUICK, "--set update.resources.sharding=fsdp2",
+         "update.resources.sharding", "`sharding: fsdp2` shards the policy over the update's trainer ranks, which run "
+         "as Ray actors, but the executor is", "set `executor: {kind: ray}` (--set executor.kind=ray), or remove "
+         "`sharding`", ["update.resources.replicas=2", "update.resources.sharding=fsdp2"]),
+    Case("sharding asked of an engine's replicas", QUICK, "--set stages.rollout.resources.sharding=fsdp2",
+         "stages.rollout.resources.sharding", "`sharding: fsdp2` shards the update's trainer ranks; `rollout` is a "
+         "stage whose replicas each hold the whole policy", "remove `sharding` from `rollout`'s resources, and set it "
+         "on the update's", ["executor.kind=ray", "stages.rollout.resources.sharding=fsdp2"]),
+    Case("sharded trainer ranks with a moving average of the policy", QUICK, "--set update.with.correction.use="
+         "ewma_proximal", "update.with.correction.use", "the correction `ewma_proximal` keeps a moving average of the "
+         "policy's weights, a copy of the whole model, which sharded ranks do not hold", "remove `sharding` from the "
+         "update's resources (replicated ranks), or choose another correction",
+         ["executor.kind=ray", "update.resources.replicas=2", "update.resources.sharding=fsdp2",
+          "update.with.correction.use=ewma_proximal", "update.with.correction.with.decay=0.9"]),
+    Case("a sharding misspelt", QUICK, "--set update.resources.sharding=fsdp", "update.resources.sharding",
+         "`fsdp` is not one of `fsdp2`, `replicated`", "did you mean `fsdp2`?",
+         ["executor.kind=ray", "update.resources.replicas=2", "update.resources.sharding=fsdp"]),
     Case("infinite learning rate", edit(QUICK, "lr: 3.0e-4", "lr: .inf"),
          "lr: .inf", "update.with.lr", "`lr` must be a finite number, got `inf`", FINITE_FIX),
     Case("infinite sampling temperature", edit(QUICK, "temperature: 1.0", "temperature: .inf"),

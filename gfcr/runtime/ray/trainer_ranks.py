@@ -18,16 +18,27 @@ weights afterwards (``gfcr.runtime.training.RankTrainer``, through Ray's object 
 rank 0 is the source of the engine replicas' weight group (``open_weight_source``, ``send_weights``;
 ``gfcr.runtime.ray.executor.CollectiveSync``): the engines get the new weights from the trainer.
 
-Why explicit ``all_reduce`` and a replicated optimizer rather than DDP or FSDP2: the exact
+Why explicit ``all_reduce`` and a replicated optimizer rather than DDP by default: the exact
 gradient needs a SUM of gradients that are already divided by batch-wide totals, and a
 parameter that no rank touched must keep no gradient (AdamW then skips it, as in one process);
-DDP averages over the ranks and reduces in buckets during each micro-batch's backward, and
-FSDP2's ``fully_shard`` shards parameters and optimizer state, which a policy that fits one
-process (everything tested here) does not need and which gloo on the CPU supports only in part.
-One ``all_reduce`` per gradient tensor after the micro-batches is simple and exact.
+DDP averages over the ranks and reduces in buckets during each micro-batch's backward. One
+``all_reduce`` per gradient tensor after the micro-batches is simple and exact.
+
+Sharded ranks (``resources: {replicas: N, sharding: fsdp2}`` on the update; issue 43): each rank
+shards its policy with FSDP2's ``fully_shard`` once the ranks have joined, before the stage builds
+its AdamW, which then holds 1/N of the parameters and AdamW's moments
+(``gfcr.runtime.training.sharding``: the gradients reduce-scattered as a SUM, on gloo too). The stage
+gets ``Ranks(sharded=True)``: it sums only what the model does not (the loss, a learned aggregation's
+parameters), and the ranks agree on the number of micro-batches first, the less busy ones taking
+empty passes, since every forward and backward pass is a collective. What leaves a rank whole is
+gathered by every rank together (``weights``, ``state_dict``: the group calls each rank): the driver's
+copy gets rank 0's gathered weights; rank 0 keeps them for the engines' weight group (``send_weights``);
+the checkpoint holds AdamW's state whole, as one process's, so it resumes on sharded ranks,
+replicated ranks or in one process (``load_state_dict`` shards it again).
 
 Backend: gloo on the CPU; NCCL where the policy is on ``cuda`` (the ranks then hold GPUs).
-NCCL was not tested here (no machine with 2 GPUs was lent).
+NCCL was not tested here (no machine with 2 GPUs was lent; ``scripts/gpu_check.sh`` Part 3 runs both
+ways where one is).
 
 A rank that dies (its process killed, its node lost) fails the step: the run stops with
 ``TrainerRankLost``, and its directory resumes from the last checkpoint.
@@ -37,18 +48,21 @@ from __future__ import annotations
 
 import socket
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import ray
 
 from gfcr.errors import GfcrError, WorkerLost
 from gfcr.runtime.ray.placement import Reservation, placement_bundles, reserve
+from gfcr.runtime.training.sharding import (full_state, full_weights, held_bytes, load_full_weights, rss_mb,
+                                            shard_optimizer_state, shard_policy)
 from gfcr.runtime.weights.collective import WeightSender, check_layout, layout_of
 from gfcr.spec import PolicySpec
 from gfcr.spec import Resources as Placement
 from gfcr.stages.resources import Lent, policy_weights
 from gfcr.stages.training import Ranks
 
+Sharding = Literal["replicated", "fsdp2"]  # ``resources.sharding`` on the update
 READY_TIMEOUT_S = 600.0  # loading the policy in a rank; a pending actor means the cluster is too small
 JOIN_TIMEOUT = timedelta(minutes=5)  # torch.distributed rendezvous and each collective
 
@@ -65,10 +79,20 @@ def all_reduce_sum(tensors: list[Any]) -> None:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
 
 
+def all_reduce_max(n: int) -> int:
+    """The largest ``n`` over the process group."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([n], dtype=torch.int64, device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
 def optimizer_gradients(optimizer: Any) -> dict[str, Any]:
     """Every gradient the optimizer would step, on the CPU, by ``"<param group>.<index>"`` (the
-    policy's parameters, then a learned aggregation's)."""
-    return {f"{g}.{i}": p.grad.detach().cpu().clone() for g, group in enumerate(optimizer.param_groups)
+    policy's parameters, then a learned aggregation's); sharded ones gathered whole (a collective)."""
+    return {f"{g}.{i}": full_state(p.grad.detach()).cpu().clone() for g, group in enumerate(optimizer.param_groups)
             for i, p in enumerate(group["params"]) if p.grad is not None}
 
 
@@ -76,25 +100,25 @@ class TrainerRank:
     """One trainer rank (the body of a Ray actor): a copy of the policy and of the update stage."""
 
     def __init__(self, policy: PolicySpec, stage_class: type, config: Any, rank: int, world_size: int,
-                 threads: int):
+                 threads: int, sharding: Sharding = "replicated"):
         import torch
 
         from gfcr.engines import load_policy
 
         torch.set_num_threads(threads)
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.sharded = rank, world_size, sharding == "fsdp2"
         self.backend = "nccl" if policy.where() == "cuda" else "gloo"
         self.policy = load_policy(policy)
-        self.stage = stage_class(config)
-        self.stage.setup(Lent(self.policy))
+        self.stage = stage_class(config)  # set up once the ranks have joined (sharded first, under FSDP2)
         self.sender: WeightSender | None = None  # rank 0: the source of the engines' weight group
+        self.gathered: dict[str, Any] | None = None  # FSDP2, rank 0: the whole weights of ``weights()``
 
     # --- rank 0 as the source of the weight group (gfcr.runtime.ray.executor.CollectiveSync) ----
 
     def open_weight_source(self, world_size: int, layout: Any, backend: str, timeout_s: float) -> tuple[str, int]:
         """Open a weight group's rendezvous on this rank's node; returns its host and port."""
         self.close_weight_source()
-        check_layout(layout, layout_of(self.policy.model.state_dict()))
+        check_layout(layout, layout_of(self.policy.model.state_dict()))  # a DTensor's shape is the whole's
         self.sender = WeightSender(ray.util.get_node_ip_address(), world_size, layout, backend, timeout_s)  # type: ignore[arg-type]
         return self.sender.host, self.sender.port
 
@@ -103,9 +127,14 @@ class TrainerRank:
         self.sender.join()
 
     def send_weights(self) -> int:
-        """Broadcast this rank's weights to the engine replicas; returns the bytes each got."""
+        """Broadcast this rank's weights to the engine replicas; returns the bytes each got. Under
+        FSDP2, the whole weights the last ``weights()`` gathered (the group's version's)."""
         assert self.sender is not None
-        return self.sender.send(self.policy.model.state_dict())
+        if not self.sharded:
+            return self.sender.send(self.policy.model.state_dict())
+        if self.gathered is None:  # the caller falls back to the object store
+            raise GfcrError("sharded trainer rank 0 holds no gathered weights to send yet")
+        return self.sender.send(self.gathered)
 
     def close_weight_source(self) -> None:
         if self.sender is not None:
@@ -124,34 +153,64 @@ class TrainerRank:
 
         dist.init_process_group(self.backend, init_method=endpoint, rank=self.rank, world_size=self.world_size,
                                 timeout=JOIN_TIMEOUT)
+        if self.sharded:  # before the stage builds its AdamW, which must hold the shards
+            shard_policy(self.policy.model, self.world_size)
+        self.stage.setup(Lent(self.policy))
         return self.rank
+
+    def ranks(self, reduce: Callable[[list[Any]], None] = all_reduce_sum) -> Ranks:
+        return Ranks(self.rank, self.world_size, reduce, self.sharded, all_reduce_max)
 
     def step(self, shard: list[Any], plan: Any, version: int) -> Any:
         self.policy.version = version  # staleness is counted from the driver's version
-        return self.stage.train_shard(shard, plan, version, Ranks(self.rank, self.world_size, all_reduce_sum))
+        return self.stage.train_shard(shard, plan, version, self.ranks())
 
     def gradients(self, shard: list[Any], plan: Any, version: int,
                   reduce: Callable[[list[Any]], None] = all_reduce_sum) -> dict[str, Any]:
         """The policy's gradients summed over the ranks for one step, without stepping (the
-        gradient-equality check; ``reduce`` replaces the sum, to show that a wrong one is caught)."""
+        gradient-equality check; ``reduce`` replaces the sum, to show that a wrong one is caught;
+        under FSDP2 it sums only what the model does not: a learned aggregation's)."""
         self.policy.version = version
-        self.stage.shard_gradients(shard, plan, version, Ranks(self.rank, self.world_size, reduce))
+        self.stage.shard_gradients(shard, plan, version, self.ranks(reduce))
         grads = optimizer_gradients(self.stage.optimizer)
         self.stage.optimizer.zero_grad(set_to_none=True)
         return grads
 
-    def weights(self) -> dict[str, Any]:
-        return policy_weights(self.policy)
+    def weights(self) -> dict[str, Any] | None:
+        """The policy's weights on the CPU. Under FSDP2 a collective (every rank calls it): rank 0
+        gets them whole, and keeps them for ``send_weights``; the others None."""
+        if not self.sharded:
+            return policy_weights(self.policy)
+        self.gathered = None
+        gathered = full_weights(self.policy.model, self.rank)
+        self.gathered = gathered if self.rank == 0 else None
+        return self.gathered
 
     def load_weights(self, weights: dict[str, Any], version: int) -> None:
-        self.policy.model.load_state_dict(weights)
+        if self.sharded:
+            load_full_weights(self.policy.model, weights)
+            self.gathered = weights if self.rank == 0 else None
+        else:
+            self.policy.model.load_state_dict(weights)
         self.policy.version = version
 
-    def state_dict(self) -> dict[str, Any]:
-        return self.stage.state_dict()
+    def state_dict(self) -> dict[str, Any] | None:
+        """The stage's state; under FSDP2 gathered whole (a collective), as one process's, on rank 0."""
+        if not self.sharded:
+            return self.stage.state_dict()
+        state = full_state(self.stage.state_dict())
+        return state if self.rank == 0 else None
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.stage.load_state_dict(state)
+        if self.sharded and self.stage.optimizer is not None:  # whole tensors in: each rank keeps its shards
+            shard_optimizer_state(self.stage.optimizer)
+
+    def held(self) -> dict[str, Any]:
+        """What this rank holds: bytes of parameters, gradients and optimizer state (its shards under
+        FSDP2), its resident set now and at its peak (MiB)."""
+        return {"bytes": held_bytes(self.policy.model, self.stage.optimizer), "rss_mb": rss_mb("VmRSS"),
+                "peak_rss_mb": rss_mb("VmHWM")}
 
     def node_id(self) -> str:
         """The Ray node this rank runs on."""
@@ -166,8 +225,9 @@ class TrainerRank:
 class RayTrainerGroup:
     """The ``TrainerGroup`` protocol over N ``TrainerRank`` actors, driven from the driver."""
 
-    def __init__(self, ranks: list[Any], reservation: Reservation | None = None):
+    def __init__(self, ranks: list[Any], reservation: Reservation | None = None, sharding: Sharding = "replicated"):
         self.ranks = ranks
+        self.sharding = sharding
         self.world_size = len(ranks)
         self.version = 0  # the ranks start from the source weights
         self.reservation = reservation
@@ -185,8 +245,8 @@ class RayTrainerGroup:
         threads = max(1, int(placement.cpus))
         n = placement.replicas
         group = cls([actor.options(num_cpus=placement.cpus, num_gpus=placement.gpus, scheduling_strategy=where)
-                     .remote(policy, stage_class, config, r, n, threads)
-                     for r, where in enumerate(reservation.strategies)], reservation)
+                     .remote(policy, stage_class, config, r, n, threads, placement.sharding)
+                     for r, where in enumerate(reservation.strategies)], reservation, placement.sharding)
         try:
             group.nodes = ray.get([r.node_id.remote() for r in group.ranks], timeout=READY_TIMEOUT_S)
             endpoint = ray.get(group.ranks[0].endpoint.remote(), timeout=READY_TIMEOUT_S)
@@ -204,7 +264,10 @@ class RayTrainerGroup:
         return self._get([rank.step.remote(shard, *args) for rank, shard in zip(self.ranks, shards)])
 
     def weights(self) -> dict[str, Any]:
-        return self._get(self.ranks[0].weights.remote())
+        """Rank 0's weights; sharded ranks gather them together (each rank takes part)."""
+        if self.sharding == "replicated":
+            return self._get(self.ranks[0].weights.remote())
+        return self._get([rank.weights.remote() for rank in self.ranks])[0]
 
     def load_weights(self, weights: dict[str, Any], version: int) -> None:
         ref = ray.put(weights)
@@ -212,7 +275,10 @@ class RayTrainerGroup:
         self.version = version
 
     def state_dict(self) -> dict[str, Any]:
-        return self._get(self.ranks[0].state_dict.remote())
+        """Rank 0's stage state; sharded ranks gather AdamW's state whole together (each rank takes part)."""
+        if self.sharding == "replicated":
+            return self._get(self.ranks[0].state_dict.remote())
+        return self._get([rank.state_dict.remote() for rank in self.ranks])[0]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         ref = ray.put(state)

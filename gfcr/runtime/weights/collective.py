@@ -163,6 +163,8 @@ class WeightSender(_Member):
         sent = 0
         for bucket in self.buckets:
             flat = torch.cat([state[e.name].detach().reshape(-1) for e in bucket])
+            if self.backend == "nccl" and not flat.is_cuda:  # weights gathered on the CPU (sharded trainer ranks)
+                flat = flat.cuda()
             self._broadcast(flat)
             sent += flat.numel() * flat.element_size()
         return sent

@@ -67,7 +67,11 @@ shards balanced by response tokens, and each rank calls ``train_shard``: the sam
 backward against the whole batch's plan, then the gradients summed over the ranks (the batch term
 on rank 0 only), then the same clip and AdamW step. The sum of the shards' gradients is the
 single-process gradient, to float rounding; the trainer then loads rank 0's weights into the
-driver's policy.
+driver's policy. With ``sharding: fsdp2`` in those resources each rank holds a shard of the policy
+and of AdamW (FSDP2): the backward passes sum the policy's gradients themselves, the stage sums the
+rest, and the ranks agree on the number of micro-batches, the less busy taking empty passes
+(``Ranks.sharded``); an estimator that weighs by gradients and a correction that keeps a moving
+average of the weights are refused there (``sharding_problems``).
 
 Saving the batches: with ``save_batches: <folder>`` each step writes ``batch-<version>.json``
 there: every rollout of the batch (group, reward, length, advantage, token weights), and per
@@ -290,6 +294,26 @@ class GRPOUpdate:
         specs = (config.advantage, config.loss, config.aggregation, config.correction, config.lr_rule)
         return [p for spec in specs for p in spec.pairing_problems(ctx)] + unmet_needs(ctx, view)
 
+    @staticmethod
+    def sharding_problems(config: "GRPOUpdate.Config") -> list[PipelineProblem]:
+        """What this Config asks for that trainer ranks with the policy sharded (``sharding: fsdp2``)
+        cannot do (``gfcr.registry.TrainsSharded``): a per-trajectory gradient (one backward pass per
+        trajectory, a different number on each rank) and a moving average of the policy's weights (a
+        copy of the sharded model)."""
+        problems = []
+        if provides(config.advantage.build(), WeighsByGradients):
+            problems.append(PipelineProblem(
+                ("advantage", "use"), f"the estimator `{config.advantage.use}` weighs each trajectory by its own "
+                                      "gradient, one backward pass per trajectory, and with `sharding: fsdp2` every "
+                                      "backward pass is a collective of all the ranks",
+                "remove `sharding` from the update's resources (replicated ranks), or choose another estimator"))
+        if provides(config.correction.build(), KeepsProximalPolicy):
+            problems.append(PipelineProblem(
+                ("correction", "use"), f"the correction `{config.correction.use}` keeps a moving average of the "
+                                       "policy's weights, a copy of the whole model, which sharded ranks do not hold",
+                "remove `sharding` from the update's resources (replicated ranks), or choose another correction"))
+        return problems
+
     def __init__(self, config: Config):
         self.config = config
         self.estimator = config.advantage.build()
@@ -431,9 +455,25 @@ class GRPOUpdate:
         """The first half of ``train_shard``: the gradients of the whole batch's loss, in every
         rank's ``.grad``, the loss (the batch term added on rank 0 only) and the learning-rate
         rule's sums over the whole batch (each micro-batch's record appended to ``trace``)."""
+        passes = -(-len(shard) // self.config.micro_batch_size)
+        idle = ranks.most(passes) - passes if ranks.sharded else 0  # agreed before any pass's collectives
         sums = self.backward(shard, plan, batch_term=ranks.rank == 0, trace=trace)
+        for _ in range(idle):  # each pass is a collective of all the ranks: the less busy take empty ones
+            self._idle_pass()
         loss, lr_totals = self._sum_over_ranks(sums.loss, ranks, sums.lr_sums)
         return sums, loss, lr_totals
+
+    def _idle_pass(self) -> None:
+        """A forward and backward pass that adds nothing to any gradient (a one-token row times 0),
+        so that a rank with fewer micro-batches than another takes part in each pass's collectives."""
+        import torch
+
+        model = self._policy().model
+        ids = torch.zeros((1, 1), dtype=torch.long, device=self._device())
+        (model(input_ids=ids).logits.sum() * 0.0).backward()
+
+    def _device(self) -> Any:
+        return next(self._policy().model.parameters()).device
 
     def _sum_over_ranks(self, loss: float, ranks: Ranks, lr_sums: list[float]) -> tuple[float, list[float]]:
         """Sum every optimizer parameter's gradient, the loss and the learning-rate rule's sums over
@@ -444,10 +484,13 @@ class GRPOUpdate:
         if ranks.world_size == 1:
             return loss, list(lr_sums)
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        if ranks.sharded:  # the policy's gradients were summed in the backward passes (FSDP2's reduce-scatter)
+            policy = {id(p) for p in self._policy().model.parameters()}
+            params = [p for p in params if id(p) not in policy]
         k = len(lr_sums)
         # [1 + k + P]: the loss, the lr rule's sums, then which parameters got a gradient
         scalars = torch.tensor([loss, *lr_sums] + [float(p.grad is not None) for p in params], dtype=torch.float64,
-                               device=params[0].device)
+                               device=self._device())
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
@@ -605,9 +648,11 @@ class GRPOUpdate:
 
         params = [p for p in self._policy().model.parameters() if p.grad is not None]
         if self.config.max_grad_norm is None:
+            if params and _is_sharded(params[0].grad):  # the norm of the whole, over every rank's shard
+                return _whole(torch.nn.utils.get_total_norm([p.grad for p in params]))
             norms = [p.grad.detach().norm() for p in params]
             return float(torch.stack(norms).norm()) if norms else 0.0
-        return float(torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm))
+        return _whole(torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm))
 
     # --- state ----------------------------------------------------------------------------
 
@@ -626,6 +671,18 @@ class GRPOUpdate:
             self.correction.load_state_dict(state["correction"])
         if state.get("optimizer") is not None and self.optimizer is not None:  # None where trainer ranks step
             self.optimizer.load_state_dict(state["optimizer"])
+
+
+def _is_sharded(t: Any) -> bool:
+    """Whether ``t`` is a DTensor (a sharded parameter's or gradient's, under FSDP2)."""
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
+
+
+def _whole(norm: Any) -> float:
+    """A gradient norm as a number; over sharded gradients (DTensors) the norm of the whole."""
+    return float(norm.full_tensor() if _is_sharded(norm) else norm)
 
 
 def unmet_needs(ctx: PairingContext, view: Any) -> list[PipelineProblem]:
