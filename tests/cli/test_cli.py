@@ -47,13 +47,11 @@ def test_validate_imports_no_heavy_dependency(write_spec):
     assert loaded.endswith("[]")
 
 
-# shipped pipelines whose input is made on this machine (not committed): `gfcr validate` refuses them,
-# exit 2 with how to make it, until it exists (test_a_pipeline_whose_input_is_made_here_says_how)
-MADE_HERE = {"pipelines/examples/reward_model_gsm8k_smollm2.yaml": "runs/reward-model-gsm8k"}
-
-
 def test_a_pipeline_whose_input_is_made_here_says_how(tmp_path):
-    spec = (REPO / "pipelines/examples/reward_model_gsm8k_smollm2.yaml").read_text()
+    """benchmarks/pipelines/reward_model_gsm8k_smollm2.yaml reads a reward model trained on this
+    machine (not committed; it is not among the shipped pipelines `make demo` validates): until it
+    exists `gfcr validate` refuses it, exit 2, with how to make it."""
+    spec = (REPO / "benchmarks/pipelines/reward_model_gsm8k_smollm2.yaml").read_text()
     (tmp_path / "spec.yaml").write_text(spec.replace("../../runs/reward-model-gsm8k", str(tmp_path / "absent")))
     result = CliRunner().invoke(app, ["validate", str(tmp_path / "spec.yaml")])
     assert result.exit_code == 2 and "stages.score.with.model" in result.output
@@ -67,16 +65,14 @@ def test_every_shipped_pipeline_validates_without_heavy_imports():
     or vllm is loaded (a stage module importing torch at its top is the usual cause)."""
     files = sorted(str(p.relative_to(REPO)) for p in (*REPO.glob("pipelines/*.yaml"),
                                                         *REPO.glob("pipelines/examples/*.yaml")))
-    refused = [f for f, made in MADE_HERE.items() if not (REPO / made).exists()]
     code = (
         "import sys\n"
         "from gfcr.cli.main import app\n"
-        f"refused = {refused!r}\n"
         "for f in sys.argv[1:]:\n"
         "    try:\n"
         "        app(['validate', f])\n"
         "    except SystemExit as e:\n"
-        "        assert e.code in ((2,) if f in refused else (0, None)), (f, e.code)\n"
+        "        assert e.code in (0, None), (f, e.code)\n"
         "    heavy = sorted(m for m in ('torch', 'prefect', 'mlflow', 'vllm') if m in sys.modules)\n"
         "    if heavy:\n"
         "        sys.exit(f'{f} imports {heavy}')\n"

@@ -126,11 +126,11 @@ GSM8K = REPO.parent / "shared" / "data" / "gsm8k"
 @pytest.mark.slow
 @pytest.mark.skipif(not TRAINED.is_dir(), reason=f"make {TRAINED} with `python benchmarks/train_reward_model.py`")
 def test_the_shipped_reward_model_pipeline_runs_with_the_trained_model(tmp_path):
-    """pipelines/examples/reward_model_gsm8k_smollm2.yaml, 2 steps of 2 prompts x 2 rollouts of at most 32
+    """benchmarks/pipelines/reward_model_gsm8k_smollm2.yaml, 2 steps of 2 prompts x 2 rollouts of at most 32
     tokens: SmolLM2 answers GSM8K and the trained MiniLM classifier scores every answer."""
     if not GSM8K.is_dir():
         pytest.skip(f"needs the GSM8K files in {GSM8K}")
-    spec = REPO / "pipelines" / "examples" / "reward_model_gsm8k_smollm2.yaml"
+    spec = REPO / "benchmarks" / "pipelines" / "reward_model_gsm8k_smollm2.yaml"
     run_dir = tmp_path / "run"
     Run.start(load_pipeline(spec, ["run.steps=2", "executor.kind=local", "tracking.mlflow=null",
                                    "stages.pick.with.batch_size=2", "stages.budget.with.n=2",
