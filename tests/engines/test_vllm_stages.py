@@ -93,6 +93,8 @@ CASES: dict[str, tuple[str, list[str]]] = {
     # within tiny-arith-h64's 128 positions, which vLLM enforces (the prompts are up to 27 tokens)
     "multi_turn_code_tiny": ("examples/multi_turn_code_tiny.yaml", ["stages.rollout.with.max_tokens=96"]),
     "multi_turn_rgym_arith": ("examples/multi_turn_rgym_arith.yaml", ["stages.pick.with.batch_size=4"]),
+    "multi_turn_elpo_rgym_arith": ("examples/multi_turn_elpo_rgym_arith.yaml", ["stages.pick.with.batch_size=4"]),
+    "multi_turn_trace_rgym_arith": ("examples/multi_turn_trace_rgym_arith.yaml", ["stages.pick.with.batch_size=4"]),
 }
 # cases run on some engines only, and the stages an engine refuses outright (``gfcr validate`` says why)
 ONLY_ON: dict[str, tuple[str, ...]] = {}
@@ -212,7 +214,8 @@ def test_every_stage_runs_in_a_case_on_each_engine():
 # a stage's `with` values that give it each need an engine may lack, and how the table names them
 NEED_PROBES = {"top_p": ({"top_p": 0.9}, "`top_p` below 1", "vLLM's log-probs would be the truncated nucleus's"),
                "generate_in_steer": ({}, "the stage", "no generate call from inside a controller's `steer`")}
-REQUIRED = {"generate.multi_turn": {"environment": {"use": "testing.echo"}}}  # what a probe's Config needs besides
+REQUIRED = {alias: {"environment": {"use": "testing.echo"}}  # what a probe's Config needs besides
+            for alias in ("generate.multi_turn", "generate.elpo", "generate.trace")}
 
 
 def test_every_need_has_a_probe():
