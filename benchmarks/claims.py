@@ -2,8 +2,9 @@
 baseline and metric, Holm-corrected across the rows, rendered to ``docs/claims.md``.
 
 Each row is a ``gfcr compare`` of the row's baseline and method pipelines, on its task and budget,
-at ``--seeds`` (folder ``<out>/<row id>``: run the same command again to continue, finished cells
-are kept). The measured figures go to ``benchmarks/results/claims.json`` (commit it with the page);
+at ``--seeds``. Rows that share a baseline, task and budget run as one comparison (folder
+``<out>/<task>--<baseline>--<budget>``; the baseline's cells once; run the same command again to
+continue, finished cells are kept); a row's figures equal its own command's (the page lists it). The measured figures go to ``benchmarks/results/claims.json`` (commit it with the page);
 the page is rendered from it.
 
     # the table (10 seeds; hours of CPU per row), under the heavy lock on a shared machine
@@ -22,7 +23,7 @@ import json
 from pathlib import Path
 
 from gfcr.tracking.ablation import parse_seeds
-from gfcr.tracking.claims import Measured, command, load_claims, render, run_claim
+from gfcr.tracking.claims import Measured, command, load_claims, render, run_claims
 from gfcr.tracking.compare_figures import Estimate, PairedTest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,10 +52,24 @@ Status: {status}
 
 {table}
 
+{notes}
+
 ## The commands that regenerate each row
 
 {commands}
+
+## By difficulty (the `rg-arith` rows)
+
+What a difficulty-driven method does shows bin by bin: the share of the run's rollouts each
+reasoning-gym bin got, and the accuracy of those rollouts early (the first third of the steps)
+and late (the last third), summed over the seeds (training rollouts, not a held-out evaluation).
+`python benchmarks/claims_by_difficulty.py runs/claims/<folder>` writes each folder's table and
+plot under `benchmarks/results/claims_by_difficulty/`.
+
+{by_difficulty}
 """
+BY_DIFFICULTY = REPO / "benchmarks" / "results" / "claims_by_difficulty"
+NOTES = REPO / "benchmarks" / "claims_notes.md"  # the reading of the measured table, written by hand
 
 
 def _measured_to_json(m: Measured) -> dict:
@@ -93,13 +108,15 @@ def main() -> None:
     measured = read_measured(store)
     if not args.render_only:
         seeds = parse_seeds(args.seeds)
-        for claim in claims:
-            if args.only and claim.id not in args.only:
-                continue
-            measured[claim.id] = run_claim(claim, seeds, args.out / claim.id, REPO, args.parallel, args.executor)
+        rows = [c for c in claims if not args.only or c.id in args.only]
+
+        def save(figures: dict[str, Measured]) -> None:
+            measured.update(figures)
             store.parent.mkdir(parents=True, exist_ok=True)
             store.write_text(json.dumps({k: _measured_to_json(v) for k, v in measured.items()}, indent=1) + "\n")
-            print(f"{claim.id}: {measured[claim.id]}", flush=True)
+            print("measured: " + ", ".join(sorted(figures)), flush=True)
+
+        run_claims(rows, seeds, args.out, REPO, args.parallel, args.executor, done_with=save)
     args.page.write_text(page(claims, measured, args.seeds, store))
     print(f"wrote {args.page}")
 
@@ -112,7 +129,21 @@ def page(claims: list, measured: dict[str, Measured], seeds: str, store: Path) -
               "is `PYTHONPATH=. HF_HUB_OFFLINE=1 python benchmarks/claims.py --seeds 0,1,2,3,4,5,6,7,8,9`.")
     commands = "\n".join(f"- `{c.id}`: `{command(c, seeds)}`" for c in claims)
     return PAGE.format(measured=store.relative_to(REPO) if store.is_relative_to(REPO) else store, status=status,
-                       table=render(claims, measured, seeds), commands=commands)
+                       table=render(claims, measured, seeds), commands=commands, by_difficulty=by_difficulty(),
+                       notes=NOTES.read_text().strip() if NOTES.is_file() else "")
+
+
+def by_difficulty() -> str:
+    """Each comparison folder's per-bin table and plot, as ``claims_by_difficulty.py`` wrote them."""
+    tables = sorted(BY_DIFFICULTY.glob("*.md")) if BY_DIFFICULTY.is_dir() else []
+    if not tables:
+        return "Not run yet."
+    parts = []
+    for table in tables:
+        plot = table.with_suffix(".png")
+        parts.append(f"### `{table.stem}`\n\n" + table.read_text().strip() + "\n"
+                     + (f"\n![{table.stem}](../{plot.relative_to(REPO)})\n" if plot.is_file() else ""))
+    return "\n".join(parts)
 
 
 if __name__ == "__main__":

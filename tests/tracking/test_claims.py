@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gfcr.errors import GfcrError
-from gfcr.tracking.claims import Claim, holm, load_claims, measure, render, run_claim, verdict
+from gfcr.tracking.claims import Claim, holm, load_claims, measure, render, run_claim, run_claims, verdict
 from gfcr.tracking.compare_figures import compare
 from gfcr.tracking.report_series import RunSeries, StepCounts
 from tests.conftest import REPO
@@ -87,6 +87,16 @@ def test_a_seed_that_never_reaches_the_target_leaves_the_ratio_to_the_sign_test(
     assert m.value is None and m.test.test == "sign" and (m.test.better, m.test.worse) == (0, 3)
 
 
+def test_a_target_met_before_any_rollout_is_said_so_not_called_unreached():
+    # the baseline ends no better than it starts, so every run is at the target at its first evaluation
+    base = [_run("base", s, (0.5, 0.45, 0.45)) for s in range(3)]
+    flat = [_run("flat", s, (0.5, 0.46, 0.44)) for s in range(3)]
+    m = measure(compare(base + flat, baseline="base"), "flat", "tokens_to_target")
+    assert m.value is None and m.test.test == "paired t"
+    rows = [claim("tokens_to_target")]
+    assert "n/a (target met at the first evaluation, before any rollout)" in render(rows, {"x": m}, "0,1,2")
+
+
 def test_the_table_corrects_across_rows_with_holm():
     finals = [0.50, 0.55, 0.60, 0.52]
     base = [_run("base", s, (0.3, 0.45, f)) for s, f in enumerate(finals)]
@@ -124,7 +134,7 @@ MINI_TASK = textwrap.dedent("""\
     """)
 
 
-@pytest.mark.slow  # four two-step runs, twice
+@pytest.mark.slow  # four two-step runs, twice; then two rows grouped, and the second alone
 def test_a_row_run_twice_with_the_same_seeds_gives_the_same_numbers(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "task.yaml").write_text(MINI_TASK)
@@ -136,6 +146,12 @@ def test_a_row_run_twice_with_the_same_seeds_gives_the_same_numbers(tmp_path, mo
     second = run_claim(row, [0, 1], tmp_path / "second", REPO, executor="local")
     assert first.seeds == 2 and first.test is not None
     assert first == second
+    # two rows on one baseline run as one comparison (the baseline's cells once): each row's figures
+    # are its own two-pipeline comparison's
+    other = row.model_copy(update={"id": "mopps-mini", "method_pipeline": "pipelines/mopps_arith.yaml"})
+    grouped = run_claims([row, other], [0, 1], tmp_path / "grouped", REPO, executor="local")
+    assert grouped["vade-mini"] == first
+    assert grouped["mopps-mini"] == run_claim(other, [0, 1], tmp_path / "alone", REPO, executor="local")
 
 
 def test_the_claims_page_is_current():
