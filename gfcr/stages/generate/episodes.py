@@ -185,7 +185,7 @@ def advance(stage: Any, episodes: list[Episode], params: SamplingParams, deadlin
     parser = TOOL_PARSERS[cfg.tool_parser] if cfg.tool_parser else None
     decode = decoder(policy)
     boundary = TurnBoundary(policy, cfg.observation_role)
-    positions = context_positions(policy)
+    positions = context_positions(policy) if cfg.max_context == "model" else cfg.max_context
     for _ in range(cfg.max_turns):
         live = [e for e in episodes if e.live and e.model_turns < cfg.max_turns]
         if deadline is not None and time.monotonic() > deadline:
@@ -198,8 +198,8 @@ def advance(stage: Any, episodes: list[Episode], params: SamplingParams, deadlin
                 e.end(RolloutStatus.TRUNCATED,
                       f"token budget of {cfg.max_tokens} spent before model turn {e.model_turns + 1}")
             elif _room(e, positions) < 1:
-                e.end(RolloutStatus.TRUNCATED, f"context limit of {positions} positions (the model's) reached "
-                                               f"before model turn {e.model_turns + 1}")
+                e.end(RolloutStatus.TRUNCATED, f"context limit of {positions} positions reached before model turn "
+                                               f"{e.model_turns + 1}")
         live = [e for e in live if e.live]
         if not live:
             break
@@ -276,8 +276,7 @@ def _observe(e: Episode, turn: Turn, obs: Observation, boundary: TurnBoundary, v
         e.end(RolloutStatus.TRUNCATED, f"token budget of {max_tokens} spent after model turn {k}")
         return
     if _room(e, positions) - len(ids) < 1:  # the environment's turn and one more model token past the model's context
-        e.end(RolloutStatus.TRUNCATED, f"context limit of {positions} positions (the model's) reached after model "
-                                       f"turn {k}")
+        e.end(RolloutStatus.TRUNCATED, f"context limit of {positions} positions reached after model turn {k}")
         return
     if ids:
         e.add_environment_turn(ids, text, version, obs.text)

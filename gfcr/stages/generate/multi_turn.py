@@ -21,10 +21,10 @@ fresh environment object per trajectory, ``reset`` on the prompt. Then, turn by 
    conversation.
 
 A trajectory ends when the environment says done (status ``completed``), after ``max_turns``
-model turns, when its next turn would not fit in ``max_tokens`` (prompt excluded) or in the model's
-context (its config's ``max_position_embeddings``, prompt included: on either engine, instead of
-an engine error that would fail the step), or when the call's ``max_wall_s`` is spent (status
-``truncated``, the reason in ``stop_reason``). Its rollout
+model turns, when its next turn would not fit in ``max_tokens`` (prompt excluded) or in
+``max_context`` (prompt included; ``model``: the model's ``max_position_embeddings``, which vLLM
+enforces, so a context past it ends the trajectory instead of failing the step), or when the
+call's ``max_wall_s`` is spent (status ``truncated``, the reason in ``stop_reason``). Its rollout
 holds the whole response, its ``turns`` (``gfcr.records.trajectory``), the environment's reward
 summed over turns on ``reward`` (left None when the environment gave none, for ``filter.verify``
 to score), ``correct`` and ``reward_reason`` from the last observation's metadata, and
@@ -116,6 +116,10 @@ class MultiTurn:
             "tokens of the whole response, model and environment turns (the prompt excluded)"))] = 64
         max_wall_s: Annotated[float | None, Field(gt=0.0, description=(
             "wall-clock seconds for the call, checked between turns; none: no limit"))] = None
+        max_context: Literal["model"] | Annotated[int, Field(ge=2)] | None = Field(None, description=(
+            "positions of prompt and response together a trajectory may fill: `model` (the model's own "
+            "`max_position_embeddings`, which vLLM enforces), a number, or none (no limit: the transformers "
+            "engine decodes past the model's positions); a trajectory that would pass it ends as truncated"))
         stop: list[str] = Field(default_factory=list, description="strings that end a model turn (kept); not empty")
         observation_role: Annotated[str, Field(min_length=1, description=(
             "the chat role an observation is rendered as, with a chat-template policy (`user`, `tool`)"))] = "user"

@@ -189,16 +189,20 @@ def test_budgets_end_trajectories_as_truncated_and_say_why(policy):
 
 
 def test_a_context_past_the_models_positions_ends_the_trajectory_as_truncated(policy):
-    """tiny-arith takes 128 positions: long observations over many turns would pass them; each
-    trajectory ends where the next turn would not fit (before or after the environment's turn),
-    the step goes on, and no rollout is longer than the model's context."""
+    """With ``max_context: model`` (tiny-arith: 128 positions), long observations over many turns
+    would pass them; each trajectory ends where the next turn would not fit (before or after the
+    environment's turn), the step goes on, and no rollout is longer than the model's context; a
+    number sets the limit itself."""
     long = {**ECHO, "environment": {"use": "testing.echo", "with": {"turns": 12, "reply": " 7 Answer: 7 Answer: 7 Answer:"}},
-            "max_turns": 12, "max_turn_tokens": 8, "max_tokens": 400}
+            "max_turns": 12, "max_turn_tokens": 8, "max_tokens": 400, "max_context": "model"}
     _, groups, pool = run(policy, long, n_prompts=3, n=2)
     for r in groups.rollouts():
         prompt = len(policy.encode(pool.get(r.prompt_id)))
         assert r.status == RolloutStatus.TRUNCATED and "context limit of 128 positions" in r.stop_reason, r.stop_reason
         assert prompt + len(r) <= 128
+    _, groups, pool = run(policy, {**long, "max_context": 64}, n_prompts=1, n=2)
+    assert all("context limit of 64" in r.stop_reason and len(policy.encode(pool.get(r.prompt_id))) + len(r) <= 64
+               for r in groups.rollouts())
 
 
 def test_an_environment_that_raises_drops_its_trajectory_only(policy):
