@@ -32,6 +32,9 @@ single-turn rollout is one step. The defaults are the recipe's
 Fidelity: checked against OliverLeeXZ/SERL@3c63ef3: 36/36 cases (``tests/fidelity/hgpo.json``).
 
 Deviations:
+- a group (or level) whose rewards are all equal gets exactly 0, as gfcr's other group estimators
+  do; the reference's mean and std give rounding noise there (-1.4e-11 for 0.1 x 3), which its
+  "levels not exactly 0" rule would then count as a level;
 - the first step's anchor is the prompt's id, not its text (the same within a group; it cannot
   equal an environment observation by accident, as the same text could in the reference);
 - a turn the environment gave no reward counts 0; the reference's invalid-action penalty
@@ -158,12 +161,16 @@ class HGPO:
         return clusters
 
     def _normalise(self, r: np.ndarray) -> np.ndarray:
+        if np.all(r == r[0]):  # equal rewards: exactly 0, not the mean's rounding (0.1 x 3 gives -1.4e-11)
+            return np.zeros_like(r)
         centred = r - r.mean()
         return centred / (r.std() + self.config.eps) if self.config.mode == "mean_std_norm" else centred
 
     def _base(self, episode: np.ndarray, steps: list[list[Step]]) -> dict[tuple[int, int], float]:
         """Level 0: each trajectory's reward over every step of the group (GiGPO's episode level)."""
         scores = np.array([episode[ti] for ti, st in enumerate(steps) for _ in st])
+        if len(scores) > 1 and np.all(scores == scores[0]):  # equal rewards: exactly 0, as `_normalise`
+            return {(ti, si): 0.0 for ti, st in enumerate(steps) for si in range(len(st))}
         mean, std = (0.0, 1.0) if len(scores) == 1 else (scores.mean(), scores.std(ddof=1))
         scale = 1.0 if self.config.mode == "mean_norm" else std + self.config.eps
         return {(ti, si): (episode[ti] - mean) / scale for ti, st in enumerate(steps) for si in range(len(st))}
