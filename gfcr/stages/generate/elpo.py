@@ -78,17 +78,17 @@ YAML:
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Callable, ClassVar
 
 from pydantic import Field
 
 from gfcr.records import Allocation, RolloutGroups, StepContext
-from gfcr.stages.common.seeds import step_seed
 from gfcr.stages.engine import SamplingParams
 from gfcr.stages.environments import environment_factory
-from gfcr.stages.generate.episodes import Episode, advance, decoder, finish, setup_turns, start_episodes
+from gfcr.stages.generate.episodes import (
+    Episode, advance, call_settings, decoder, finish, setup_turns, start_episodes,
+)
 from gfcr.stages.generate.multi_turn import MultiTurn, episode_metrics
 from gfcr.stages.generate.turn_tree import continue_from, model_turns, tree_groups
 from gfcr.stages.resources import Engine, Lent, Policy
@@ -170,15 +170,8 @@ class ELPO:
         return dict(self._metrics)
 
     def run(self, allocation: Allocation, ctx: StepContext | None = None) -> RolloutGroups:
-        if self.engine is None or self.policy is None:
-            raise RuntimeError("generate.elpo was not set up with a policy and engine")
-        cfg = self.config
-        ctx = ctx or StepContext("", allocation.step, 0, 0)
-        seed = ctx.seed if cfg.seed is None else cfg.seed
-        params = SamplingParams(cfg.temperature, cfg.top_p, cfg.max_turn_tokens, tuple(cfg.stop),
-                                step_seed(seed, allocation.step, ctx.round or 0))
-        deadline = None if cfg.max_wall_s is None else time.monotonic() + cfg.max_wall_s
-        episodes = start_episodes(self, allocation, ctx.round or 0, params.seed)
+        params, deadline, round_ = call_settings(self, "generate.elpo", allocation, ctx)
+        episodes = start_episodes(self, allocation, round_, params.seed)
         advance(self, episodes, params, deadline)
         finish(self, episodes)
         probes = [Probe(e, Search(e.model_turns)) for e in episodes if self._failed(e)]

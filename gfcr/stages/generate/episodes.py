@@ -24,6 +24,7 @@ from gfcr.records import (
     TurnRole, group_id, rollout_id,
 )
 from gfcr.spec.problems import fixable
+from gfcr.stages.common.seeds import step_seed
 from gfcr.stages.engine import Completion, ResponsePrefix, SamplingParams, row_seed, splice
 from gfcr.stages.environments import (
     TOOL_PARSERS, Action, ChecksOptions, ClosesEnvironment, EnvironmentFailed, Observation, environment_factory,
@@ -152,6 +153,21 @@ def setup_turns(stage: Any, lent: Any, alias: str) -> None:
     except ValueError as exc:
         raise ModelError(f"{alias}: policy `{stage.policy.name}`: {exc}",
                          "use a policy whose chat template renders each message as written") from None
+
+
+def call_settings(stage: Any, alias: str, allocation: Allocation,
+                  ctx: StepContext | None) -> tuple[SamplingParams, float | None, int]:
+    """A turn-loop stage's call: its sampling parameters (seeded by step and round), the deadline of
+    ``max_wall_s`` (None: none) and the round; refused when the stage was not set up."""
+    if stage.engine is None or stage.policy is None:
+        raise RuntimeError(f"{alias} was not set up with a policy and engine")
+    cfg = stage.config
+    ctx = ctx or StepContext("", allocation.step, 0, 0)
+    seed = ctx.seed if cfg.seed is None else cfg.seed
+    params = SamplingParams(cfg.temperature, cfg.top_p, cfg.max_turn_tokens, tuple(cfg.stop),
+                            step_seed(seed, allocation.step, ctx.round or 0))
+    deadline = None if cfg.max_wall_s is None else time.monotonic() + cfg.max_wall_s
+    return params, deadline, ctx.round or 0
 
 
 def run_episodes(stage: Any, allocation: Allocation, round_: int, params: SamplingParams,

@@ -81,7 +81,6 @@ YAML:
 
 from __future__ import annotations
 
-import time
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
@@ -89,10 +88,8 @@ from pydantic import Field, field_validator
 from gfcr.records import Allocation, RolloutGroups, StepContext
 from gfcr.registry import Seed, StageConfig
 from gfcr.spec.problems import fixable
-from gfcr.stages.common.seeds import step_seed
-from gfcr.stages.engine import SamplingParams
 from gfcr.stages.environments import TOOL_PARSERS, environment_factory
-from gfcr.stages.generate.episodes import Episode, EnvironmentRef, run_episodes, setup_turns
+from gfcr.stages.generate.episodes import Episode, EnvironmentRef, call_settings, run_episodes, setup_turns
 from gfcr.stages.generate.sample import no_empty_stop
 from gfcr.stages.resources import Engine, Lent, Policy
 
@@ -158,15 +155,8 @@ class MultiTurn:
         setup_turns(self, lent, "generate.multi_turn")
 
     def run(self, allocation: Allocation, ctx: StepContext | None = None) -> RolloutGroups:
-        if self.engine is None or self.policy is None:
-            raise RuntimeError("generate.multi_turn was not set up with a policy and engine")
-        cfg = self.config
-        ctx = ctx or StepContext("", allocation.step, 0, 0)
-        seed = ctx.seed if cfg.seed is None else cfg.seed
-        params = SamplingParams(cfg.temperature, cfg.top_p, cfg.max_turn_tokens, tuple(cfg.stop),
-                                step_seed(seed, allocation.step, ctx.round or 0))
-        deadline = None if cfg.max_wall_s is None else time.monotonic() + cfg.max_wall_s
-        groups, episodes = run_episodes(self, allocation, ctx.round or 0, params, deadline)
+        params, deadline, round_ = call_settings(self, "generate.multi_turn", allocation, ctx)
+        groups, episodes = run_episodes(self, allocation, round_, params, deadline)
         self._metrics = episode_metrics(episodes)
         return groups
 

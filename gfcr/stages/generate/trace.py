@@ -72,7 +72,6 @@ YAML:
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from dataclasses import dataclass, replace
 from typing import Annotated, Any, ClassVar
@@ -82,11 +81,9 @@ from pydantic import Field
 
 from gfcr.records import Allocation, RolloutGroups, SegmentOrigin, StepContext, rollout_id
 from gfcr.stages.common.logistic import LogisticSuccess, with_history
-from gfcr.stages.common.seeds import step_seed
-from gfcr.stages.engine import SamplingParams
 from gfcr.stages.environments import environment_factory
 from gfcr.stages.generate.episodes import (
-    Episode, advance, decoder, finish, guarded, reset_episode, setup_turns, start_episodes,
+    Episode, advance, call_settings, decoder, finish, guarded, reset_episode, setup_turns, start_episodes,
 )
 from gfcr.stages.generate.multi_turn import MultiTurn, episode_metrics
 from gfcr.stages.generate.turn_tree import continue_from, model_turns, tree_groups
@@ -160,17 +157,11 @@ class Trace:
         self.history.extend(state.get("history", []))
 
     def run(self, allocation: Allocation, ctx: StepContext | None = None) -> RolloutGroups:
-        if self.engine is None or self.policy is None:
-            raise RuntimeError("generate.trace was not set up with a policy and engine")
+        params, deadline, round_ = call_settings(self, "generate.trace", allocation, ctx)
         cfg = self.config
-        ctx = ctx or StepContext("", allocation.step, 0, 0)
-        seed = ctx.seed if cfg.seed is None else cfg.seed
-        params = SamplingParams(cfg.temperature, cfg.top_p, cfg.max_turn_tokens, tuple(cfg.stop),
-                                step_seed(seed, allocation.step, ctx.round or 0))
-        deadline = None if cfg.max_wall_s is None else time.monotonic() + cfg.max_wall_s
         first = Allocation(allocation.step, tuple(replace(e, n_rollouts=min(cfg.roots, e.n_rollouts))
                                                   for e in allocation.active()))
-        episodes = start_episodes(self, first, ctx.round or 0, params.seed)
+        episodes = start_episodes(self, first, round_, params.seed)
         entries = {e.prompt_id: e for e in allocation.active()}
         for e in episodes:  # the whole budget's entry, not the roots' share of it
             e.entry = entries[e.entry.prompt_id]
