@@ -222,17 +222,7 @@ def run_claim(claim: Claim, seeds: Sequence[int], out_dir: Path, repo: Path, par
               executor: str | None = None) -> Measured:
     """Run the row's comparison (baseline first) into ``out_dir`` (continuing it if it ran before) and
     measure it."""
-    from gfcr.tracking.compare import parse_budget, plan_comparison, run_comparison  # noqa: PLC0415 (runtime)
-
-    overrides = [*claim.overrides, *([f"executor.kind={executor}"] if executor else [])]
-    plan = plan_comparison([repo / claim.baseline_pipeline, repo / claim.method_pipeline], task=claim.task,
-                           seeds=seeds, budget=parse_budget(claim.budget), overrides=overrides, out_dir=out_dir)
-    baseline, method = list(plan.specs)
-    done = run_comparison(plan, parallel=parallel, baseline=baseline)
-    if done.failed or done.comparison is None:
-        raise GfcrError(f"claim `{claim.id}`: {len(done.failed)} cell(s) failed in {out_dir}",
-                        "read the cells' logs, fix what failed and run again: finished cells are kept")
-    return measure(done.comparison, method, claim.metric)
+    return _run_group([claim], seeds, out_dir, repo, parallel, executor)[claim.id]
 
 
 def run_claims(claims: Sequence[Claim], seeds: Sequence[int], out_dir: Path, repo: Path, parallel: int = 1,
@@ -243,32 +233,39 @@ def run_claims(claims: Sequence[Claim], seeds: Sequence[int], out_dir: Path, rep
     measure each row against its baseline. A row's figures equal its own two-pipeline comparison's
     (``command``): every cell is seeded and runs alone, and the target is the baseline's. ``done_with``
     gets the figures so far after each group."""
-    from gfcr.tracking.compare import parse_budget, plan_comparison, run_comparison  # noqa: PLC0415 (runtime)
-
     groups: dict[tuple[str, str, str, tuple[str, ...]], list[Claim]] = {}
     for claim in claims:
         groups.setdefault((claim.baseline_pipeline, claim.task, claim.budget, tuple(claim.overrides)), []).append(claim)
     measured: dict[str, Measured] = {}
     for (baseline_file, task, budget, sets), rows in groups.items():
-        methods = list(dict.fromkeys(row.method_pipeline for row in rows))
         folder = f"{task}--{Path(baseline_file).stem}--{budget.replace('=', '')}"
         if sets:
             folder += "--" + hashlib.sha256("\n".join(sets).encode()).hexdigest()[:8]
-        overrides = [*sets, *([f"executor.kind={executor}"] if executor else [])]
-        plan = plan_comparison([repo / baseline_file, *(repo / m for m in methods)], task=task, seeds=seeds,
-                               budget=parse_budget(budget), overrides=overrides, out_dir=out_dir / folder)
-        baseline, *names = list(plan.specs)
-        done = run_comparison(plan, parallel=parallel, baseline=baseline)
-        if done.failed or done.comparison is None:
-            raise GfcrError(f"claims {[row.id for row in rows]}: {len(done.failed)} cell(s) failed in "
-                            f"{out_dir / folder}", "read the cells' logs, fix what failed and run again: finished "
-                            "cells are kept")
-        name_of = dict(zip(methods, names))
-        for row in rows:
-            measured[row.id] = measure(done.comparison, name_of[row.method_pipeline], row.metric)
+        measured.update(_run_group(rows, seeds, out_dir / folder, repo, parallel, executor))
         if done_with is not None:
             done_with(measured)
     return measured
+
+
+def _run_group(rows: Sequence[Claim], seeds: Sequence[int], out_dir: Path, repo: Path, parallel: int,
+               executor: str | None) -> dict[str, Measured]:
+    """One comparison of the rows' shared baseline (the first row's baseline, task, budget and
+    overrides) and each row's method, in ``out_dir``; each row measured against the baseline."""
+    from gfcr.tracking.compare import parse_budget, plan_comparison, run_comparison  # noqa: PLC0415 (runtime)
+
+    first = rows[0]
+    methods = list(dict.fromkeys(row.method_pipeline for row in rows))
+    overrides = [*first.overrides, *([f"executor.kind={executor}"] if executor else [])]
+    plan = plan_comparison([repo / first.baseline_pipeline, *(repo / m for m in methods)], task=first.task,
+                           seeds=seeds, budget=parse_budget(first.budget), overrides=overrides, out_dir=out_dir)
+    baseline, *names = list(plan.specs)
+    done = run_comparison(plan, parallel=parallel, baseline=baseline)
+    if done.failed or done.comparison is None:
+        ids = ", ".join(f"`{row.id}`" for row in rows)
+        raise GfcrError(f"claim {ids}: {len(done.failed)} cell(s) failed in {out_dir}",
+                        "read the cells' logs, fix what failed and run again: finished cells are kept")
+    name_of = dict(zip(methods, names))
+    return {row.id: measure(done.comparison, name_of[row.method_pipeline], row.metric) for row in rows}
 
 
 __all__ = ["Claim", "ClaimsFile", "Measured", "command", "holm", "load_claims", "measure", "render", "run_claim",
