@@ -14,6 +14,9 @@ samples on a device other than the one its spec asks for:
 - a ``node_resource`` that names one of Ray's built-in quantities (``CPU``, ``GPU``,
   ``memory``, ...) rather than a custom resource that marks nodes;
 - ``executor.weight_sync`` with another executor than Ray (it has no replicas to sync);
+- ``lifecycle.in_flight: true`` (a newer version published between the decode steps of a running
+  call, docs/async.md): each replica syncs one version before a step's generation, and no replica
+  takes a version mid-call yet;
 - trainer ranks (``resources: {replicas: N}`` on the update, N > 1) without the Ray executor,
   for an update that cannot run split (no ``train_shard``), or with GPUs that disagree with
   ``policy.device`` (``trainer_problems``);
@@ -133,6 +136,13 @@ def placement_problems(spec: PipelineSpec) -> Iterator[tuple[tuple, str, str]]:
                f"`executor.weight_sync` chooses how weights reach Ray engine replicas, but the executor is "
                f"`{spec.executor.kind}`, whose engine shares the trained policy's process",
                "set `executor.kind: ray`, or remove `weight_sync`")
+    if spec.executor.kind == "ray" and spec.lifecycle.in_flight:
+        yield (("lifecycle", "in_flight"),
+               "`lifecycle.in_flight: true` publishes new versions between the decode steps of a running generate "
+               "call, but with `executor: {kind: ray}` each engine replica is synced to one version before a "
+               "step's generation and takes no version mid-call yet (docs/async.md, \"On Ray\")",
+               "remove `in_flight` (each step then samples with the newest version the bound allows), or run it "
+               "on vLLM with `executor: {kind: prefect}` (or `local`)")
     if spec.executor.kind != "ray" or spec.policy is None:
         return
     generate = {sid: s for sid, s in spec.all_stages().items() if s.use.startswith("generate.")}

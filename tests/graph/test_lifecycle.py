@@ -87,14 +87,20 @@ def test_validate_and_run_refuse_what_the_runtime_cannot_run_yet(tmp_path):
     ray = ["--set", "executor.kind=ray"]
     result = CliRunner().invoke(app, ["validate", str(QUICK), *stale, *ray])
     assert result.exit_code == 0, result.output  # replicas on the transformers engine run it (test_ray_lifecycle)
-    result = CliRunner().invoke(app, ["validate", str(QUICK), *stale, *ray, *vllm])
-    assert result.exit_code == 2 and "not vLLM replicas" in result.output, result.output  # vLLM replicas do not yet
-    assert "set `policy.engine: hf`" in result.output, result.output
-    result = CliRunner().invoke(app, ["validate", "--no-inputs", str(QUICK), *stale, *ray, *vllm])
-    assert result.exit_code == 0, result.output  # the spec itself is sound
-    result = CliRunner().invoke(app, ["run", str(QUICK), "--run-dir", str(tmp_path / "run"), *stale, *ray, *vllm])
-    assert result.exit_code == 2 and "not vLLM replicas" in result.output, result.output
+    for mode in (stale, ["--set", "lifecycle.mode=pipelined", "--set", "update.with.correction.use=tis"]):
+        result = CliRunner().invoke(app, ["validate", str(QUICK), *mode, *ray, *vllm])
+        assert result.exit_code == 0, result.output  # and vLLM replicas (test_ray_vllm_lifecycle)
+    in_flight = ["--set", "lifecycle.in_flight=true"]
+    for engine in (vllm, []):  # not yet: a version that reaches the replicas mid-call
+        for command in (["validate", str(QUICK)], ["run", str(QUICK), "--run-dir", str(tmp_path / "run")]):
+            result = CliRunner().invoke(app, [*command, *stale, *ray, *engine, *in_flight])
+            assert result.exit_code == 2 and "lifecycle.in_flight" in result.output, result.output
+            assert "takes no version mid-call yet" in result.output, result.output
+            assert "or run it on vLLM with `executor: {kind: prefect}` (or `local`)" in result.output
     assert not (tmp_path / "run").exists()
+    result = CliRunner().invoke(app, ["validate", str(REPO / "pipelines" / "april_arith.yaml"), *stale, *ray, *vllm])
+    assert result.exit_code == 2 and "stages.rollout.in_flight" in result.output, result.output  # nor controllers
+    assert "in-flight control across Ray engine replicas is not supported yet" in result.output, result.output
 
 
 def test_in_flight_updates_are_the_async_lifecycles_on_vllm_and_refused_elsewhere(tmp_path):
@@ -115,7 +121,7 @@ def test_in_flight_updates_are_the_async_lifecycles_on_vllm_and_refused_elsewher
     result = CliRunner().invoke(app, ["validate", str(REPO / "pipelines" / "april_arith.yaml"), *stale, *vllm])
     assert result.exit_code == 2 and "in-flight controllers cannot step its rows there yet" in result.output
     result = CliRunner().invoke(app, ["validate", str(QUICK), *stale, *vllm, "--set", "executor.kind=ray"])
-    assert result.exit_code == 2 and "not vLLM replicas" in result.output, result.output  # vLLM on Ray: refused
+    assert result.exit_code == 2 and "takes no version mid-call yet" in result.output, result.output  # not on Ray
     with pytest.raises(GfcrError) as info:  # the spec's own error (a SpecError)
         load_pipeline(QUICK, ["lifecycle.mode=pipelined", "lifecycle.in_flight=true", "update.with.correction.use=tis"])
     assert "`lifecycle.in_flight` is the asynchronous lifecycle's" in str(info.value)

@@ -472,6 +472,14 @@ CASES = [
          "`executor: {kind: ray}` the engine is 2 replica actor(s)",
          "run this pipeline with `executor: {kind: prefect}` (or `local`), or remove `in_flight`",
          ["executor.kind=ray", "stages.rollout.resources.replicas=2"]),
+    Case("in-flight weight updates across Ray engine replicas (vLLM replicas run the stale lifecycles)",
+         edit(VLLM_QUICK_CPU, "with: {lr:", "with: {correction: {use: tis}, lr:")
+         + "lifecycle: {mode: async, max_staleness: 1, in_flight: true}\nexecutor: {kind: ray}\n",
+         "in_flight: true", "lifecycle.in_flight", "`lifecycle.in_flight: true` publishes new versions between the "
+         "decode steps of a running generate call, but with `executor: {kind: ray}` each engine replica is synced "
+         "to one version before a step's generation and takes no version mid-call yet",
+         "remove `in_flight` (each step then samples with the newest version the bound allows), or run it on vLLM "
+         "with `executor: {kind: prefect}` (or `local`)"),
     Case("GPUs reserved for Ray replicas that would sample on the CPU", VLLM_QUICK_CPU,
          "--set stages.rollout.resources.gpus=1", "stages.rollout.resources.gpus",
          "`rollout` reserves 1 GPU(s) per engine replica, but the policy is on the CPU",

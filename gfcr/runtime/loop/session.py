@@ -106,14 +106,16 @@ def build_schedule(spec: PipelineSpec, lent: Lent) -> Any:
 
     kind = AsyncSchedule if spec.lifecycle.mode == "async" else PipelinedSchedule
     vllm = spec.policy is not None and spec.policy.engine == "vllm"
-    if spec.lifecycle.in_flight and not vllm:  # `gfcr validate`/`run` refuse it first (preflight.inputs)
+    ray = spec.executor.kind == "ray"
+    if spec.lifecycle.in_flight and (ray or not vllm):  # `gfcr validate`/`run` refuse it first (preflight, placement)
         raise GfcrError("`lifecycle.in_flight: true` publishes new versions between the decode steps of a running "
-                        "generate call, which only the vLLM engine does so far",
-                        "set `policy.engine: vllm`, or remove `in_flight`")
+                        "generate call, which only the vLLM engine does so far, on the local or Prefect executor",
+                        "set `policy.engine: vllm` with `executor.kind: prefect` (or `local`), or remove `in_flight`")
     if lent.policy is None or lent.engine is None:
         return kind(spec.lifecycle.staleness_bound())
-    # vLLM and the Ray engine replicas hold copies of their own: the schedule reloads them from its own
-    reloads = vllm or (spec.policy is not None and spec.executor.kind == "ray")
+    # vLLM and the Ray engine replicas (of either engine) hold copies of their own: the schedule
+    # reloads them from its own, vLLM by its reload, the replicas by the group's weight sync
+    reloads = vllm or (spec.policy is not None and ray)
     engine = lent.engine if reloads else None
     if spec.lifecycle.in_flight:  # newer versions reach vLLM between its decode steps
         return AsyncSchedule(spec.lifecycle.staleness_bound(), lent.policy, lent.engine.policy, engine, in_flight=True)

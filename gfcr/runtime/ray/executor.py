@@ -79,7 +79,8 @@ def ray_services(spec: PipelineSpec, mover: str) -> RuntimeServices:
     engines are: before each step's generation the schedule (``gfcr.runtime.loop.lifecycle``)
     loads into it the weights it picks from its history and syncs the replicas from it
     (``RayEngineGroup.sync_weights``, by ``executor.weight_sync``, the driver the source), so every
-    replica samples the version the step's segments record. The update's mover is then ``none``
+    replica samples the version the step's segments record; a vLLM replica loads the weights into
+    its policy copy and reloads its vLLM engine from it, as under ``sync``. The update's mover is then ``none``
     (a new version reaches the replicas only when a step's generation asks for it), and trainer
     rank 0 is not the weight group's source: the trainer steps while the producer syncs, and
     rank 0's weights may be newer than the version the schedule picked."""
