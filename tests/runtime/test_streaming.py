@@ -1,6 +1,7 @@
 """Groups streamed to the per-group stages within a step (``lifecycle: {stream_groups: true}``,
 gfcr.runtime.loop.streaming): a streamed run equals the barrier run in metrics and lineage (on the
-transformers engine, under sync and pipelined, and on the labelled fake engine), the per-group
+transformers engine, under sync and pipelined, on the labelled fake engine, under Prefect and on
+vLLM-CPU (slow)), it composes with async (the bound holds), the per-group
 stages really run while the engine decodes (a slow labelled filter on the fake engine made slow),
 and a chain stage's error names it."""
 
@@ -129,6 +130,27 @@ def test_streamed_groups_equal_the_barrier_on_the_transformers_engine(write_spec
     assert len(handed) == 3 * 6 and not any(handed)  # every group handed over inside its generate call
     dropped = [row for step in _lineage(streamed) for row in step if row["dropped_by"]]
     assert dropped and {row["dropped_by"] for row in dropped} == {"keep"}  # the chain's verdicts, stamped
+
+
+def test_streamed_groups_compose_with_the_async_lifecycle(write_spec, tmp_path):
+    """Under ``async`` (not deterministic: no twin to equal) a streamed run holds the staleness bound."""
+    run_dir = tmp_path / "async"
+    overrides = ["lifecycle.mode=async", "lifecycle.max_staleness=1", "update.with.correction.use=tis",
+                 "lifecycle.stream_groups=true"]
+    Run.start(load_pipeline(write_spec(TINY), overrides), run_dir).train()
+    records = _metrics(run_dir)
+    assert [r["step"] for r in records] == [0, 1, 2]
+    assert all(int(age) <= 1 for r in records for age in r["staleness"])
+
+
+@pytest.mark.slow
+def test_streamed_groups_equal_the_barrier_under_prefect(write_spec, tmp_path):
+    """The Prefect runner (the generate call a task, the chain's per-group calls in the worker;
+    Prefect's embedded server in the test session's PREFECT_HOME, tests/conftest.py)."""
+    streamed, barrier, handed = _both(write_spec, tmp_path, TINY, ["executor.kind=prefect"])
+    assert _metrics(streamed) == _metrics(barrier)
+    assert _lineage(streamed) == _lineage(barrier)
+    assert len(handed) == 3 * 6 and not any(handed)
 
 
 def test_streamed_groups_equal_the_barrier_on_the_fake_engine(write_spec, tmp_path, monkeypatch):
