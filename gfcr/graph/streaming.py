@@ -65,8 +65,8 @@ def streaming_problems(spec: PipelineSpec, plan: Sequence[PlanItem],
         return
     if spec.executor.kind == "ray":
         yield (KEY, "`lifecycle.stream_groups` hands groups to the filters within a generate call, and the Ray "
-                    "executor's engine replicas return a step's generation whole", OFF + ", or use `executor: "
-                                                                                          "{kind: local}` or `prefect`")
+                    "executor's engine replicas return a step's generation whole",
+               OFF + ", or use `executor: {kind: local}` or `prefect`")
     for item in plan:
         if isinstance(item, LoopBlock):
             for sid in (s for s in item.body if nodes[s].info.family == "generate"):
@@ -93,10 +93,10 @@ def _generate_problems(sid: str, chain: tuple[str, ...], plan: Sequence[PlanItem
                     "nothing to stream", OFF)
         return
     path = (UPDATE_ID, "use") if after == UPDATE_ID else ("stages", after, "use")
-    yield (path, f"`{after}` ({nodes[after].info.alias}) runs directly after `{sid}` and "
-                                     f"{why_not_streamed(nodes[after], sid)}, so `lifecycle.stream_groups` has "
-                                     "nothing to stream", OFF + f", or put a per-group stage (`filter.verify`, "
-                                                                f"`filter.finish_reason`, ...) directly after `{sid}`")
+    why = why_not_streamed(nodes[after], sid)
+    yield (path, f"`{after}` ({nodes[after].info.alias}) runs directly after `{sid}` and {why}, so "
+                 "`lifecycle.stream_groups` has nothing to stream",
+           OFF + f", or put a per-group stage (`filter.verify`, `filter.finish_reason`, ...) directly after `{sid}`")
 
 
 def _next_stage(sid: str, plan: Sequence[PlanItem]) -> Any:
