@@ -153,13 +153,22 @@ def test_streamed_groups_equal_the_barrier_under_prefect(write_spec, tmp_path):
     assert len(handed) == 3 * 6 and not any(handed)
 
 
-def test_streamed_groups_equal_the_barrier_on_the_fake_engine(write_spec, tmp_path, monkeypatch):
+# an in-flight controller on the fake engine: APRIL's stop once 3 groups are complete
+STOPPED = FAKE.replace("  rollout: {use: generate.sample, from: budget, with:",
+                       "  stop:    {use: control.stop_at_target, with: {groups: 3}}\n"
+                       "  rollout: {use: generate.sample, from: budget, in_flight: [stop], with:")
+
+
+@pytest.mark.parametrize("text", [FAKE, STOPPED], ids=["plain", "stopped in flight"])
+def test_streamed_groups_equal_the_barrier_on_the_fake_engine(write_spec, tmp_path, monkeypatch, text):
     monkeypatch.setattr(session, "build_services", lambda spec, **kw: _fake_services(step_s=0.001))
-    streamed, barrier, handed = _both(write_spec, tmp_path, FAKE)
+    streamed, barrier, handed = _both(write_spec, tmp_path, text)
     assert _metrics(streamed) == _metrics(barrier)
     assert _lineage(streamed) == _lineage(barrier)
     assert len(handed) == 3 * 6 and not any(handed)
-    assert "trunc" in {row["dropped_by"] for step in _lineage(streamed) for row in step}  # removed rollouts
+    dropped_by = {row["dropped_by"] for step in _lineage(streamed) for row in step}
+    assert "trunc" in dropped_by  # rollouts the chain removed
+    assert ("rollout" in dropped_by) == (text is STOPPED)  # groups stopped in flight, handed over dropped
 
 
 def _runner(write_spec, stream: bool, step_s: float, latency_s: float) -> LocalRunner:
