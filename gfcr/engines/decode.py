@@ -15,7 +15,9 @@ row, ``keep`` drops the rows that ended so they stop costing compute. ``decode_r
 - ends: the end-of-sequence token (kept), a stop string (the response is cut at the shortest
   prefix whose text contains one, as before), ``max_new_tokens`` for the whole response
   (prefix included), or a controller's ``Steer`` (aborted, pruned, stop all, or ``exit``: cut back
-  and answered with the controller's own tokens, ``exited``).
+  and answered with the controller's own tokens, ``exited``);
+- hand-over: with ``ready``, a request's completions go to ``ready`` as soon as all its rows have
+  ended (``Handover``), while the other rows decode on (``lifecycle: {stream_groups: true}``).
 
 ``score_requests`` runs given responses through the same loop, teacher-forced: each row takes
 its response's next token instead of drawing one and records that token's log-prob and
@@ -39,6 +41,7 @@ from gfcr.stages.engine import (
 )
 
 Decode = Callable[[Sequence[int]], str]
+Ready = Callable[[int, list[Completion]], None]  # a request's index and completions, once all its rows ended
 
 
 class Batch(Protocol):
@@ -110,11 +113,14 @@ def make_rows(requests: Sequence[GenerationRequest]) -> list[Row]:
 
 def decode_requests(requests: Sequence[GenerationRequest], batch: Batch, *, eos: int, decode: Decode,
                     controller: InFlightController | None = None, max_in_flight: int | None = None,
-                    replica: str = "0") -> list[list[Completion]]:
-    """Generate every request's completions through ``batch`` (see the module docstring)."""
+                    replica: str = "0", ready: Ready | None = None) -> list[list[Completion]]:
+    """Generate every request's completions through ``batch`` (see the module docstring); ``ready``:
+    called with each request's index and completions as soon as all its rows have ended."""
     rows = make_rows(requests)
     fixed = call_view(requests) if controller is not None else None
-    run_rows(rows, batch, eos=eos, decode=decode, controller=controller, fixed=fixed, max_in_flight=max_in_flight)
+    handover = Handover(requests, rows, lambda row: row.completion(decode, replica), ready) if ready else None
+    run_rows(rows, batch, eos=eos, decode=decode, controller=controller, fixed=fixed, max_in_flight=max_in_flight,
+             after_step=handover)
     out, i = [], 0
     for r in requests:
         out.append([row.completion(decode, replica) for row in rows[i:i + r.n]])
@@ -138,9 +144,28 @@ def scoring_params(r: ScoreRequest) -> SamplingParams:
     return SamplingParams(temperature=r.temperature, max_new_tokens=max(1, len(r.response_token_ids)), entropy=True)
 
 
+class Handover:
+    """Hands each request's completions to ``ready(index, completions)`` once all its rows have ended
+    (a row that has ended never changes again), in the order requests end; called after every decode
+    step, and once more at the end. A row is turned into its completion twice (here and at the end
+    of the call): the same rows give the same completions."""
+
+    def __init__(self, requests: Sequence[GenerationRequest], rows: list[Row],
+                 completion: Callable[[Row], Completion], ready: Ready):
+        starts = np.cumsum([0] + [r.n for r in requests])
+        self.pending = {k: rows[starts[k]:starts[k + 1]] for k in range(len(requests))}
+        self.completion, self.ready = completion, ready
+
+    def __call__(self) -> None:
+        for k in [k for k, rows in self.pending.items() if all(r.finish is not None for r in rows)]:
+            self.ready(k, [self.completion(r) for r in self.pending.pop(k)])
+
+
 def run_rows(rows: list[Row], batch: Batch, *, eos: int, decode: Decode, controller: InFlightController | None = None,
-             fixed: InFlightView | None = None, max_in_flight: int | None = None) -> None:
-    """Decode ``rows`` to their ends through ``batch``: refill, choose, end, steer, leave, step."""
+             fixed: InFlightView | None = None, max_in_flight: int | None = None,
+             after_step: Callable[[], None] | None = None) -> None:
+    """Decode ``rows`` to their ends through ``batch``: refill, choose, end, steer, leave, (hand
+    over,) step."""
     queue = deque(r for r in rows if not _out_of_budget(r))
     cap = max(1, max_in_flight or len(rows) or 1)
     live: list[Row] = []
@@ -166,7 +191,11 @@ def run_rows(rows: list[Row], batch: Batch, *, eos: int, decode: Decode, control
         if len(kept) < len(live):
             batch.keep(kept)
             tokens, live = [tokens[i] for i in kept], [live[i] for i in kept]
+            if after_step is not None:
+                after_step()
         logits = batch.step(torch.tensor(tokens, dtype=torch.long)).float() if live else None
+    if after_step is not None:  # rows that never decoded (out of budget, or ended in the queue)
+        after_step()
 
 
 def _out_of_budget(row: Row) -> bool:

@@ -20,13 +20,14 @@ True
 
 from __future__ import annotations
 
+import time
 import zlib
 from typing import Sequence
 
 import numpy as np
 import torch
 
-from gfcr.engines.decode import decode_requests, entropy_of
+from gfcr.engines.decode import Ready, decode_requests, entropy_of
 from gfcr.stages.engine import Completion, GenerationRequest, InFlightController, Scored, ScoreRequest
 
 
@@ -39,16 +40,19 @@ def fake_logits(context: Sequence[int], vocab: int, eos: int = 0) -> torch.Tenso
 
 
 class HashBatch:
-    """The rows in flight: just their contexts (the fake model has no cache to keep)."""
+    """The rows in flight: just their contexts (the fake model has no cache to keep). Each prefill
+    and decode step sleeps ``step_s``, standing in for a model's forward pass."""
 
-    def __init__(self, vocab: int):
-        self.vocab, self.contexts = vocab, []  # list[list[int]]
+    def __init__(self, vocab: int, step_s: float = 0.0):
+        self.vocab, self.step_s, self.contexts = vocab, step_s, []  # list[list[int]]
 
     def add(self, contexts: list[tuple[int, ...]]) -> torch.Tensor:
+        time.sleep(self.step_s)
         self.contexts += [list(c) for c in contexts]
         return torch.stack([fake_logits(c, self.vocab) for c in contexts])
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.step_s)
         for context, token in zip(self.contexts, tokens.tolist()):
             context.append(token)
         return torch.stack([fake_logits(c, self.vocab) for c in self.contexts])
@@ -58,13 +62,15 @@ class HashBatch:
 
 
 class FakeEngine:
-    """TEST/FAKE: the Engine protocol over ``fake_logits``; ``policy_version`` is settable."""
+    """TEST/FAKE: the Engine protocol over ``fake_logits``; ``policy_version`` is settable; ``step_s``:
+    seconds each prefill and decode step sleeps (a step time that the machine's load barely moves,
+    for tests of wall-clock figures)."""
 
     ALPHABET = "\0abcdefghijklmnopqrstuvwxyz0123456789+-=? "
     eos_token_id = 0
 
-    def __init__(self, replica: str = "fake-0", max_batch: int = 256):
-        self.replica, self.max_batch, self.version = replica, max_batch, 0
+    def __init__(self, replica: str = "fake-0", max_batch: int = 256, step_s: float = 0.0):
+        self.replica, self.max_batch, self.version, self.step_s = replica, max_batch, 0, step_s
 
     @property
     def policy_version(self) -> int:
@@ -81,10 +87,11 @@ class FakeEngine:
         return "".join(self.ALPHABET[i] for i in ids if i != self.eos_token_id)
 
     def generate(self, requests: Sequence[GenerationRequest], controller: InFlightController | None = None,
-                 max_in_flight: int | None = None) -> list[list[Completion]]:
+                 max_in_flight: int | None = None, ready: Ready | None = None) -> list[list[Completion]]:
         cap = min(self.max_batch, max_in_flight or self.max_batch)
-        return decode_requests(requests, HashBatch(len(self.ALPHABET)), eos=self.eos_token_id, decode=self.decode,
-                               controller=controller, max_in_flight=cap, replica=self.replica)
+        return decode_requests(requests, HashBatch(len(self.ALPHABET), self.step_s), eos=self.eos_token_id,
+                               decode=self.decode, controller=controller, max_in_flight=cap, replica=self.replica,
+                               ready=ready)
 
     def score(self, requests: Sequence[ScoreRequest]) -> list[Scored]:
         out = []

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from gfcr.engines.decode import decode_requests, entropy_of, first_stop, score_requests  # noqa: F401  (first_stop: vLLM's)
+from gfcr.engines.decode import Ready, decode_requests, entropy_of, first_stop, score_requests  # noqa: F401  (first_stop: vLLM's)
 from gfcr.engines.policy import HFPolicy
 from gfcr.stages.engine import Completion, GenerationRequest, InFlightController, Scored, ScoreRequest
 
@@ -71,12 +71,12 @@ class TransformersEngine:
 
     @torch.no_grad()
     def generate(self, requests: Sequence[GenerationRequest], controller: InFlightController | None = None,
-                 max_in_flight: int | None = None) -> list[list[Completion]]:
+                 max_in_flight: int | None = None, ready: Ready | None = None) -> list[list[Completion]]:
         cap = min(self.max_batch, max_in_flight or self.max_batch)
         with _GENERATING, evaluating(self.policy.model):
             batch = KVBatch(self.policy.model, self.policy.tokenizer.pad_token_id)
             return decode_requests(requests, batch, eos=self.policy.eos_token_id, decode=self.policy.decode,
-                                   controller=controller, max_in_flight=cap, replica=self.replica)
+                                   controller=controller, max_in_flight=cap, replica=self.replica, ready=ready)
 
     @torch.no_grad()
     def score(self, requests: Sequence[ScoreRequest]) -> list[Scored]:

@@ -65,6 +65,11 @@ Deviations:
   it, ``max_in_flight`` rows at a time, refilled); it samples what the same call without a
   controller does. Without a controller ``LLM.generate`` runs the call and ``max_in_flight``
   is left to vLLM's own scheduler (``max_num_seqs``).
+- Hand-over (``ready``, ``lifecycle: {stream_groups: true}``): a plain call runs ``LLM.generate``'s
+  own loop (``enqueue``, then ``llm_engine.step()`` until every request is finished) and hands each
+  request over as vLLM finishes all its samples: the same requests and engine steps as
+  ``LLM.generate``, so the same samples. A call with a controller, in-flight weights or entropies
+  to score hands its requests over at its end.
 - In-flight weight updates (``lifecycle: {mode: async, in_flight: true}``): the runtime sets
   ``in_flight`` (the async schedule), and every call then runs step by step
   (``gfcr.engines.vllm_steps``) and asks it between engine steps for a newer version; when one is
@@ -127,7 +132,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from gfcr.engines.decode import Row, first_stop
+from gfcr.engines.decode import Ready, Row, first_stop
 from gfcr.engines.hf import TransformersEngine, score_batch
 from gfcr.engines.policy import HFPolicy
 from gfcr.engines.run_log import LoggerToFile, captured
@@ -365,7 +370,9 @@ class VLLMEngine:
             self._to_log = None
 
     def generate(self, requests: Sequence[GenerationRequest], controller: InFlightController | None = None,
-                 max_in_flight: int | None = None) -> list[list[Completion]]:
+                 max_in_flight: int | None = None, ready: Ready | None = None) -> list[list[Completion]]:
+        """Each request's completions; ``ready`` gets each request's as soon as vLLM has finished all its
+        samples (a plain call whose rows need no entropy), else at the end of the call."""
         if self.llm is None:
             raise EngineError("this vLLM engine was closed at the end of its run\n    fix: start a new run "
                               "(or a new VLLMEngine)")
@@ -375,6 +382,7 @@ class VLLMEngine:
             check_params(r.params)
         if self._version != self.policy.version:
             self.sync_weights(self.policy.version)
+        handed: set[int] = set()
         if controller is not None or self.in_flight is not None:  # step by step (gfcr.engines.vllm_steps)
             self._steering = True
             try:
@@ -386,11 +394,20 @@ class VLLMEngine:
             finally:
                 self._steering = False
         else:
-            active = [r for r in requests if r.n > 0]
+            active = [i for i, r in enumerate(requests) if r.n > 0]
+
+            def finished(k: int, completions: list[Completion]) -> None:  # the k-th active request ended
+                handed.add(active[k])
+                ready(active[k], completions)
+
+            early = finished if ready is not None and not any(r.params.entropy for r in requests) else None
             with captured(self.log):
-                outputs = iter(self._generate(active) if active else [])
+                outputs = iter(self._generate([requests[i] for i in active], early) if active else [])
             groups = [next(outputs) if r.n > 0 else [] for r in requests]
-        return self._with_entropy(requests, groups)
+        groups = self._with_entropy(requests, groups)
+        for i in (i for i in range(len(groups)) if ready is not None and i not in handed):
+            ready(i, groups[i])  # what could not be handed over as it ended: at the end of the call
+        return groups
 
     def _with_entropy(self, requests: Sequence[GenerationRequest],
                       groups: list[list[Completion]]) -> list[list[Completion]]:
@@ -436,7 +453,10 @@ class VLLMEngine:
         finally:
             self.llm.wake_up(tags=["scheduling"])
 
-    def _generate(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
+    def _generate(self, requests: list[GenerationRequest], ready: Ready | None = None) -> list[list[Completion]]:
+        """Every request's completions through ``LLM.generate``, or (``ready``) through its own loop
+        (``_run_engine``'s: the same requests, the same engine steps), handing each request over as
+        vLLM finishes it."""
         from vllm import SamplingParams as VLLMSamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -444,20 +464,34 @@ class VLLMEngine:
         sampling = [VLLMSamplingParams(**sampling_kwargs(r.params, sent_n(r), request_seed(r.params.seed, r.request_id),
                                                          len(r.context) - len(r.prompt_token_ids)))
                     for r in requests]
-        if self.in_process:
+        if self.in_process and ready is None:
             results = self.llm.generate(prompts, sampling, use_tqdm=False, lora_request=self._adapter())
-        else:  # the engine core would start on the first request to arrive: hold it until all are queued,
-            # so every call starts with all its rows (a batch, and its float sums, that timing does not change)
-            self.llm.sleep(level=0, mode="keep")
-            try:
-                self.llm.enqueue(prompts, sampling, use_tqdm=False, lora_request=self._adapter())
-            finally:
-                self.llm.wake_up(tags=["scheduling"])
-            results = self.llm.wait_for_completion(use_tqdm=False)
-        return [[to_completion(o, r.params, self.policy.decode, self.replica,
-                               r.prefix.token_ids if r.prefix else ())
-                 for o in sorted(result.outputs, key=lambda o: o.index)] * (r.n // sent_n(r))
-                for r, result in zip(requests, results)]
+        else:  # an engine core in its own process would start on the first request to arrive: hold it until all
+            # are queued, so every call starts with all its rows (a batch, and its float sums, timing does not change)
+            with contextlib.nullcontext() if self.in_process else self._held():
+                ids = self.llm.enqueue(prompts, sampling, use_tqdm=False, lora_request=self._adapter())
+            results = (self.llm.wait_for_completion(use_tqdm=False) if ready is None else
+                       self._run_handing(ids, lambda k, out: ready(k, self._completions(requests[k], out))))
+        return [self._completions(r, result) for r, result in zip(requests, results)]
+
+    def _completions(self, r: GenerationRequest, result: Any) -> list[Completion]:
+        """One request's completions from vLLM's ``RequestOutput``."""
+        return [to_completion(o, r.params, self.policy.decode, self.replica, r.prefix.token_ids if r.prefix else ())
+                for o in sorted(result.outputs, key=lambda o: o.index)] * (r.n // sent_n(r))
+
+    def _run_handing(self, ids: list[str], finished: Callable[[int, Any], None]) -> list[Any]:
+        """``LLM._run_engine``'s loop over the requests ``enqueue`` gave ``ids``, calling ``finished(k,
+        output)`` as the k-th one finishes; their outputs in ``ids``' order. vLLM returns internal ids
+        (``7-1a2b3c4d``), its outputs carry the external one (``7``)."""
+        index = {key: k for k, rid in enumerate(ids) for key in (rid, rid.rsplit("-", 1)[0])}
+        outputs: dict[int, Any] = {}
+        while self.llm.llm_engine.has_unfinished_requests():
+            for output in self.llm.llm_engine.step():
+                if output.finished:
+                    k = index[output.request_id]
+                    outputs[k] = output
+                    finished(k, output)
+        return [outputs[k] for k in range(len(ids))]
 
 
 def forced_entropy(c: Completion) -> np.ndarray:

@@ -5,7 +5,8 @@ stage configs that do not validate, inputs left unbound, edges whose types do no
 cycles outside loop blocks, loop blocks that cannot end, outputs nobody reads, in-flight
 controllers that are not attached to exactly one generate stage that can host them, stages
 that need of the engine what ``policy.engine`` lacks (``ENGINE_LACKS``), engine replicas Ray
-cannot place as the spec asks (``gfcr.graph.placement``).
+cannot place as the spec asks (``gfcr.graph.placement``), groups streamed where they cannot be
+(``gfcr.graph.streaming``).
 
 In-flight controllers are nodes of the graph (an ``in flight`` edge to their host) but not
 of the plan: they never run; the runtime builds them and attaches them to their host.
@@ -28,6 +29,7 @@ from gfcr.graph.engine_choice import with_engine_chosen
 from gfcr.graph.model import Binding, CompiledPipeline, DataBinding, LoopBlock, Node, PipelineView, PlanItem
 from gfcr.graph.lifecycle import lifecycle_problems
 from gfcr.graph.placement import placement_problems, trainer_problems
+from gfcr.graph.streaming import streaming_problems
 from gfcr.records import StepOutputs
 from gfcr.registry import (DATA_SOURCES, STAGES, UPSTREAM_NEEDS, ChecksPipeline, FixesGroupSize, NeedsOfEngine,
                            NeedsOfUpdate, Port, Registry, StageInfo, SteersItsEngineCalls, UpdateNeed, has_role,
@@ -490,6 +492,10 @@ class _Compiler:
         order += [sid for sid in all_stages if infos[sid].in_flight]  # built and set up, never run
         nodes = {sid: Node(sid, infos[sid], resolved[sid][1], all_stages[sid], self.loop_of.get(sid),
                            tuple(bindings[sid]), tuple(all_stages[sid].in_flight)) for sid in order}
+        for path, message, fix in streaming_problems(self.spec, plan, nodes):  # `lifecycle.stream_groups`
+            self.problem(path, message, fix)
+        if self.problems:
+            raise GraphError(self.problems)
         return CompiledPipeline(self.spec, nodes, plan, graph, data, eval_data)
 
 

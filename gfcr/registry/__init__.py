@@ -7,23 +7,23 @@ from gfcr.registry.catalog import (
 from gfcr.registry.contract import FAMILIES, FilePath, Port, Seed, StageConfig, StageInfo, describe_stage, path_keys
 from gfcr.registry.core import Registry
 from gfcr.registry.lifecycle import (
-    BeforeStep, ChecksPipeline, EndsLoop, HostsInFlight, InFlightController, NeedsOfUpdate, Observes, OwnsFiles,
+    BeforeStep, ChecksPipeline, EndsLoop, HandsOverGroups, HostsInFlight, InFlightController, NeedsOfUpdate, Observes, OwnsFiles,
     HostNote, OwnsStore, PipelineProblem, ReportsMetrics, SetsUp, Stage, Stateful, Trains, TrainsSharded,
     UpdateNeed, declares, has_role,
 )
 from gfcr.registry.lifecycle import (  # capabilities: what a stage's Config says it is
     BuildsTrees, ChecksHost, ChecksRows, CountsPrompts, DeclaresCorrection, DropsFinishes, EstimatesAdvantages,
-    FixesGroupSize, LoadsModels, LoadsRewardModels, MarksCorrect, NeedsOfEngine, NeedsSyncLifecycle, PicksBatch,
-    ReadsRewards, RecordsEntropy,
+    FixesGroupSize, LoadsModels, LoadsRewardModels, MarksCorrect, NeedsOfEngine, NeedsSyncLifecycle, PerGroup,
+    PicksBatch, ReadsRewards, RecordsEntropy,
     ReplaysFresh, ServesStore, SizesEachGroup, SteersItsEngineCalls, UPSTREAM_NEEDS, UpstreamNeed,
 )
 
 __all__ = [
     "BuildsTrees", "ChecksHost", "ChecksPipeline", "ChecksRows", "CountsPrompts", "DeclaresCorrection", "DropsFinishes",
     "EstimatesAdvantages", "FixesGroupSize", "LoadsModels", "LoadsRewardModels", "MarksCorrect", "NeedsOfEngine",
-    "NeedsSyncLifecycle", "PicksBatch",
+    "NeedsSyncLifecycle", "PerGroup", "PicksBatch",
     "ReadsRewards", "RecordsEntropy", "ReplaysFresh", "ServesStore", "SizesEachGroup", "SteersItsEngineCalls",
-    "BeforeStep", "EndsLoop", "HostsInFlight", "InFlightController", "NeedsOfUpdate", "Observes", "OwnsFiles",
+    "BeforeStep", "EndsLoop", "HandsOverGroups", "HostsInFlight", "InFlightController", "NeedsOfUpdate", "Observes", "OwnsFiles",
     "HostNote", "PipelineProblem", "ReportsMetrics", "SetsUp",
     "OwnsStore", "Stage", "Stateful", "Trains", "TrainsSharded", "UPSTREAM_NEEDS", "UpdateNeed", "UpstreamNeed", "declares", "has_role",
     "BUILTIN_DATA_SOURCES", "BUILTIN_STAGES", "DATA_SOURCES", "FAMILIES", "Port", "Registry", "STAGES",

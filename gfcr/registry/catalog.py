@@ -60,6 +60,7 @@ BUILTIN_STAGES = {
     "update.grpo": "gfcr.stages.update.grpo:GRPOUpdate",
     "update.fake": "gfcr.stages.testing:FakeUpdate",
     "control.fake_stop": "gfcr.stages.testing:FakeStop",
+    "filter.fake_slow": "gfcr.stages.testing:FakeSlowFilter",
     "replay.store": "gfcr.stages.replay.store:Store",
     "replay.rlep": "gfcr.stages.replay.rlep:RLEP",
     "replay.rollout_replay": "gfcr.stages.replay.rollout_replay:RolloutReplay",

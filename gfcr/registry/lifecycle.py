@@ -17,6 +17,7 @@ Trains              ``prepare``, ``train_shard``, ``finish``  by the runtime's t
 OwnsStore           ``owned_store() -> store``                once, lent to the stages that name its owner
 InFlightController  ``every``, ``steer(view) -> Steer``       by the engine, every ``every`` decode steps
 HostsInFlight       ``attach_in_flight(controllers)``         once, before setup, with its ``in_flight`` stages
+HandsOverGroups     ``hand_over(sink)``                       around a streamed generate call (``stream_groups``)
 ChecksPipeline      ``check_pipeline(config, view)``          by the compiler (``gfcr validate``), static
 NeedsOfUpdate       ``update_needs(config) -> [UpdateNeed]``  by the compiler, for the update's check, static
 ==================  ========================================  ===========================================
@@ -148,6 +149,17 @@ class InFlightController(Protocol):
 @runtime_checkable
 class HostsInFlight(Protocol):
     def attach_in_flight(self, controllers: Sequence[Any]) -> None: ...  # Sequence[InFlightController]
+
+
+@runtime_checkable
+class HandsOverGroups(Protocol):
+    """A Generate stage that hands each group over as soon as every row of it has ended, while the
+    engine goes on decoding the others: before a call the runtime gives it ``sink`` (a function of
+    one ``RolloutGroup``, which must not block), after the call None. It hands each group once, the
+    object it then returns in its output; a group it does not hand over is walked after the call
+    (``lifecycle: {stream_groups: true}``, docs/async.md)."""
+
+    def hand_over(self, sink: Any) -> None: ...  # Callable[[RolloutGroup], None] | None
 
 
 @runtime_checkable
@@ -320,6 +332,18 @@ class NeedsOfEngine(Protocol):
 
 
 @runtime_checkable
+class PerGroup(Protocol):
+    """A per-group map: its work on a step's groups is its work on each group alone. Its output on
+    the step's groups is the concatenation of its outputs on each group, whichever order they come
+    in, and nothing it reports (``step_metrics``, state, lineage) depends on how the step was split:
+    no state across the step's groups, no statistic of the batch, no draw that depends on the batch.
+    Under ``lifecycle: {stream_groups: true}`` the runtime runs such a stage, when it directly
+    follows a generate stage, on each group as generation hands it over (docs/async.md)."""
+
+    per_group: bool
+
+
+@runtime_checkable
 class NeedsSyncLifecycle(Protocol):
     """Needs the synchronous lifecycle: ``sync_only`` says why (a clause, "forwards the trained
     policy itself ..."). Under ``lifecycle: {mode: pipelined}`` or ``{mode: async}`` the update
@@ -398,7 +422,7 @@ class CountsPrompts(Protocol):
 CAPABILITIES: tuple[type, ...] = (PicksBatch, FixesGroupSize, SizesEachGroup, RecordsEntropy, MarksCorrect,
                                   ReadsRewards, DropsFinishes, BuildsTrees, ServesStore, ReplaysFresh,
                                   EstimatesAdvantages, NeedsOfEngine, NeedsSyncLifecycle, DeclaresCorrection,
-                                  LoadsModels, LoadsRewardModels, SteersItsEngineCalls)
+                                  LoadsModels, LoadsRewardModels, SteersItsEngineCalls, PerGroup)
 
 
 def capability_members(capability: type) -> tuple[str, ...]:
@@ -419,13 +443,14 @@ CAPABILITY_NAMES: frozenset[str] = frozenset(
 
 
 ROLES: tuple[type, ...] = (Stage, SetsUp, BeforeStep, Observes, ReportsMetrics, Stateful, OwnsFiles, EndsLoop,
-                           InFlightController, HostsInFlight, ChecksPipeline, NeedsOfUpdate, Trains,
-                           TrainsSharded, OwnsStore)
+                           InFlightController, HostsInFlight, HandsOverGroups, ChecksPipeline, NeedsOfUpdate,
+                           Trains, TrainsSharded, OwnsStore)
 METHODS: dict[type, tuple[str, ...]] = {
     Stage: ("run",), SetsUp: ("setup",), BeforeStep: ("before_step",), Observes: ("observe",),
     ReportsMetrics: ("step_metrics",),
     Stateful: ("state_dict", "load_state_dict"), OwnsFiles: ("save_files", "load_files"),
     EndsLoop: ("done",), InFlightController: ("steer",), HostsInFlight: ("attach_in_flight",),
+    HandsOverGroups: ("hand_over",),
     ChecksPipeline: ("check_pipeline",), NeedsOfUpdate: ("update_needs",),
     Trains: ("prepare", "train_shard", "finish"), TrainsSharded: ("sharding_problems",),
     OwnsStore: ("owned_store",),

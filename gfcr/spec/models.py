@@ -377,6 +377,10 @@ class LifecycleSpec(StrictModel):
         "between its decode steps (the rows are aborted, vLLM reloads, each row continues from its tokens, its "
         "prefix recomputed by the new weights); each token keeps the version it was sampled under (default "
         "`false`: a step samples with one version)"))
+    stream_groups: bool = Field(False, description=(
+        "any mode: the per-group stages that directly follow a generate stage (`filter.verify`, ...) run on each "
+        "group as soon as all its rows have ended, while the engine decodes the others; their outputs, lineage and "
+        "metrics equal the barrier's (default `false`: they start when the whole generate call has returned)"))
 
     @model_validator(mode="after")
     def _settings_fit_the_mode(self) -> "LifecycleSpec":

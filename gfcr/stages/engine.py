@@ -10,6 +10,10 @@ keeps the behaviour log-probs of every token it ever sampled. A completion whose
 policy version mid-call (the async lifecycle's ``in_flight``, docs/async.md) says, in
 ``versions``, where each version's tokens start, and ``splice`` cuts one segment per version.
 
+Hand-over: an engine that can (the decode loop's, vLLM's) takes ``ready`` and calls it with each
+request's completions as soon as all its rows have ended, so a Generate stage can hand that group on
+while the engine decodes the rest (``lifecycle: {stream_groups: true}``, docs/async.md).
+
 In-flight control: an ``InFlightController`` (a Control stage attached to a Generate stage)
 sees an ``InFlightView`` of every row every ``every`` decode steps and answers a ``Steer``:
 rows to abort (kept, resumable), rows to prune (kept, for good), rows to end now with tokens
@@ -246,7 +250,11 @@ class Engine(Protocol):
 
     def generate(self, requests: Sequence[GenerationRequest], controller: InFlightController | None = None,
                  max_in_flight: int | None = None) -> list[list[Completion]]:
-        """One list of ``request.n`` completions per request, in request order."""
+        """One list of ``request.n`` completions per request, in request order. An engine that can
+        hand groups over (the decode loop's: transformers, fake) also takes ``ready``, a function
+        called with a request's index and its completions as soon as all its rows have ended, while
+        the others decode on (``lifecycle: {stream_groups: true}``): the decode loop's engines
+        and vLLM; the Ray executor's engine group does not."""
         ...
 
     def score(self, requests: Sequence[ScoreRequest]) -> list[Scored]:

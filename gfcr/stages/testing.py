@@ -8,7 +8,8 @@ zero-variance groups occur as they do in real runs. It hosts in-flight controlle
 any attached it simulates a decode loop (rows of random lengths, one token per step) and
 lets them steer it, as the engine will. ``update.fake`` counts what reaches it (the runtime's trainer
 bumps the version). ``control.fake_stop`` stops generation once N groups are complete (APRIL's
-rule, on the fake loop). ``replay.fake_provide``, ``replay.fake_ingest`` and ``replay.fake_mix``
+rule, on the fake loop). ``filter.fake_slow`` passes groups through, slowly, one by one.
+``replay.fake_provide``, ``replay.fake_ingest`` and ``replay.fake_mix``
 exercise the provide, ingest and mix ports.
 
 Fidelity: gfcr's own: labelled test stages for the runtime's logic; they implement no method.
@@ -247,6 +248,42 @@ class FakeStop:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.total_calls = int(state["total_calls"])
+
+
+class FakeSlowFilter:
+    """TEST STAGE (a slow per-group filter): passes every group through unchanged, sleeping
+    ``latency_s`` per group (a verifier's or judge's time), and records when it finished each
+    group (``seen``: ``(group id, time.monotonic())``), for tests of streamed groups.
+
+    Example:
+
+    >>> slow = FakeSlowFilter(FakeSlowFilter.Config(latency_s=0.0))
+    >>> out = slow.run(RolloutGroups([scored_group("p:0", [0, 1])]))
+    >>> [g.group_id for g in out], [gid for gid, _ in slow.seen]
+    (['p:0@s0'], ['p:0@s0'])
+
+    YAML:
+
+    .. code-block:: yaml
+
+        slow: {use: filter.fake_slow, from: rollout, with: {latency_s: 0.05}}
+    """
+
+    testing: ClassVar[bool] = True
+
+    class Config(StageConfig):
+        latency_s: Annotated[float, Field(ge=0.0, description="seconds it sleeps per group")] = 0.0
+        per_group: ClassVar[bool] = True  # a capability (gfcr.registry.PerGroup): each group alone
+
+    def __init__(self, config: Config):
+        self.config = config
+        self.seen: list[tuple[str, float]] = []  # clock readings: for tests, never reported as metrics
+
+    def run(self, groups: RolloutGroups) -> RolloutGroups:
+        for group in groups:
+            time.sleep(self.config.latency_s)
+            self.seen.append((group.group_id, time.monotonic()))
+        return groups
 
 
 class FakeProvide:

@@ -152,3 +152,30 @@ def test_the_decode_score_path_scores_a_batch_as_it_was_sampled():
     for (_, c), s in zip(completions, scored):
         np.testing.assert_array_equal(s.logprobs, c.logprobs)
         np.testing.assert_array_equal(s.entropy, c.entropy)
+
+
+def test_each_request_is_handed_over_once_as_soon_as_its_rows_have_ended():
+    """``ready`` gets every request's completions once, equal to the call's own, while other rows are
+    still decoding: with 3 rows at a time, the first request is handed over before the last one starts."""
+    handed, steps = [], CountingBatch(len(FakeEngine.ALPHABET))
+    requests = _requests(n=2, count=5)
+    out = decode_requests(requests, steps, eos=0, decode=FakeEngine().decode, max_in_flight=3,
+                          ready=lambda i, completions: handed.append((i, completions, steps.row_steps)))
+    assert sorted(i for i, _, _ in handed) == list(range(5))
+    for i, completions, _ in handed:
+        assert [(c.token_ids, c.finish_reason, c.text) for c in completions] == \
+               [(c.token_ids, c.finish_reason, c.text) for c in out[i]]
+        assert all(np.array_equal(a.logprobs, b.logprobs) for a, b in zip(completions, out[i]))
+    assert handed[0][2] < steps.row_steps  # handed over before the call's last decode step
+
+
+def test_sample_hands_over_the_groups_it_returns():
+    stage, handed = _stage(max_new_tokens=20, max_in_flight=4), []
+    stage.hand_over(handed.append)
+    groups = stage.run(_allocation())
+    assert sorted(g.group_id for g in handed) == sorted(g.group_id for g in groups)
+    assert all(any(h is g for h in handed) for g in groups)  # the same objects, not copies
+    stage.hand_over(None)
+    barrier = _stage(max_new_tokens=20, max_in_flight=4).run(_allocation())
+    assert [[r.response_token_ids for r in g.rollouts] for g in groups] == \
+           [[r.response_token_ids for r in g.rollouts] for g in barrier]

@@ -69,6 +69,11 @@ QUICK = (REPO / "pipelines" / "quickstart.yaml").read_text()  # generate.sample 
 VLLM_QUICK = edit(QUICK, "engine: hf}", "engine: vllm}")
 VLLM_QUICK_CUDA = edit(QUICK, "engine: hf}", "engine: vllm, device: cuda}")  # vLLM's CUDA build's device, set by hand
 VLLM_QUICK_CPU = edit(QUICK, "engine: hf}", "engine: vllm, device: cpu}")
+# generate.sample recording entropies, then filter.entropy (quantiles over the whole batch), under streaming
+STREAM_ENTROPY = edit(edit(edit(QUICK, "max_new_tokens: 8}}", "max_new_tokens: 8, entropy: true}}\n"
+                                "  gate:    {use: filter.entropy, from: rollout}"),
+                           "{use: filter.verify, from: rollout}", "{use: filter.verify, from: gate}"),
+                      "run: {", "lifecycle: {stream_groups: true}\nrun: {")
 APRIL_VLLM = edit((REPO / "pipelines" / "april_arith.yaml").read_text(), "engine: hf}", "engine: vllm, device: cpu}")
 TREE_VLLM = edit((REPO / "pipelines" / "tree_arith.yaml").read_text(), "engine: hf}", "engine: vllm}")
 FINITE_FIX = "write a finite number here: `.inf`, `-.inf` and `.nan` cannot run"
@@ -523,6 +528,18 @@ CASES = [
          "`meds` (filter.meds) needs the synchronous lifecycle, and the pipeline declares `lifecycle: {mode: "
          "pipelined, lag: 1}`: it forwards the trained policy itself", "remove `lifecycle` (the default is `{mode: sync}`)",
          ["lifecycle.mode=pipelined", "update.with.correction.use=tis"]),
+    Case("streamed groups from a generate stage that cannot hand them over",
+         BASE + "lifecycle: {stream_groups: true}\n", "use: generate.fake", "stages.rollout.use",
+         "`rollout` (generate.fake) cannot hand its groups over as they finish", "or use `generate.sample`"),
+    Case("streamed groups into a stage that reads the whole batch", STREAM_ENTROPY, "use: filter.entropy",
+         "stages.gate.use", "`gate` (filter.entropy) runs directly after `rollout` and is not a per-group stage",
+         "or put a per-group stage (`filter.verify`, `filter.finish_reason`, ...) directly after `rollout`"),
+    Case("streamed groups on the Ray executor", QUICK + "lifecycle: {stream_groups: true}\n", "stream_groups: true",
+         "lifecycle.stream_groups", "the Ray executor's engine replicas return a step's generation whole",
+         "or use `executor: {kind: local}` or `prefect`", ["executor.kind=ray"]),
+    Case("streamed groups from a generate stage in a loop block", DAPO + "lifecycle: {stream_groups: true}\n",
+         "rollout: {use: generate.fake", "stages.rollout.use", "`rollout` is in the loop block `collect`",
+         "remove `lifecycle.stream_groups`"),
     Case("trainer ranks without the Ray executor", QUICK, "--set update.resources.replicas=2",
          "update.resources.replicas", "the update asks for 2 trainer ranks, which run as Ray actors, but the "
          "executor is", "set `executor: {kind: ray}` (--set executor.kind=ray), or `replicas: 1` on the update",

@@ -4,9 +4,10 @@ The runner is typed against the lifecycle roles of ``gfcr.registry.lifecycle``. 
 building the stages it attaches every generate stage's in-flight controllers
 (``attach_in_flight``), then calls ``setup(lent)`` on every ``SetsUp`` stage (the policy
 and engine the runtime lends). Per step: ``before_step(ctx)`` on every ``BeforeStep`` stage;
-the plan's items in order (a loop block repeats its body, each round with a fresh
-``StepContext`` carrying the round, until its until stage is ``done()``, ``max_rounds``
-have run, or the loop's optional ``max_seconds`` of wall-clock time have passed; hooks hear of
+the plan's items in order (a generate stage with ``lifecycle: {stream_groups: true}`` and the
+per-group stages after it together, ``gfcr.runtime.loop.streaming``; a loop block repeats its
+body, each round with a fresh ``StepContext`` carrying the round, until its until stage is
+``done()``, ``max_rounds`` have run, or the loop's optional ``max_seconds`` of wall-clock time have passed; hooks hear of
 each round that did not end the loop, ``loop_round``, and of a loop stopped at a limit before
 its until stage was done, ``loop_stopped``); then ``step_metrics()`` on every ``ReportsMetrics`` stage (the report's
 ``metrics``, by stage id) and ``observe(report)`` on every ``Observes`` stage. Runtime inputs of ``run``
@@ -34,6 +35,7 @@ import numpy as np
 
 from gfcr.errors import StageError
 from gfcr.graph import CompiledPipeline, LoopBlock, Node
+from gfcr.graph.streaming import group_chains
 from gfcr.records import (
     Allocation, ControlDecision, PromptPool, Provided, RolloutGroup, RolloutGroups, StepContext, StepOutputs,
     StepReport, UpdateReport,
@@ -43,6 +45,7 @@ from gfcr.registry.lifecycle import (
 )
 from gfcr.registry.contract import Port
 from gfcr.runtime.loop.events import HookChannel, RunEvent
+from gfcr.runtime.loop.streaming import run_streamed
 from gfcr.runtime.services import RuntimeServices
 from gfcr.spec import UPDATE_ID
 
@@ -153,6 +156,8 @@ class LocalRunner:
         self.services = services or RuntimeServices()
         self.lent = self.services.lent
         self.stages = stages if stages is not None else build_stages(pipeline)
+        # generate stage -> the per-group stages run on each of its groups as it hands them over
+        self.chains = group_chains(pipeline.plan, pipeline.nodes) if pipeline.spec.lifecycle.stream_groups else {}
         self.services.lend_stores(self.stages)  # a Replay stage may read another's store (replay.rlep)
         setup_ctx = StepContext(self.run_id, 0, pipeline.spec.run.seed, 0)
         for sid, node in pipeline.nodes.items():
@@ -228,10 +233,15 @@ class LocalRunner:
         return report
 
     def _run_items(self, items: Any, state: _StepState) -> None:
+        streamed: set[str] = set()  # the chain stages a streamed generate stage has run already
         for item in items:
             if isinstance(item, LoopBlock):
                 self._run_loop(item, state)
-            else:
+            elif self.chains.get(item):  # `lifecycle: {stream_groups: true}`
+                nodes = self.pipeline.nodes
+                run_streamed(self, nodes[item], [nodes[sid] for sid in self.chains[item]], state)
+                streamed.update(self.chains[item])
+            elif item not in streamed:
                 self._run_stage(self.pipeline.nodes[item], state)
 
     def _observe(self, report: StepReport) -> None:
@@ -269,24 +279,36 @@ class LocalRunner:
             return state.outputs_so_far()
         return self.pool
 
-    def _run_stage(self, node: Node, state: _StepState) -> None:
+    def _inputs(self, node: Node, state: _StepState) -> dict[str, Any]:
+        """The keyword arguments of ``node``'s ``run``: runtime inputs, and its bound outputs."""
         kwargs = {p.name: self._runtime_input(p, state) for p in node.runtime_inputs}
         for b in node.bindings:
             if b.source in state.outputs:
                 kwargs[b.param] = state.outputs[b.source]
             else:  # a feedback input in round 0
                 kwargs[b.param] = _EMPTY[b.type](state.ctx.step)
-        before = {gid: fingerprint(g) for gid, g in state.groups.items()}
+        return kwargs
+
+    def _run_stage(self, node: Node, state: _StepState) -> None:
+        kwargs = self._inputs(node, state)
+        before = self._fingerprints(state)
         start = time.perf_counter()
         output = self._execute(node.id, state.ctx, self._runs(node.id), kwargs)
         seconds = time.perf_counter() - start
-        state.seconds[node.id] = state.seconds.get(node.id, 0.0) + seconds
-        state.outputs[node.id] = output
         self._stamp(node.id, state, before, output)
         if isinstance(output, Allocation):
             state.decisions.extend(decided(node.id, state.ctx.round, kwargs.values(), output))
-        self.channel.emit("after_stage", state.ctx.step, stage_id=node.id, ctx=state.ctx, output=output,
-                          seconds=seconds)
+        self._ran(node.id, state, output, seconds)
+
+    @staticmethod
+    def _fingerprints(state: _StepState) -> dict[str, Hashable]:
+        return {gid: fingerprint(g) for gid, g in state.groups.items()}
+
+    def _ran(self, sid: str, state: _StepState, output: Any, seconds: float) -> None:
+        """Record stage ``sid``'s output and time (its stamps are recorded), and tell the hooks."""
+        state.seconds[sid] = state.seconds.get(sid, 0.0) + seconds
+        state.outputs[sid] = output
+        self.channel.emit("after_stage", state.ctx.step, stage_id=sid, ctx=state.ctx, output=output, seconds=seconds)
 
     def _runs(self, sid: str) -> Callable[..., Any]:
         """What executes stage ``sid``: its ``run``, or, for an update that ``Trains``, the trainer

@@ -55,7 +55,7 @@ YAML:
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 from pydantic import Field
@@ -69,6 +69,7 @@ class FinishReasonFilter:
     """Mask (keep in the baseline, out of the loss) or remove rollouts with the given finish reasons."""
 
     class Config(StageConfig):
+        per_group: ClassVar[bool] = True  # a capability (gfcr.registry.PerGroup): acts group by group
         reasons: list[FinishReason] = Field(["length"], min_length=1,
                                             description="finish reasons to act on (`length`: truncated)")
         action: Literal["mask", "drop"] = Field("mask", description="mask: keep its reward in the group's baseline "

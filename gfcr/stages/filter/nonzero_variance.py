@@ -61,6 +61,7 @@ class NonzeroVariance:
 
     class Config(StageConfig):
         reads_rewards: ClassVar[bool] = True  # a capability (gfcr.registry.ReadsRewards): a verifier must be upstream
+        per_group: ClassVar[bool] = True  # a capability (gfcr.registry.PerGroup): each group's own reward range
         tolerance: Annotated[float, Field(ge=0.0, description="rewards within this range count as equal")] = 0.0
 
     def __init__(self, config: Config):

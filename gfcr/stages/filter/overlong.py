@@ -81,6 +81,7 @@ class Overlong:
 
     class Config(StageConfig):
         reads_rewards: ClassVar[bool] = True  # a capability (gfcr.registry.ReadsRewards): a verifier must be upstream
+        per_group: ClassVar[bool] = True  # a capability (gfcr.registry.PerGroup): shapes each rollout's reward alone
         max_length: Annotated[int, Field(ge=1, description="L_max: the generation's max_new_tokens (verl's "
                                                            "max_response_length), in tokens")]
         buffer: Annotated[int, Field(ge=1, description="L_cache: the last tokens before max_length over which "

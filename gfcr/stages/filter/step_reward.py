@@ -97,6 +97,7 @@ class StepReward:
 
     class Config(StageConfig):
         reads_rewards: ClassVar[bool] = True  # a capability (gfcr.registry.ReadsRewards): a verifier must be upstream
+        per_group: ClassVar[bool] = True  # a capability (gfcr.registry.PerGroup): each group's own step counts
         alpha: Annotated[float, Field(ge=0.0, le=1.0, description="weight of accuracy against format")] = 0.9
         beta: Annotated[float, Field(ge=0.0, description=(
             "strength of the step term: it moves a correct reward within alpha * (1 -/+ beta)"))] = 0.5

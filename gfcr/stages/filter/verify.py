@@ -88,6 +88,7 @@ class Verify:
 
     class Config(StageConfig):
         marks_correct: ClassVar[bool] = True  # a capability (gfcr.registry.MarksCorrect)
+        per_group: ClassVar[bool] = True  # a capability (gfcr.registry.PerGroup): scores each rollout alone
         verifier: str | None = Field(None, description="verifier for every prompt; default: each prompt's own")
         format_weight: Annotated[float, Field(ge=0.0, le=1.0, description="weight of the format term")] = 0.0
         timeout_s: Annotated[float, Field(gt=0.0, le=3600.0, description=(

@@ -167,6 +167,7 @@ class Partial(Sample):
     """``generate.sample`` with a partial buffer: unfinished groups resume at the next call."""
 
     _alias = "generate.partial"
+    hand_over = None  # its own run hands no group over: not streamed (`lifecycle.stream_groups` refuses it)
 
     class Config(Sample.Config):
         groups_in_flight: Annotated[int | None, Field(ge=1, description=(

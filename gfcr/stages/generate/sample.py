@@ -11,6 +11,11 @@ Each request carries its own ``SamplingParams`` (from the Config). With ``entrop
 per-token entropy of the sampling distribution is kept on ``Rollout.token_entropy``.
 ``max_in_flight`` caps the rows the engine decodes at once (a freed slot is refilled).
 
+Hand-over (``lifecycle: {stream_groups: true}``): the runtime gives the stage a sink
+(``hand_over``), and each group goes to it as soon as all its rows have ended (the engine's
+``ready``), while the engine decodes the others; the stage returns the same group objects, in
+allocation order, as without it (the transformers, vLLM and fake engines hand groups over).
+
 In-flight control: the runtime attaches the pipeline's in-flight controllers
 (``attach_in_flight``) and the engine consults them while it decodes. Several controllers
 are composed: each is called on its own schedule (``every``) and their ``Steer`` answers
@@ -55,7 +60,7 @@ YAML:
 
 from __future__ import annotations
 
-from typing import Annotated, Sequence
+from typing import Annotated, Callable, Sequence
 
 import numpy as np
 from pydantic import Field, field_validator
@@ -119,6 +124,7 @@ class Sample:
         self.policy: Policy | None = None
         self.engine: Engine | None = None
         self.controller: InFlightController | None = None
+        self.sink: Callable[[RolloutGroup], None] | None = None  # where groups go as they end (hand_over)
 
     def setup(self, lent: Lent) -> None:
         self.policy = lent.require_policy(self._alias)
@@ -145,21 +151,34 @@ class Sample:
         return ctx, round_, SamplingParams(cfg.temperature, cfg.top_p, cfg.max_new_tokens, tuple(cfg.stop),
                                            step_seed(seed, allocation.step, round_), cfg.entropy)
 
+    def hand_over(self, sink: Callable[[RolloutGroup], None] | None) -> None:
+        """Hand each group to ``sink`` as soon as all its rows have ended (None: return them all at
+        the end), the runtime's ``lifecycle: {stream_groups: true}``."""
+        self.sink = sink
+
     def run(self, allocation: Allocation, ctx: StepContext | None = None) -> RolloutGroups:
         ctx, round_, params = self.sampling(allocation, ctx)
         entries = allocation.active()
         requests = [self.request(e, allocation.step, round_, params) for e in entries]
-        results = self.engine.generate(requests, self.controller, self.config.max_in_flight)
-        version = self.engine.policy_version
-        groups = []
-        for entry, request, completions in zip(entries, requests, results):
-            group = self.group(entry, request, completions, version, allocation.step)
-            stopped = sum(r.status == RolloutStatus.ABORTED_PARTIAL for r in group.rollouts)
-            if stopped:
-                group.drop(f"stopped in flight: {stopped} of {len(group.rollouts)} rollouts "
-                                "unfinished (partial kept)")
-            groups.append(group)
-        return RolloutGroups(groups)
+        done: dict[int, RolloutGroup] = {}
+
+        def ready(i: int, completions: list[Completion]) -> None:  # the engine: request i's rows all ended
+            done[i] = self.ended(entries[i], requests[i], completions, allocation.step)
+            self.sink(done[i])
+
+        streamed = {"ready": ready} if self.sink is not None else {}
+        results = self.engine.generate(requests, self.controller, self.config.max_in_flight, **streamed)
+        return RolloutGroups([done[i] if i in done else self.ended(e, r, c, allocation.step)
+                              for i, (e, r, c) in enumerate(zip(entries, requests, results))])
+
+    def ended(self, entry: AllocationEntry, request: GenerationRequest, completions: Sequence[Completion],
+                 step: int) -> RolloutGroup:
+        """An entry's group once its rows have ended, dropped if a controller stopped any of them."""
+        group = self.group(entry, request, completions, self.engine.policy_version, step)
+        stopped = sum(r.status == RolloutStatus.ABORTED_PARTIAL for r in group.rollouts)
+        if stopped:
+            group.drop(f"stopped in flight: {stopped} of {len(group.rollouts)} rollouts unfinished (partial kept)")
+        return group
 
     def request(self, entry: AllocationEntry, step: int, round_: int, params: SamplingParams) -> GenerationRequest:
         """An allocation entry's one request of ``n`` rows, under its group id."""

@@ -120,6 +120,7 @@ class Speculative(Sample):
     """Rollouts that start from the accepted prefix of the prompt's previous rollouts (SPEC-RL)."""
 
     _alias = "generate.speculative"
+    hand_over = None  # its own run hands no group over: not streamed (`lifecycle.stream_groups` refuses it)
 
     class Config(Sample.Config):
         lenience: float = Field(0.5, description="log-space lenience l: accept with min(1, e^l pi_new/pi_old)")
