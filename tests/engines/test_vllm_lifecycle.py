@@ -28,7 +28,6 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -36,6 +35,7 @@ from gfcr.graph import load_pipeline
 from gfcr.runtime.loop.session import Run
 from gfcr.stages.resources import prompt_tokens
 from tests.engines.test_vllm_engine import needs_cpu_build
+from tests.runtime.run_records import lineage, metrics
 
 TOL = 5e-5  # vLLM-CPU against the transformers forward, float32 (tests/engines/test_conformance.py)
 
@@ -111,13 +111,11 @@ def _run(write_spec, run_dir: Path, overrides: list[str]) -> SampledWith:
 
 
 def _metrics(run_dir: Path) -> list[dict]:
-    return [{k: v for k, v in json.loads(line).items() if k != "time"}
-            for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return metrics(run_dir, drop=("time",))
 
 
 def _lineage(run_dir: Path) -> list[list[dict]]:
-    return [[{k: v for k, v in row.items() if k != "run_id"} for row in pq.read_table(path).to_pylist()]
-            for path in sorted((run_dir / "lineage").glob("step-*.parquet"))]
+    return lineage(run_dir, drop=("run_id",))
 
 
 @needs_cpu_build

@@ -24,12 +24,10 @@ Slow: the cluster's start and the runs, about 2-3 minutes on the shared 2-core h
 
 from __future__ import annotations
 
-import json
 import textwrap
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -39,6 +37,7 @@ from gfcr.stages.resources import prompt_tokens
 
 pytest.importorskip("ray", reason="the Ray executor needs the extra: pip install 'gfcr[ray]' (make test installs it)")
 from tests.runtime.test_ray_placement import QUICKSTART, _pending_groups, cluster  # noqa: E402,F401  (the 3 nodes)
+from tests.runtime.run_records import lineage as _lineage, metrics as _metrics
 
 TOL = 5e-5  # the engine conformance tolerance, float32 (tests/engines/test_conformance.py)
 
@@ -96,12 +95,6 @@ def _train(run: Run, check: SampledWith) -> None:
         run.services.close()  # a failed run leaves no actors behind (closing twice is a no-op)
 
 
-def _metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def _lineage(run_dir: Path) -> list[list[dict]]:
-    return [pq.read_table(path).to_pylist() for path in sorted((run_dir / "lineage").glob("step-*.parquet"))]
 
 
 def _placed(run: Run, cluster) -> None:

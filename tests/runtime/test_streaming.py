@@ -7,12 +7,10 @@ and a chain stage's error names it."""
 
 from __future__ import annotations
 
-import json
 import textwrap
 import time
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -25,6 +23,7 @@ from gfcr.runtime.loop import session
 from gfcr.runtime.loop.session import Run
 from gfcr.runtime.services import RuntimeServices
 from gfcr.stages.resources import Lent
+from tests.runtime.run_records import lineage, metrics
 
 TINY = textwrap.dedent("""\
     name: stream-small
@@ -81,13 +80,11 @@ def _fake_services(step_s: float = 0.0) -> RuntimeServices:
 
 
 def _metrics(run_dir: Path) -> list[dict]:
-    return [{k: v for k, v in json.loads(line).items() if k != "time"}
-            for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return metrics(run_dir, drop=("time",))
 
 
 def _lineage(run_dir: Path) -> list[list[dict]]:
-    return [[{k: v for k, v in row.items() if k != "run_id"} for row in pq.read_table(path).to_pylist()]
-            for path in sorted((run_dir / "lineage").glob("step-*.parquet"))]
+    return lineage(run_dir, drop=("run_id",))
 
 
 def _watch_hand_over(run: Run, sid: str = "rollout") -> list[bool]:
